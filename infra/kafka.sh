@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Start, stop or check a single-node KRaft Kafka broker on $HOST:$KAFKA_PORT.
+#   infra/kafka.sh start|stop|status
+# The broker runs from the jars resolved into infra/lib/kafka by `make setup` (no download here).
+# start formats the storage once, launches the broker, then waits for a real produce + consume;
+# stop only stops a broker this script started.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+DIR="$STATE_DIR/kafka"
+JARS="$INFRA_DIR/lib/kafka"
+PARTITIONS="${HEADWATER_PARTITIONS:-4}"
+
+healthy() { "$PYTHON" -m headwater.pipelines.topics health --timeout "${1:-5}" >/dev/null 2>&1; }
+
+write_config() {
+  sed -e "s#@HOST@#$HOST#g" -e "s#@PORT@#$KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KAFKA_CONTROLLER_PORT#g" \
+      -e "s#@DATA@#$DIR/data#g" -e "s#@PARTITIONS@#$PARTITIONS#g" \
+      "$INFRA_DIR/config/kafka-server.properties" > "$DIR/server.properties"
+  cp "$INFRA_DIR/config/kafka-log4j2.yaml" "$DIR/log4j2.yaml"
+}
+
+start() {
+  [ -d "$JARS" ] && ls "$JARS"/kafka_2.13-*.jar >/dev/null 2>&1 \
+    || die "Kafka jars missing in $JARS: run 'make setup' (resolves them with Maven from infra/pom.xml)"
+  if owned_pid kafka >/dev/null; then log "kafka: already running (ours) on $HOST:$KAFKA_PORT"; return 0; fi
+  if port_open "$KAFKA_PORT"; then
+    healthy 10 || die "port $KAFKA_PORT is taken by something that is not a working Kafka; set HEADWATER_KAFKA_PORT"
+    log "kafka: a broker not started by headwater answers on $HOST:$KAFKA_PORT; using it, it will not be stopped"
+    return 0
+  fi
+  port_open "$KAFKA_CONTROLLER_PORT" && die "controller port $KAFKA_CONTROLLER_PORT is taken; set HEADWATER_KAFKA_CONTROLLER_PORT"
+  mkdir -p "$DIR/data"
+  write_config
+  local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+                   "-Dlog4j2.configurationFile=$DIR/log4j2.yaml" "-Dkafka.logs.dir=$DIR")
+  if [ ! -f "$DIR/data/meta.properties" ]; then
+    log "kafka: formatting storage in $DIR/data"
+    java "${java_opts[@]}" -cp "$JARS/*" kafka.tools.StorageTool format --standalone \
+      -t "$(cat /proc/sys/kernel/random/uuid | tr -d '-' | head -c 22)" -c "$DIR/server.properties" \
+      > "$DIR/format.log" 2>&1 || die "kafka storage format failed; see $DIR/format.log"
+  fi
+  # The state dir on the command line is how owned_pid recognises this broker later.
+  nohup java "${java_opts[@]}" -cp "$JARS/*" kafka.Kafka "$DIR/server.properties" \
+    > "$DIR/kafka.log" 2>&1 &
+  echo $! > "$DIR/kafka.pid"
+  log "kafka: starting (pid $(cat "$DIR/kafka.pid")), waiting for a produce/consume round trip"
+  for _ in $(seq 1 90); do
+    owned_pid kafka >/dev/null || die "kafka exited during start; see $DIR/kafka.log"
+    healthy 5 && { log "kafka: up on $HOST:$KAFKA_PORT (state in $DIR)"; return 0; }
+    sleep 1
+  done
+  die "kafka did not become healthy within 90 s; see $DIR/kafka.log"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop_owned kafka ;;
+  status) if healthy 5; then echo "kafka: up on $HOST:$KAFKA_PORT"; else echo "kafka: down"; exit 1; fi ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,1 @@
+"""headwater pipelines: the event stream, the three tiers and the shared online store."""

@@ -1,0 +1,81 @@
+"""The JVM engines' class paths: the jars that ``make setup`` resolved into ``infra/lib/``.
+
+Spark and Flink are never allowed to download at run time (no ``spark.jars.packages``, no Ivy):
+each session is handed the resolved jars explicitly, and a missing folder is a clear error that
+says to run ``make setup``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB_DIR = Path(os.environ.get("HEADWATER_JVM_LIB", ROOT / "infra" / "lib"))
+
+
+class MissingJarsError(RuntimeError):
+    """The JVM artifacts for an engine have not been resolved on this machine."""
+
+
+def jars(group: str) -> list[Path]:
+    """Return the resolved jars of ``group`` (``kafka``, ``flink`` or ``delta``), sorted.
+
+    Raises:
+        MissingJarsError: the folder is missing or empty.
+    """
+    folder = LIB_DIR / group
+    found = sorted(folder.glob("*.jar"))
+    if not found:
+        msg = (
+            f"no jars in {folder} for {group!r}: run `make setup`, which resolves them with Maven "
+            f"from infra/pom.xml (or point HEADWATER_JVM_LIB at a folder that has them)"
+        )
+        raise MissingJarsError(msg)
+    return found
+
+
+def spark_session(app_name: str, master: str | None = None) -> SparkSession:
+    """Build a Spark session with Delta Lake from the resolved jars.
+
+    Local by default (``local[2]`` on this 2-core machine); ``master`` sends the same job to a
+    cluster. Adaptive query execution is off, as in the seed's settings, so that plans and
+    output file counts are repeatable.
+    """
+    from pyspark.sql import SparkSession
+
+    classpath = ",".join(str(jar) for jar in jars("delta"))
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master or os.environ.get("HEADWATER_SPARK_MASTER", "local[2]"))
+        .config("spark.jars", classpath)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.shuffle.partitions", os.environ.get("HEADWATER_SPARK_PARTITIONS", "4"))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", os.environ.get("HEADWATER_SPARK_DRIVER_MEMORY", "4g"))
+    )
+    return builder.getOrCreate()
+
+
+def flink_environment(parallelism: int = 2) -> StreamExecutionEnvironment:
+    """Build a PyFlink stream environment with the Kafka connector on its class path.
+
+    The Python workers are pinned to this interpreter: PyFlink otherwise runs ``python`` from
+    PATH, which outside an activated venv has no pyflink ("No module named 'pyflink'").
+    """
+    from pyflink.datastream import StreamExecutionEnvironment
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.add_jars(*(jar.as_uri() for jar in jars("flink")))
+    env.set_python_executable(sys.executable)
+    return env

@@ -1,0 +1,122 @@
+"""Kafka topics of the platform, and a broker health check that proves a real round trip.
+
+``headwater topics create`` makes ``events`` and ``events.dlq`` with the configured partition
+count (``make services-up`` runs it); ``headwater topics health`` produces one record and reads
+it back, which is what ``infra/kafka.sh`` waits for: an open port is not a working broker.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+
+import click
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from headwater.pipelines.settings import Settings
+
+HEALTH_TOPIC = "__headwater_health"
+
+# Dead letters are kept longer than events: they are evidence to investigate, not traffic.
+DLQ_RETENTION_MS = str(30 * 24 * 3600 * 1000)
+
+
+def ensure_topics(settings: Settings, topics: dict[str, dict[str, str]], partitions: int) -> list[str]:
+    """Create the topics that do not exist yet; return the names that were created.
+
+    Existing topics are left as they are (their partition count is never changed here: that
+    would move keys between partitions and break per-user ordering).
+    """
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="headwater-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = [
+            NewTopic(name=name, num_partitions=partitions, replication_factor=1, topic_configs=configs)
+            for name, configs in topics.items()
+            if name not in existing
+        ]
+        created: list[str] = []
+        for topic in missing:
+            try:
+                admin.create_topics([topic])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass  # created concurrently by another process: the outcome we wanted
+        return created
+    finally:
+        admin.close()
+
+
+def platform_topics(settings: Settings) -> dict[str, dict[str, str]]:
+    """The topics every headwater deployment needs, with their configs."""
+    return {
+        settings.events_topic: {},
+        settings.dlq_topic: {"retention.ms": DLQ_RETENTION_MS},
+    }
+
+
+def round_trip(settings: Settings, timeout_s: float) -> float:
+    """Produce one record to the health topic and consume it back; return the seconds it took.
+
+    Raises:
+        KafkaError: the broker did not accept or return the record within ``timeout_s``.
+    """
+    started = time.monotonic()
+    ensure_topics(settings, {HEALTH_TOPIC: {"retention.ms": "3600000"}}, partitions=1)
+    token = uuid.uuid4().hex.encode()
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    try:
+        meta = producer.send(HEALTH_TOPIC, token).get(timeout=timeout_s)
+    finally:
+        producer.close(timeout=timeout_s)
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    try:
+        partition = TopicPartition(HEALTH_TOPIC, meta.partition)
+        consumer.assign([partition])
+        consumer.seek(partition, meta.offset)
+        deadline = started + timeout_s
+        while time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                if any(record.value == token for record in records):
+                    return time.monotonic() - started
+    finally:
+        consumer.close()
+    msg = f"record produced to {HEALTH_TOPIC} was not consumed back within {timeout_s} s"
+    raise KafkaError(msg)
+
+
+@click.group()
+def topics() -> None:
+    """Kafka topics: create the platform's topics, check the broker."""
+
+
+@topics.command("create")
+@click.option("--partitions", type=int, default=None, help="Partitions per topic (default: settings).")
+def create_command(partitions: int | None) -> None:
+    """Create `events` and `events.dlq` if they do not exist."""
+    settings = Settings.from_env()
+    count = partitions or settings.partitions
+    created = ensure_topics(settings, platform_topics(settings), count)
+    for name in platform_topics(settings):
+        state = "created" if name in created else "exists"
+        click.echo(f"{name}: {state} ({settings.kafka_bootstrap})")
+
+
+@topics.command("health")
+@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True)
+def health_command(timeout_s: float) -> None:
+    """Produce and consume one record; exit 1 when the broker cannot do it."""
+    settings = Settings.from_env()
+    try:
+        took = round_trip(settings, timeout_s)
+    except KafkaError as err:
+        click.echo(f"kafka at {settings.kafka_bootstrap}: unhealthy: {err}", err=True)
+        sys.exit(1)
+    click.echo(f"kafka at {settings.kafka_bootstrap}: healthy (round trip {took * 1000:.0f} ms)")
+
+
+if __name__ == "__main__":
+    topics()

@@ -1,0 +1,1 @@
+"""The headwater registry: YAML feature definitions, validation, cost, plan/apply, the CLI."""

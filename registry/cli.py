@@ -1,0 +1,28 @@
+"""The ``headwater`` command line: one click group with noun/verb sub-commands.
+
+Each area owns its commands in its own module and is registered here, so this file stays a
+table of contents. Heavy libraries (Feast, PySpark, PyFlink) are imported inside the commands
+that need them, never at start-up, so ``headwater --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import click
+
+from headwater.pipelines.events.cli import events
+from headwater.pipelines.topics import topics
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="headwater")
+def main() -> None:
+    """Headwater: a streaming feature platform with tiered freshness.
+
+    Register features in YAML (features/), check them against their SLA and the budget,
+    apply them, and run the realtime, nearline and offline tiers that keep one Redis online
+    store fresh.
+    """
+
+
+main.add_command(events)
+main.add_command(topics)

@@ -1,0 +1,1 @@
+"""The headwater ranking service."""
