@@ -1,0 +1,32 @@
+"""The online store shared by every tier and by serving: packed feature vectors in Redis.
+
+One key per (view, entity), ``hw:{<view>}:<entity_id>``, holding a 72-byte header (event time,
+write time, expiry, schema hash, registry version) and the float32 features. Writes are
+idempotent inside Redis (``write.lua``); reads are one ``MGET`` per view. See ``layout`` for the
+Redis Cluster trade-off, ``codec`` for the byte layout and ``feast_plugin`` for the Feast
+online-store plugin that reads the same keys.
+"""
+
+from headwater.pipelines.store.layout import LayoutError, ViewLayout, entity_key, view_slot
+from headwater.pipelines.store.store import (
+    OnlineStore,
+    ReadResult,
+    StoreInputError,
+    WriteResult,
+    epoch_ms,
+)
+from headwater.pipelines.store.transport import StoreError, StoreUnavailableError
+
+__all__ = [
+    "LayoutError",
+    "OnlineStore",
+    "ReadResult",
+    "StoreError",
+    "StoreInputError",
+    "StoreUnavailableError",
+    "ViewLayout",
+    "WriteResult",
+    "entity_key",
+    "epoch_ms",
+    "view_slot",
+]

@@ -1,0 +1,127 @@
+"""Where and how one feature view lives in Redis: key naming and the view's layout.
+
+Key scheme: ``<namespace>:{<view>}:<entity_id>``, e.g. ``hw:{user_profile}:u42``. One key holds
+one (view, entity) vector. The braces are a Redis Cluster hash tag: every key of a view maps
+to the same slot, so a batched read of 500 items of one view is one ``MGET`` (one round trip)
+and a batched write is one Lua call per chunk, on one cluster node.
+
+Trade-off: a whole view lives on one slot, hence one primary. A very large or very hot view
+cannot be spread over the cluster; its memory and its load sit on one node (scale it with
+replicas for reads). The alternative, if a view outgrows one node, is to drop the hash tag
+(or tag by ``<view>:<bucket>``), group the keys of a request by slot and send one ``MGET``
+per slot group through a cluster pipeline: still one round trip per node, but several nodes
+per request, and tail latency becomes the slowest node's.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from redis.crc import key_slot
+
+DEFAULT_NAMESPACE = "hw"
+MAX_VERSION_BYTES = 32
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class LayoutError(ValueError):
+    """A view layout (view name, features, TTL or version) is not valid."""
+
+
+def _check_name(what: str, value: str, view: str) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        msg = (
+            f"view layout {view!r}: {what} must be a non-empty string of letters, digits, '_', '.'"
+            f" or '-' (no braces or colons, they are part of the Redis key scheme); got {value!r}"
+        )
+        raise LayoutError(msg)
+
+
+@dataclass(frozen=True)
+class ViewLayout:
+    """The packed layout of one feature view in the online store.
+
+    Attributes:
+        view: feature view name; the Redis Cluster hash tag of all its keys.
+        entity: entity name (e.g. ``user``); informative, it is not part of the key.
+        features: feature names, in the order of the packed float32 vector.
+        ttl_s: time to live of each key after its last accepted write, in seconds; 0 = never.
+        version: registry version id the writer was compiled from (ASCII, at most 32 bytes).
+    """
+
+    view: str
+    entity: str
+    features: tuple[str, ...]
+    ttl_s: int = 0
+    version: str = ""
+    schema_hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_name("view", self.view, str(self.view))
+        _check_name("entity", self.entity, self.view)
+        features = tuple(self.features)
+        object.__setattr__(self, "features", features)
+        if not features:
+            msg = f"view layout {self.view!r}: needs at least one feature; got an empty feature list"
+            raise LayoutError(msg)
+        for name in features:
+            _check_name("feature name", name, self.view)
+        if len(set(features)) != len(features):
+            dupes = sorted({f for f in features if features.count(f) > 1})
+            msg = f"view layout {self.view!r}: feature names must be unique; repeated: {dupes}"
+            raise LayoutError(msg)
+        if isinstance(self.ttl_s, bool) or not isinstance(self.ttl_s, int) or self.ttl_s < 0:
+            msg = f"view layout {self.view!r}: ttl_s must be an int >= 0 (0 = no expiry); got {self.ttl_s!r}"
+            raise LayoutError(msg)
+        try:
+            encoded = self.version.encode("ascii")
+        except (UnicodeEncodeError, AttributeError) as exc:
+            msg = f"view layout {self.view!r}: version must be an ASCII string; got {self.version!r}"
+            raise LayoutError(msg) from exc
+        if len(encoded) > MAX_VERSION_BYTES:
+            msg = (
+                f"view layout {self.view!r}: version {self.version!r} is {len(encoded)} bytes, the value"
+                f" header holds at most {MAX_VERSION_BYTES}; pass a short id (e.g. 12 hex digits of the"
+                " registry digest)"
+            )
+            raise LayoutError(msg)
+        object.__setattr__(self, "schema_hash", schema_hash(features))
+
+    @property
+    def dim(self) -> int:
+        """Number of features, i.e. float32 values per packed vector."""
+        return len(self.features)
+
+    @property
+    def ttl_ms(self) -> int:
+        """TTL in milliseconds (0 = no expiry)."""
+        return self.ttl_s * 1000
+
+
+def schema_hash(features: Sequence[str]) -> int:
+    """CRC32 of the ordered feature names: a reader detects a vector packed in another order."""
+    return zlib.crc32("\x1f".join(features).encode("utf-8")) & 0xFFFFFFFF
+
+
+def key_prefix(view: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Return the key prefix shared by every entity of ``view``: ``<namespace>:{<view>}:``."""
+    return f"{namespace}:{{{view}}}:"
+
+
+def entity_key(view: str, entity_id: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Return the Redis key of one (view, entity) vector."""
+    return f"{namespace}:{{{view}}}:{entity_id}"
+
+
+def entity_keys(view: str, entity_ids: Sequence[str], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """Return the Redis keys of many entities of one view, in order."""
+    prefix = key_prefix(view, namespace)
+    return [prefix + e for e in entity_ids]
+
+
+def view_slot(view: str, namespace: str = DEFAULT_NAMESPACE) -> int:
+    """Return the Redis Cluster slot (CRC16 mod 16384 of the hash tag) that holds every key of ``view``."""
+    return int(key_slot(entity_key(view, "", namespace).encode("utf-8")))
