@@ -61,6 +61,7 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         .config("spark.sql.shuffle.partitions", os.environ.get("HEADWATER_SPARK_PARTITIONS", "4"))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
+        .config("spark.sql.warehouse.dir", str(ROOT / ".headwater" / "spark-warehouse"))
         .config("spark.driver.memory", os.environ.get("HEADWATER_SPARK_DRIVER_MEMORY", "4g"))
     )
     return builder.getOrCreate()
