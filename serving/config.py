@@ -1,0 +1,134 @@
+"""Serving configuration: which views the ranker reads, and the service's bounds.
+
+The registry's tier plans (``.headwater/plans/``) are not final yet, so the serving side names
+its user, item and popularity views here, with defaults that match the demo feature set written
+by :mod:`headwater.serving.featurize`. A YAML file can override any field
+(``headwater serve --config FILE``); unknown keys are errors that name the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CATEGORIES: tuple[str, ...] = (
+    "sports", "music", "cooking", "travel", "tech", "fashion", "books", "gaming",
+    "home", "beauty", "garden", "pets", "kids", "auto", "art", "health",
+)  # fmt: skip
+"""Item categories of the demo world; one click-share feature per category on the user side."""
+
+USER_FEATURES: tuple[str, ...] = (
+    "impressions_7d",
+    "clicks_7d",
+    "ctr_7d",
+    *(f"click_share_{c}" for c in CATEGORIES),
+)
+ITEM_FEATURES: tuple[str, ...] = (
+    "impressions_7d",
+    "clicks_7d",
+    "ctr_7d",
+    "price",
+    *(f"is_{c}" for c in CATEGORIES),
+)
+POPULARITY_FEATURES: tuple[str, ...] = ("clicks_24h",)
+DEFAULT_REGISTRY_VERSION = "demo-v1"
+
+
+class ConfigError(ValueError):
+    """The serving configuration file is missing or not valid."""
+
+
+class ViewSpec(BaseModel):
+    """One feature view as the service reads it: the fields of the store's ``ViewLayout``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    view: str
+    entity: str
+    features: tuple[str, ...] = Field(min_length=1)
+    ttl_s: int = Field(default=7 * 86400, ge=0)
+    version: str = DEFAULT_REGISTRY_VERSION
+
+
+class BatcherConfig(BaseModel):
+    """Bounds of the micro-batcher."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_delay_ms: float = Field(default=1.0, ge=0.0, le=100.0)
+    """How long the first request of a batch waits for others to join it."""
+    max_batch_rows: int = Field(default=8192, ge=1)
+    """Candidate rows in one model forward (one request is never split)."""
+    max_queue_requests: int = Field(default=128, ge=1)
+    """Requests waiting per priority class; one more is answered 429."""
+    retry_after_s: int = Field(default=1, ge=1)
+
+
+class ServingConfig(BaseModel):
+    """Everything ``headwater serve`` needs besides the model and the store address."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user_view: ViewSpec = ViewSpec(view="user_profile", entity="user", features=USER_FEATURES)
+    item_view: ViewSpec = ViewSpec(view="item_stats", entity="item", features=ITEM_FEATURES)
+    popularity_view: ViewSpec = ViewSpec(
+        view="item_popularity", entity="item", features=POPULARITY_FEATURES, ttl_s=2 * 86400
+    )
+    categories: tuple[str, ...] = CATEGORIES
+    batcher: BatcherConfig = BatcherConfig()
+    default_deadline_ms: float = Field(default=100.0, gt=0.0)
+    max_deadline_ms: float = Field(default=10_000.0, gt=0.0)
+    fallback_reserve_ms: float = Field(default=2.0, ge=0.0)
+    """Time kept back from the deadline for the fallback steps once the model is late."""
+    max_missing_item_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Above this share of candidates without item features the model steps are skipped."""
+    item_cache_entries: int = Field(default=200_000, ge=0)
+    item_cache_ttl_s: float = Field(default=5.0, ge=0.0)
+    editorial_items: tuple[str, ...] = ()
+    """The last resort: items ranked first in this order; other candidates follow as given."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads of the model; None = one fewer than the cores (at least 1, at most 4)."""
+    io_threads: int = Field(default=4, ge=1)
+    max_body_bytes: int = Field(default=512 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _deadlines(self) -> ServingConfig:
+        if self.default_deadline_ms > self.max_deadline_ms:
+            msg = (
+                f"default_deadline_ms ({self.default_deadline_ms}) must not exceed max_deadline_ms"
+                f" ({self.max_deadline_ms})"
+            )
+            raise ValueError(msg)
+        return self
+
+
+def load_config(path: str | Path | None) -> ServingConfig:
+    """Read a YAML serving config (``None`` = the defaults); errors name the file and the field."""
+    if path is None:
+        return ServingConfig()
+    from ruamel.yaml import YAML, YAMLError
+
+    file = Path(path)
+    try:
+        raw: Any = YAML(typ="safe").load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        msg = f"serving config {file}: cannot be read ({exc.strerror}); pass an existing YAML file"
+        raise ConfigError(msg) from exc
+    except YAMLError as exc:
+        msg = f"serving config {file}: not valid YAML: {exc}"
+        raise ConfigError(msg) from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        msg = f"serving config {file}: expected a mapping of fields at the top; found {type(raw).__name__}"
+        raise ConfigError(msg)
+    try:
+        return ServingConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors()
+        )
+        msg = f"serving config {file}: {problems}"
+        raise ConfigError(msg) from exc

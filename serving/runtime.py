@@ -1,0 +1,109 @@
+"""Load the models for serving: artifacts, binding checks, device and torch threads.
+
+A model that cannot be loaded or that was trained on other features than the views the
+service reads is not used (logged as an error); the service still starts and answers from
+the next step of the fallback chain, so a bad deploy degrades instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from headwater.serving.artifact import (
+    Artifact,
+    ArtifactError,
+    check_binding,
+    linear_sibling,
+    load_artifact,
+    resolve_model_path,
+)
+from headwater.serving.config import ServingConfig
+from headwater.serving.engine import Models
+from headwater.serving.model import DCNRanker, LinearRanker, NeuralScorer, pick_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModels:
+    """The scorers and their versions; either may be None."""
+
+    neural: NeuralScorer | None
+    neural_artifact: Artifact | None
+    linear: LinearRanker | None
+    linear_artifact: Artifact | None
+    device: str
+
+    def models(self) -> Models:
+        """The engine's view of them."""
+        return Models(
+            neural_version=self.neural_artifact.version
+            if self.neural is not None and self.neural_artifact
+            else None,
+            linear=self.linear,
+            linear_version=self.linear_artifact.version if self.linear_artifact else None,
+        )
+
+
+def configure_torch_threads(requested: int | None) -> int:
+    """Intra-op threads: ``requested``, else one fewer than the cores (the event loop needs one), 1..4."""
+    threads = requested or max(1, min(4, (os.cpu_count() or 2) - 1))
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        logger.debug("torch inter-op threads were already set")
+    return threads
+
+
+def neural_from_artifact(artifact: Artifact, device: str) -> NeuralScorer:
+    """A scorer on ``device`` from a ``dcn`` artifact."""
+    hyper = artifact.metadata.get("hyperparameters", {})
+    model = DCNRanker(
+        len(artifact.metadata["user_features"]),
+        len(artifact.metadata["item_features"]),
+        int(hyper.get("embed_dim", 16)),
+        int(hyper.get("cross_layers", 3)),
+        tuple(int(x) for x in hyper.get("deep", (256, 128))),
+    )
+    try:
+        model.load_state_dict(artifact.state)
+    except RuntimeError as exc:
+        msg = f"model artifact {artifact.path}: weights do not fit the network in its metadata ({exc})"
+        raise ArtifactError(msg) from exc
+    return NeuralScorer(model, device)
+
+
+def linear_from_artifact(artifact: Artifact) -> LinearRanker:
+    """The numpy linear ranker from a ``linear`` artifact."""
+    return LinearRanker({k: v.numpy().astype(np.float32) for k, v in artifact.state.items()})
+
+
+def load_models(model_path: Path | None, config: ServingConfig, device: str | None = None) -> LoadedModels:
+    """Load the DCN and its linear sibling from ``model_path`` (file or training directory)."""
+    dev = pick_device(device)
+    if model_path is None:
+        logger.warning("no model given: answering from popularity and the editorial list")
+        return LoadedModels(None, None, None, None, dev)
+    neural = neural_art = linear = linear_art = None
+    try:
+        neural_art = load_artifact(resolve_model_path(model_path))
+        check_binding(neural_art.metadata, config.user_view, config.item_view)
+        neural = neural_from_artifact(neural_art, dev)
+    except ArtifactError as exc:
+        logger.error("neural model not used: %s", exc)
+    sibling = linear_sibling(neural_art) if neural_art is not None else None
+    if sibling is not None:
+        try:
+            linear_art = load_artifact(sibling)
+            check_binding(linear_art.metadata, config.user_view, config.item_view)
+            linear = linear_from_artifact(linear_art)
+        except ArtifactError as exc:
+            logger.error("linear fallback model not used: %s", exc)
+            linear_art = None
+    return LoadedModels(neural, neural_art, linear, linear_art, dev)

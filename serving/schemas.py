@@ -1,0 +1,141 @@
+"""The HTTP contract of ``/v1/rank`` and the translation of validation errors into readable messages."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_CANDIDATES = 2000
+MAX_ID_LENGTH = 128
+MAX_DEADLINE_MS = 10_000.0
+Priority = Literal["high", "normal", "low"]
+_FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
+
+
+class RankRequest(BaseModel):
+    """Rank ``candidates`` for ``user_id`` and return the best ``k``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["u000042"])
+    candidates: list[str] = Field(min_length=1, max_length=MAX_CANDIDATES, examples=[["i000001", "i000002"]])
+    k: int = Field(ge=1, le=MAX_CANDIDATES, examples=[10])
+    priority: Priority = "normal"
+    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)
+
+    @field_validator("candidates")
+    @classmethod
+    def _ids(cls, value: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for i, item in enumerate(value):
+            if not item or len(item) > MAX_ID_LENGTH:
+                msg = f"item ids must be 1 to {MAX_ID_LENGTH} characters; candidates[{i}] has {len(item)}"
+                raise ValueError(msg)
+            if item in seen:
+                msg = f"item ids must be unique; {item!r} appears more than once"
+                raise ValueError(msg)
+            seen.add(item)
+        return value
+
+    @model_validator(mode="after")
+    def _k_within_candidates(self) -> RankRequest:
+        if self.k > len(self.candidates):
+            msg = f"k: must be between 1 and the number of candidates ({len(self.candidates)}); got {self.k}"
+            raise ValueError(msg)
+        return self
+
+
+class ItemScore(BaseModel):
+    """One ranked item."""
+
+    item_id: str
+    score: float
+
+
+class FeatureAgesOut(BaseModel):
+    """Ages in seconds of the features used (null where none was used)."""
+
+    user: float | None
+    items_p50: float | None
+    items_max: float | None
+
+
+class RankResponse(BaseModel):
+    """Top-k items, best first."""
+
+    items: list[ItemScore]
+    model_version: str | None = Field(
+        description="Version of the model that scored; null for popularity/editorial."
+    )
+    fallback: Literal["linear", "popularity", "editorial"] | None
+    fallback_reason: str | None
+    feature_ages_s: FeatureAgesOut
+    latency_ms: float
+
+
+class HealthResponse(BaseModel):
+    """Service state."""
+
+    status: Literal["ok", "degraded"]
+    model_version: str | None
+    linear_version: str | None
+    registry_version: str | None
+    device: str
+    gpu_memory_used_percent: float | None
+    inference_latency_p99_ms: float | None
+
+
+class ErrorResponse(BaseModel):
+    """A refused request: one message, and one entry per offending field."""
+
+    detail: str
+    errors: list[dict[str, str]] = []
+
+
+def _field(loc: Sequence[Any]) -> str:
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind, ctx, given = err.get("type", ""), err.get("ctx") or {}, err.get("input")
+    shown = repr(given) if len(repr(given)) <= 60 else repr(given)[:57] + "..."
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return f"is not a known field (expected {', '.join(RankRequest.model_fields)})"
+    if kind == "too_long" and "max_length" in ctx:
+        return f"must hold at most {ctx['max_length']} entries; got {ctx.get('actual_length')}"
+    if kind == "too_short" and "min_length" in ctx:
+        return f"must hold at least {ctx['min_length']} entries; got {ctx.get('actual_length')}"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters; got {len(str(given))}"
+    if kind == "string_too_short":
+        return f"must be at least {ctx.get('min_length')} characters; got an empty string"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        return f"{str(err['msg']).replace('Input should', 'must')}; got {shown}"
+    if kind == "literal_error":
+        return f"{str(err['msg']).replace('Input should', 'must')}; got {shown}"
+    if kind == "json_invalid":
+        return f"the body is not valid JSON ({ctx.get('error', 'parse error')})"
+    if kind == "value_error":
+        return str(err["msg"]).removeprefix("Value error, ")
+    return f"{str(err['msg']).replace('Input should', 'must')}; got {shown}"
+
+
+def readable_errors(errors: Sequence[Any]) -> list[dict[str, str]]:
+    """One ``{"field", "message"}`` per pydantic/FastAPI validation error."""
+    out = []
+    for err in errors:
+        field, message = _field(err.get("loc", ())), _message(err)
+        match = _FIELD_PREFIX.match(message)
+        if field == "body" and match:
+            field, message = match.group(1), match.group(2)
+        out.append({"field": field, "message": message})
+    return out

@@ -1,0 +1,103 @@
+"""Prometheus metrics of the ranking service, in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+from headwater.serving.batcher import PRIORITIES, BatchStats
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+ROW_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 4000, 8192, 16384)
+REQUEST_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+
+
+class Telemetry:
+    """Latency, batch-size, fallback and queue metrics, plus a rolling inference p99."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rank_latency = Histogram(
+            "headwater_rank_latency_seconds", "End-to-end /v1/rank latency by fallback used ('none' = model).",
+            ["fallback"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inference_latency = Histogram(
+            "headwater_inference_latency_seconds", "Duration of one batched model forward.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "headwater_queue_wait_seconds", "Time a request waited in the batcher queue.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_rows = Histogram(
+            "headwater_batch_rows", "Candidate rows per model forward.", buckets=ROW_BUCKETS, registry=r
+        )
+        self.batch_requests = Histogram(
+            "headwater_batch_requests",
+            "Requests merged into one model forward.",
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "headwater_fallbacks_total", "Answers that fell back, by fallback kind and reason.",
+            ["kind", "reason"], registry=r,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "headwater_rejected_total",
+            "Requests refused, by reason (queue_full, invalid).",
+            ["reason"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "headwater_queue_depth", "Requests waiting in the batcher, by priority.", ["priority"], registry=r
+        )
+        self.item_cache = Gauge(
+            "headwater_item_cache_lookups",
+            "Item-vector cache look-ups since start, by result.",
+            ["result"],
+            registry=r,
+        )
+        self._inference_s: deque[float] = deque(maxlen=window)
+
+    def watch_queues(self, depth: Callable[[str], int]) -> None:
+        """Report queue depths by calling ``depth(priority)`` at scrape time."""
+        for priority in PRIORITIES:
+            self.queue_depth.labels(priority).set_function(lambda p=priority: float(depth(p)))
+
+    def watch_cache(self, hits: Callable[[], int], misses: Callable[[], int]) -> None:
+        """Report item-cache hits and misses at scrape time."""
+        self.item_cache.labels("hit").set_function(lambda: float(hits()))
+        self.item_cache.labels("miss").set_function(lambda: float(misses()))
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        """Record one model forward."""
+        self.inference_latency.observe(stats.seconds)
+        self.batch_rows.observe(stats.rows)
+        self.batch_requests.observe(stats.requests)
+        self.queue_wait.observe(stats.queue_wait_s)
+        self._inference_s.append(stats.seconds)
+
+    def inference_p99_ms(self) -> float | None:
+        """p99 of the recent model forwards in milliseconds (None before the first)."""
+        if not self._inference_s:
+            return None
+        return round(float(np.percentile(np.fromiter(self._inference_s, dtype=np.float64), 99)) * 1000.0, 3)

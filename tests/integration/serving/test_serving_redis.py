@@ -1,0 +1,249 @@
+"""The ranking service against real Redis: ranking, each fallback step, 422/429, Redis restart."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import torch
+from headwater.serving.app import create_app
+from headwater.serving.config import BatcherConfig, ServingConfig
+from headwater.serving.demo import DemoRows, demo_rows, write_demo
+from headwater.serving.runtime import LoadedModels, load_models
+from headwater.serving.store import OnlineStoreReader
+from headwater.serving.train import TrainOptions, train_and_save
+from headwater.serving.trainset import from_events, generated_events
+
+CONFIG = ServingConfig()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models")
+    ts = from_events(generated_events(40_000, seed=3), CONFIG.item_view.version)
+    train_and_save(ts, out, TrainOptions(epochs=1, linear_epochs=1, device="cpu"), CONFIG)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows() -> DemoRows:
+    return demo_rows(events=30_000, seed=3)
+
+
+def _drop(url: str, namespace: str) -> None:
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def seeded(redis_url: str, rows: DemoRows) -> Iterator[OnlineStoreReader]:
+    namespace = f"hwtest-serve-{uuid.uuid4().hex[:8]}"
+    reader = OnlineStoreReader.from_url(redis_url, namespace=namespace)
+    write_demo(reader, CONFIG, rows)
+    yield reader
+    reader.close()
+    _drop(redis_url, namespace)
+
+
+def _rank(app: Any, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    async def main() -> list[httpx.Response]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return list(await asyncio.gather(*[client.post("/v1/rank", json=b) for b in bodies]))
+
+    return asyncio.run(main())
+
+
+def _body(rows: DemoRows, n: int = 300, k: int = 10, **extra: Any) -> dict[str, Any]:
+    return {"user_id": rows.user_ids[0], "candidates": rows.item_ids[:n], "k": k, **extra}
+
+
+def test_rank_returns_sorted_top_k_with_version_and_ages(
+    model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader
+) -> None:
+    loaded = load_models(model_dir, CONFIG, "cpu")
+    [response] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
+    out = response.json()
+    assert response.status_code == 200
+    assert out["fallback"] is None and out["model_version"] == loaded.models().neural_version
+    scores = [x["score"] for x in out["items"]]
+    assert len(scores) == 10 and scores == sorted(scores, reverse=True)
+    assert {x["item_id"] for x in out["items"]} <= set(rows.item_ids[:300])
+    ages = out["feature_ages_s"]
+    assert 0.0 <= ages["user"] < 120.0 and 0.0 <= ages["items_p50"] <= ages["items_max"] < 120.0
+    # the same scores as the model run directly on the stored vectors
+    assert loaded.neural is not None
+    direct = loaded.neural.score_batch([(rows.users[0], rows.items[:300])])[0]
+    best = np.argsort(-direct, kind="stable")[:10]
+    assert [x["item_id"] for x in out["items"]] == [rows.item_ids[i] for i in best]
+    np.testing.assert_allclose(scores, direct[best], rtol=1e-5)
+
+
+def _break_neural(loaded: LoadedModels) -> None:
+    assert loaded.neural is not None
+    with torch.no_grad():
+        for p in loaded.neural.model.parameters():
+            p.fill_(float("nan"))
+
+
+def test_broken_model_falls_back_to_linear_then_popularity(
+    model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader
+) -> None:
+    loaded = load_models(model_dir, CONFIG, "cpu")
+    _break_neural(loaded)
+    [first] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
+    assert (first.json()["fallback"], first.json()["fallback_reason"]) == ("linear", "model_error")
+    assert first.json()["model_version"] == loaded.models().linear_version
+    assert loaded.linear is not None
+    loaded.linear.w_item[:] = np.nan
+    [second] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
+    out = second.json()
+    assert (second.status_code, out["fallback"], out["fallback_reason"]) == (200, "popularity", "model_error")
+    popularity = dict(zip(rows.item_ids, rows.popularity[:, 0].tolist(), strict=True))
+    expected = sorted(rows.item_ids[:300], key=lambda i: -popularity[i])[:10]
+    assert [x["score"] for x in out["items"]] == [popularity[i] for i in expected]
+
+
+def test_store_down_answers_editorial(model_dir: Path, rows: DemoRows) -> None:
+    config = CONFIG.model_copy(update={"editorial_items": (rows.item_ids[5], rows.item_ids[2])})
+    reader = OnlineStoreReader.from_url(f"redis://127.0.0.1:{_free_port()}/0", timeout_s=0.2)
+    [response] = _rank(create_app(config, reader, load_models(model_dir, config, "cpu")), [_body(rows, k=3)])
+    out = response.json()
+    assert (response.status_code, out["fallback"], out["fallback_reason"]) == (
+        200,
+        "editorial",
+        "store_error",
+    )
+    assert [x["item_id"] for x in out["items"]] == [rows.item_ids[5], rows.item_ids[2], rows.item_ids[0]]
+
+
+def test_invalid_request_is_422(model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader) -> None:
+    [response] = _rank(
+        create_app(CONFIG, seeded, load_models(model_dir, CONFIG, "cpu")), [_body(rows, n=3, k=4)]
+    )
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {"field": "k", "message": "must be between 1 and the number of candidates (3); got 4"}
+    ]
+
+
+def test_full_queue_is_429_with_retry_after(
+    model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader
+) -> None:
+    loaded = load_models(model_dir, CONFIG, "cpu")
+    assert loaded.neural is not None
+    fast = loaded.neural.score_batch
+
+    def slow(jobs: Any) -> Any:
+        time.sleep(0.2)
+        return fast(jobs)
+
+    loaded.neural.score_batch = slow  # type: ignore[method-assign]
+    config = CONFIG.model_copy(
+        update={
+            "batcher": BatcherConfig(max_queue_requests=2, max_batch_rows=300),
+            "default_deadline_ms": 5000.0,
+        }
+    )
+    responses = _rank(create_app(config, seeded, loaded), [_body(rows) for _ in range(12)])
+    codes = sorted(r.status_code for r in responses)
+    assert set(codes) == {200, 429}
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["Retry-After"] == "1"
+    assert all(r.json()["fallback"] is None for r in responses if r.status_code == 200)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not on PATH: install it (apt-get install redis-server) to run this test")
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            if client.ping():
+                return proc
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"own redis-server on port {port} did not answer PING within 5 s")
+
+
+def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: DemoRows, tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc = _start_redis(port, tmp_path)
+    config = CONFIG.model_copy(update={"item_cache_ttl_s": 0.0})
+    reader = OnlineStoreReader.from_url(url, timeout_s=0.3)
+    write_demo(reader, config, rows)
+    app = create_app(config, reader, load_models(model_dir, config, "cpu"))
+    seen: list[tuple[int, str | None]] = []
+
+    async def main() -> None:
+        nonlocal proc
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
+                async def ask() -> None:
+                    r = await client.post("/v1/rank", json=_body(rows, n=200))
+                    seen.append((r.status_code, r.json().get("fallback")))
+
+                for _ in range(3):
+                    await ask()
+                proc.terminate()
+                proc.wait(10)
+                for _ in range(5):
+                    await ask()
+                proc = _start_redis(port, tmp_path)
+                await asyncio.to_thread(write_demo, reader, config, rows)
+                for _ in range(3):
+                    await ask()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        reader.close()
+    assert [code for code, _ in seen] == [200] * 11
+    assert [fb for _, fb in seen[:3]] == [None] * 3
+    assert [fb for _, fb in seen[3:8]] == ["editorial"] * 5
+    assert [fb for _, fb in seen[8:]] == [None] * 3

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from headwater.serving.artifact import ArtifactError, check_binding, load_artifact, save_artifact
+from headwater.serving.config import ServingConfig, ViewSpec
+from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
+from headwater.serving.model import DCNRanker, LinearRanker, NeuralScorer
+
+
+def _model(du: int = 5, di: int = 4) -> DCNRanker:
+    torch.manual_seed(0)
+    return DCNRanker(du, di, embed_dim=3, cross_layers=2, deep=(8, 4)).eval()
+
+
+def test_forward_shape_and_user_index_expansion() -> None:
+    model = _model()
+    users = torch.randn(2, 5)
+    items = torch.randn(7, 4)
+    index = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    merged = model(users, items, index)
+    per_row = model(users[index], items, torch.arange(7))
+    assert merged.shape == (7,)
+    torch.testing.assert_close(merged, per_row)
+
+
+def test_nan_inputs_mean_the_training_mean() -> None:
+    model = _model()
+    model.set_normalization(np.ones(5), np.full(5, 2.0), np.zeros(4), np.ones(4))
+    users = torch.tensor([[float("nan")] * 5, [1.0] * 5])
+    out = model(users, torch.zeros(2, 4), torch.tensor([0, 1]))
+    assert torch.isfinite(out).all()
+    assert out[0].item() == pytest.approx(out[1].item())
+
+
+def test_neural_scorer_splits_batch_per_job() -> None:
+    scorer = NeuralScorer(_model(), "cpu")
+    jobs = [
+        (np.ones(5, np.float32), np.zeros((3, 4), np.float32)),
+        (np.zeros(5, np.float32), np.ones((2, 4), np.float32)),
+    ]
+    out = scorer.score_batch(jobs)
+    assert [len(o) for o in out] == [3, 2]
+    assert ((out[0] > 0) & (out[0] < 1)).all()
+    alone = scorer.score_batch([jobs[1]])[0]
+    np.testing.assert_allclose(out[1], alone, rtol=1e-5)
+
+
+def test_artifact_round_trip_with_weights_only(tmp_path: Path) -> None:
+    model = _model()
+    meta = {"kind": "dcn", "user_features": ["a"] * 0 + ["u1"], "item_features": ["i1"], "created_at": "x"}
+    saved = save_artifact(tmp_path, meta, model.state_dict())
+    assert saved.path.name == f"dcn-{saved.version}.pt"
+    raw = torch.load(saved.path, weights_only=True)
+    assert set(raw) == {"format", "metadata_json", "state"}
+    loaded = load_artifact(saved.path)
+    assert loaded.version == saved.version and len(saved.version) == 12
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(loaded.state[name], tensor)
+    again = save_artifact(tmp_path / "again", {**meta, "created_at": "later"}, model.state_dict())
+    assert again.version == saved.version  # content hash ignores the creation time
+
+
+def test_tampered_artifact_is_refused(tmp_path: Path) -> None:
+    saved = save_artifact(tmp_path, {"kind": "linear"}, {"w": torch.ones(3)})
+    raw = torch.load(saved.path, weights_only=True)
+    raw["state"]["w"] = torch.zeros(3)
+    torch.save(raw, saved.path)
+    with pytest.raises(ArtifactError, match="content hash"):
+        load_artifact(saved.path)
+
+
+def test_missing_artifact_names_the_command(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="headwater model train"):
+        load_artifact(tmp_path / "nope.pt")
+
+
+def test_binding_mismatch_names_the_features() -> None:
+    config = ServingConfig(
+        user_view=ViewSpec(view="user_profile", entity="user", features=("a", "b")),
+        item_view=ViewSpec(view="item_stats", entity="item", features=("x",)),
+    )
+    check_binding({"user_features": ["a", "b"], "item_features": ["x"]}, config.user_view, config.item_view)
+    with pytest.raises(ArtifactError, match=r"missing from the view \['c'\], not in the model \['b'\]"):
+        check_binding(
+            {"user_features": ["a", "c"], "item_features": ["x"]}, config.user_view, config.item_view
+        )
+
+
+def test_linear_ranker_matches_formula() -> None:
+    state = {
+        "user_mean": np.zeros(2, np.float32), "user_scale": np.ones(2, np.float32),
+        "item_mean": np.zeros(2, np.float32), "item_scale": np.ones(2, np.float32),
+        "w_user": np.array([1.0, 0.0], np.float32), "w_item": np.array([0.0, 2.0], np.float32),
+        "w_cross": np.array([[1.0, 0.0], [0.0, 0.0]], np.float32), "bias": np.array([0.5], np.float32),
+    }  # fmt: skip
+    lin = LinearRanker(state)
+    out = lin.score(np.array([1.0, 3.0], np.float32), np.array([[2.0, 1.0], [0.0, 0.0]], np.float32))
+    # u.w_u = 1, i.w_i = 2 / 0, u^T W i = 2 / 0, bias 0.5
+    np.testing.assert_allclose(out, [5.5, 1.5])
+
+
+def test_auc_and_ndcg_known_values() -> None:
+    labels = np.array([1, 0, 1, 0], np.float32)
+    assert auc(labels, np.array([0.9, 0.1, 0.8, 0.2])) == 1.0
+    assert auc(labels, np.array([0.1, 0.9, 0.2, 0.8])) == 0.0
+    assert auc(labels, np.array([0.5, 0.5, 0.5, 0.5])) == 0.5
+    groups = np.array([0, 0, 0, 1, 1], np.int64)
+    lab = np.array([0, 1, 0, 0, 0], np.float32)  # group 1 has no positive: ignored
+    assert ndcg_at_k(groups, lab, np.array([3.0, 2.0, 1.0, 1.0, 2.0])) == pytest.approx(1 / np.log2(3))
+    assert ndcg_at_k(groups, lab, np.array([1.0, 2.0, 0.0, 1.0, 2.0])) == 1.0
+
+
+def test_popularity_scores_count_training_clicks() -> None:
+    train_items = np.array(["a", "a", "b", "c"])
+    train_labels = np.array([1, 1, 0, 1], np.float32)
+    out = popularity_scores(train_items, train_labels, np.array(["a", "b", "c", "z"]))
+    np.testing.assert_array_equal(out, [2, 0, 1, 0])
