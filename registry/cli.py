@@ -8,9 +8,10 @@ that need them, never at start-up, so ``headwater --help`` answers at once.
 from __future__ import annotations
 
 import click
-
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.topics import topics
+from headwater.registry.commands import apply, check, features, plan
+from headwater.serving.cli import model, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,3 +27,9 @@ def main() -> None:
 
 main.add_command(events)
 main.add_command(topics)
+main.add_command(check)
+main.add_command(plan)
+main.add_command(apply)
+main.add_command(features)
+main.add_command(model)
+main.add_command(serve)

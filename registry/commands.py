@@ -1,0 +1,168 @@
+"""The registry's commands: ``check``, ``plan``, ``apply`` and ``features list|describe``.
+
+``check`` is the CI gate (exit 0 clean, 1 on errors); ``plan`` shows what ``apply`` would change;
+``apply`` writes Feast objects, the tier plans and the snapshot under the state folder
+(``.headwater/`` beside the feature repo unless ``--state-dir`` or ``HEADWATER_STATE_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from headwater.registry.compiled import CheckResult
+from headwater.registry.durations import format_seconds
+from headwater.registry.plan import default_state_dir, diff_views, format_plan, read_snapshot
+from headwater.registry.plans import plan_view, registry_hash
+from headwater.registry.report import check_json, check_text
+from headwater.registry.validate import check_repo
+
+DEFAULT_REPO = "features"
+_repo_arg = click.argument("repo", type=click.Path(path_type=Path), default=DEFAULT_REPO, required=False)
+_format_opt = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+_state_opt = click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where applied state lives (default: .headwater/ beside REPO, or $HEADWATER_STATE_DIR).",
+)
+
+
+def _checked(repo: Path, quiet: bool = False) -> CheckResult:
+    """Run check; print its findings and exit 1 on errors (used by plan, apply, features)."""
+    result = check_repo(repo)
+    if not result.ok or (result.diagnostics.items and not quiet):
+        click.echo(check_text(result), err=not result.ok)
+    if not result.ok:
+        sys.exit(1)
+    return result
+
+
+@click.command()
+@_repo_arg
+@_format_opt
+def check(repo: Path, fmt: str) -> None:
+    """Check the feature repo REPO (default: features/): schema, SLAs, cost and budget.
+
+    Exits 0 when clean (warnings are printed), 1 when there is any error.
+    """
+    result = check_repo(repo)
+    if fmt == "json":
+        click.echo(json.dumps(check_json(result), indent=2))
+    else:
+        click.echo(check_text(result))
+    sys.exit(0 if result.ok else 1)
+
+
+@click.command()
+@_repo_arg
+@_state_opt
+@_format_opt
+def plan(repo: Path, state_dir: Path | None, fmt: str) -> None:
+    """Show what `apply` would change: views added, changed, removed, with cost and SLA deltas."""
+    result = _checked(repo, quiet=True)
+    state = state_dir or default_state_dir(repo)
+    applied = read_snapshot(state) or {"views": {}, "registry_hash": None}
+    new_hash = registry_hash(result)
+    current = {v.name: plan_view(v).model_dump() for v in result.views}
+    changes = diff_views(applied["views"], current)
+    if fmt == "json":
+        payload = {
+            "applied_hash": applied["registry_hash"],
+            "registry_hash": new_hash,
+            "changes": [c.to_json() for c in changes],
+        }
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        click.echo(format_plan(changes, applied["registry_hash"], new_hash))
+
+
+@click.command()
+@_repo_arg
+@_state_opt
+@click.option("--redis-url", default=None, help="Online store for Feast (default: Settings.from_env()).")
+@click.option("--no-feast", is_flag=True, help="Write the tier plans and snapshot only, skip Feast.")
+def apply(repo: Path, state_dir: Path | None, redis_url: str | None, no_feast: bool) -> None:
+    """Apply REPO: Feast entities and views (with tags), one plan per tier, and the snapshot."""
+    from headwater.pipelines.settings import Settings
+    from headwater.registry.apply import apply_repo
+
+    os.environ.setdefault("FEAST_USAGE", "False")
+    result = _checked(repo)
+    state = state_dir or default_state_dir(repo)
+    settings = Settings.from_env()
+    outcome = apply_repo(
+        result, state, redis_url or settings.redis_url, settings.kafka_bootstrap, feast=not no_feast
+    )
+    click.echo(f"Applied {outcome.views} view(s), registry {outcome.registry_hash}")
+    if not no_feast:
+        click.echo(f"  feast repo: {state / 'feast'} (feast -c {state / 'feast'} feature-views list)")
+    for tier, path in outcome.plan_paths.items():
+        click.echo(f"  {tier} plan: {path}")
+    for name in outcome.deleted_views:
+        click.echo(f"  deleted view: {name}")
+
+
+@click.group()
+def features() -> None:
+    """List and describe the feature views of a repo."""
+
+
+@features.command("list")
+@_repo_arg
+def list_views(repo: Path) -> None:
+    """One line per view: name, tier, SLA, cost, owner, features."""
+    result = _checked(repo, quiet=True)
+    header = f"{'view':<34} {'tier':<9} {'sla':>6} {'cost':>6} {'est':>6}  {'owner':<18} features"
+    click.echo(header)
+    for v in sorted(result.views, key=lambda v: (v.tier, v.name)):
+        click.echo(
+            f"{v.name:<34} {v.tier:<9} {format_seconds(v.freshness_sla.seconds):>6} "
+            f"{v.compute_cost:>6.2f} {v.estimated_cost:>6.2f}  {v.owner:<18} {len(v.features)}"
+        )
+
+
+@features.command()
+@click.argument("view")
+@_repo_arg
+def describe(view: str, repo: Path) -> None:
+    """Everything about VIEW: entity, source, tier, SLA, cost, each feature with its filter and SQL."""
+    from headwater.registry.expr_sql import to_sql
+
+    result = _checked(repo, quiet=True)
+    found = {v.name: v for v in result.views}.get(view)
+    if found is None:
+        click.echo(
+            f"no feature view '{view}' in {repo}; known: {', '.join(sorted(v.name for v in result.views))}",
+            err=True,
+        )
+        sys.exit(1)
+    click.echo(f"{found.name}  ({found.file}:{found.line})\n  {found.description}")
+    click.echo(
+        f"  entity {found.entity} (key {found.join_key}), source {found.source}, tier {found.tier}, "
+        f"freshness_sla {found.freshness_sla}, owner {found.owner}"
+    )
+    click.echo(
+        f"  compute_cost {found.compute_cost:g} CPU-h/day declared, {found.estimated_cost:.2f} estimated"
+    )
+    for f in found.features:
+        extra = f" {f.field}" if f.field else ""
+        extra += f" k={f.k}" if f.k else ""
+        click.echo(f"  - {f.name}: {f.agg}{extra} over {f.window} (slide {f.slide}) -> {f.dtype}")
+        if f.where is not None:
+            click.echo(f"      where {f.where_text}\n      sql   {to_sql(f.where, 'flink')}")
+        for side, op in (("numerator", f.numerator), ("denominator", f.denominator)):
+            if op is not None:
+                click.echo(
+                    f"      {side}: {op.agg}{' ' + op.field if op.field else ''} where {op.where_text}"
+                )

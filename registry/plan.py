@@ -1,0 +1,180 @@
+"""``headwater plan``: what ``apply`` would change, against the snapshot of the last apply.
+
+``apply`` writes ``<state>/applied.json`` (the plan form of every view, and the registry hash);
+``plan`` compares the checked repo with it: views added, removed and changed, with the fields
+and features that changed and the cost and SLA deltas.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from headwater.registry.compiled import CheckResult
+from headwater.registry.durations import format_seconds
+from headwater.registry.plans import plan_view
+
+SNAPSHOT_FILE = "applied.json"
+SNAPSHOT_VERSION = 1
+_COMPARED = ("tier", "entity", "source", "owner", "description", "tags", "compute_cost")
+
+
+def default_state_dir(repo: Path) -> Path:
+    """``$HEADWATER_STATE_DIR``, else ``.headwater/`` beside the feature repo (the project root)."""
+    env = os.environ.get("HEADWATER_STATE_DIR")
+    return Path(env) if env else repo.resolve().parent / ".headwater"
+
+
+@dataclass
+class ViewChange:
+    """One view in the plan: added, removed or changed, with its cost and SLA before and after."""
+
+    name: str
+    kind: str
+    tier: str
+    changes: list[str] = field(default_factory=list)
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    sla_before: float | None = None
+    sla_after: float | None = None
+
+    @property
+    def cost_delta(self) -> float:
+        """Charged CPU-h/day after minus before."""
+        return self.cost_after - self.cost_before
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form (``headwater plan --format json``)."""
+        return {**self.__dict__, "cost_delta": round(self.cost_delta, 4)}
+
+
+def snapshot(result: CheckResult, reg_hash: str) -> dict[str, Any]:
+    """Build the snapshot ``apply`` stores: every view's plan form, keyed by name."""
+    return {
+        "schema_version": SNAPSHOT_VERSION,
+        "registry_hash": reg_hash,
+        "applied_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "views": {v.name: plan_view(v).model_dump() for v in result.views},
+    }
+
+
+def read_snapshot(state_dir: Path) -> dict[str, Any] | None:
+    """Read the last applied snapshot, or None when nothing was applied yet."""
+    path = state_dir / SNAPSHOT_FILE
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _charged(view: dict[str, Any]) -> float:
+    return max(float(view["compute_cost"]), float(view["estimated_cost"]))
+
+
+def diff_views(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[ViewChange]:
+    """List the views added, removed and changed from ``old`` to ``new`` (plan-form dicts by name)."""
+    out = []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name), new.get(name)
+        if before is None and after is not None:
+            out.append(
+                ViewChange(
+                    name,
+                    "added",
+                    after["tier"],
+                    cost_after=_charged(after),
+                    sla_after=after["freshness_sla_s"],
+                )
+            )
+        elif after is None and before is not None:
+            out.append(
+                ViewChange(
+                    name,
+                    "removed",
+                    before["tier"],
+                    cost_before=_charged(before),
+                    sla_before=before["freshness_sla_s"],
+                )
+            )
+        elif before is not None and after is not None:
+            changes = _view_changes(before, after)
+            if changes:
+                out.append(
+                    ViewChange(
+                        name,
+                        "changed",
+                        after["tier"],
+                        changes,
+                        _charged(before),
+                        _charged(after),
+                        before["freshness_sla_s"],
+                        after["freshness_sla_s"],
+                    )
+                )
+    return out
+
+
+def _view_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    changes = [
+        f"{key}: {_show(before[key])} -> {_show(after[key])}"
+        for key in _COMPARED
+        if before[key] != after[key]
+    ]
+    if before["freshness_sla_s"] != after["freshness_sla_s"]:
+        changes.append(f"freshness_sla: {before['freshness_sla']} -> {after['freshness_sla']}")
+    old_f = {f["name"]: f for f in before["features"]}
+    new_f = {f["name"]: f for f in after["features"]}
+    changes += [f"+ feature {n}" for n in sorted(set(new_f) - set(old_f))]
+    changes += [f"- feature {n}" for n in sorted(set(old_f) - set(new_f))]
+    for name in sorted(set(old_f) & set(new_f)):
+        fields = [k for k in new_f[name] if k != "window" and old_f[name].get(k) != new_f[name][k]]
+        if fields:
+            what = ", ".join(_feature_field_change(k, old_f[name].get(k), new_f[name][k]) for k in fields)
+            changes.append(f"~ feature {name}: {what}")
+    return changes
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
+def _feature_field_change(key: str, before: Any, after: Any) -> str:
+    if key in ("window_s", "slide_s"):
+        return f"{key[:-2]} {format_seconds(before)} -> {format_seconds(after)}"
+    if isinstance(before, dict) or isinstance(after, dict):
+        return f"{key} {(before or {}).get('text')!r} -> {(after or {}).get('text')!r}"
+    return f"{key} {before!r} -> {after!r}"
+
+
+def format_plan(changes: list[ViewChange], applied_hash: str | None, new_hash: str) -> str:
+    """Render the text shown by ``headwater plan``."""
+    head = f"Plan: registry {applied_hash or '(nothing applied yet)'} -> {new_hash}"
+    if not changes:
+        return head + "\nNo changes: the applied registry matches the repo."
+    lines = [head]
+    marks = {"added": "+", "removed": "-", "changed": "~"}
+    for c in changes:
+        sla = _sla_text(c)
+        lines.append(
+            f"  {marks[c.kind]} {c.name} [{c.tier}] cost {c.cost_before:.2f} -> {c.cost_after:.2f} "
+            f"({c.cost_delta:+.2f} CPU-h/day){sla}"
+        )
+        lines.extend(f"      {line}" for line in c.changes)
+    counts = {k: sum(1 for c in changes if c.kind == k) for k in ("added", "changed", "removed")}
+    total = sum(c.cost_delta for c in changes)
+    lines.append(
+        f"{counts['added']} to add, {counts['changed']} to change, {counts['removed']} to remove; "
+        f"charged cost {total:+.2f} CPU-h/day."
+    )
+    return "\n".join(lines)
+
+
+def _sla_text(c: ViewChange) -> str:
+    if c.sla_before == c.sla_after or c.sla_before is None or c.sla_after is None:
+        value = c.sla_after if c.sla_after is not None else c.sla_before
+        return f", sla {format_seconds(value)}" if value is not None else ""
+    return f", sla {format_seconds(c.sla_before)} -> {format_seconds(c.sla_after)}"

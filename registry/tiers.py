@@ -1,0 +1,107 @@
+"""The tier table: the one place that says what each tier can deliver and what it costs.
+
+Every SLA check, window check, cheaper-tier suggestion and cost estimate reads this table.
+
+The per-event CPU costs and pane costs below are PLACEHOLDER CONSTANTS, to be calibrated from
+the tiers' benchmarks under ``bench/`` (``bench/results/*.json``): measure CPU-seconds per
+event for one view with one count aggregation on each tier, and replace ``cpu_us_per_event``.
+The freshness floors are the seed figures of the design (realtime 5 s, nearline 3 min, offline
+24 h); tighten them to what the end-to-end freshness benchmarks measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headwater.registry.durations import format_seconds
+
+MINUTE = 60
+HOUR = 3600
+DAY = 86400
+
+
+@dataclass(frozen=True)
+class Tier:
+    """What one tier can deliver and what it costs.
+
+    Attributes:
+        name: realtime | nearline | offline.
+        cheapness: rank, 0 = cheapest; a view is warned when a cheaper tier could meet its SLA.
+        freshness_floor_s: the tightest freshness SLA the tier can deliver, in seconds.
+        max_window_s: the longest window the tier keeps state for, in seconds.
+        default_slide_s: the update step of a window when the feature declares no ``slide``.
+        cpu_us_per_event: CPU microseconds to read, filter, key and update one aggregation for one
+            event (placeholder, to be calibrated from bench/).
+        pane_cost: extra cost per additional pane of a sliding window, relative to one update
+            (streaming tiers merge panes incrementally; the offline tier re-reads each pane).
+        view_overhead_units: per-event cost units every view pays on top of its aggregations
+            (deserialising, keying, writing the online value).
+    """
+
+    name: str
+    cheapness: int
+    freshness_floor_s: float
+    max_window_s: float
+    default_slide_s: float
+    cpu_us_per_event: float
+    pane_cost: float
+    view_overhead_units: float
+
+    def describe(self) -> str:
+        """E.g. ``realtime (freshness floor 5s, windows up to 1h)``."""
+        return (
+            f"{self.name} (freshness floor {format_seconds(self.freshness_floor_s)}, "
+            f"windows up to {format_seconds(self.max_window_s)})"
+        )
+
+
+TIERS: dict[str, Tier] = {
+    "realtime": Tier(
+        name="realtime",
+        cheapness=2,
+        freshness_floor_s=5,
+        max_window_s=1 * HOUR,
+        default_slide_s=1,
+        cpu_us_per_event=20.0,
+        pane_cost=0.002,
+        view_overhead_units=1.0,
+    ),
+    "nearline": Tier(
+        name="nearline",
+        cheapness=1,
+        freshness_floor_s=3 * MINUTE,
+        max_window_s=7 * DAY,
+        default_slide_s=1 * MINUTE,
+        cpu_us_per_event=10.0,
+        pane_cost=0.002,
+        view_overhead_units=1.0,
+    ),
+    "offline": Tier(
+        name="offline",
+        cheapness=0,
+        freshness_floor_s=1 * DAY,
+        max_window_s=90 * DAY,
+        default_slide_s=1 * DAY,
+        cpu_us_per_event=0.5,
+        pane_cost=1.0,
+        view_overhead_units=1.0,
+    ),
+}
+TIER_NAMES = tuple(TIERS)
+
+
+def cheaper_tier_meeting(tier: Tier, sla_s: float, longest_window_s: float) -> Tier | None:
+    """Find the cheapest tier cheaper than ``tier`` whose floor meets ``sla_s`` and keeps the window."""
+    fits = [
+        other
+        for other in TIERS.values()
+        if other.cheapness < tier.cheapness
+        and other.freshness_floor_s <= sla_s
+        and other.max_window_s >= longest_window_s
+    ]
+    return min(fits, key=lambda t: t.cheapness) if fits else None
+
+
+def tiers_keeping(window_s: float) -> list[str]:
+    """Names of the tiers that keep state for a window of ``window_s`` seconds."""
+    return [t.name for t in TIERS.values() if t.max_window_s >= window_s]
