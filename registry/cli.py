@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 from headwater.pipelines.events.cli import events
+from headwater.pipelines.nearline.cli import run_nearline
 from headwater.pipelines.topics import topics
 from headwater.registry.commands import apply, check, features, plan
 from headwater.serving.cli import model, serve
@@ -25,6 +26,12 @@ def main() -> None:
     """
 
 
+@main.group("run")
+def run() -> None:
+    """Run a pipeline tier: realtime (Flink), nearline (Kafka + RocksDB), offline (Spark + Delta)."""
+
+
+run.add_command(run_nearline)
 main.add_command(events)
 main.add_command(topics)
 main.add_command(check)

@@ -1,0 +1,54 @@
+"""Restore a partition's store from the compacted changelog, incrementally where possible.
+
+The store (local folder, or a copy of its last RocksDB checkpoint) remembers the changelog
+offset it reflects (``c``); only the changelog after it is replayed. When the changelog no
+longer holds that tail (its log start moved past it), the store is wiped and rebuilt from the
+whole changelog.
+"""
+
+from __future__ import annotations
+
+from headwater.pipelines.nearline.state import PartitionStore
+from headwater.pipelines.nearline.task import PartitionTask
+from headwater.pipelines.settings import Settings
+from kafka import KafkaConsumer, TopicPartition
+
+CHUNK = 50_000
+
+
+def restore_partition(
+    settings: Settings, changelog: str, partition: int, store: PartitionStore, task: PartitionTask
+) -> int:
+    """Bring ``store`` up to the changelog's end, load it into ``task``; return records replayed."""
+    tp = TopicPartition(changelog, partition)
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    replayed = 0
+    try:
+        consumer.assign([tp])
+        start = consumer.beginning_offsets([tp])[tp]
+        end = consumer.end_offsets([tp])[tp]
+        pos = store.changelog_position()
+        if pos + 1 < start:
+            store.wipe()
+            pos = -1
+        if pos + 1 < end:
+            consumer.seek(tp, max(pos + 1, start))
+            pending: list[tuple[bytes, bytes | None]] = []
+            last = pos
+            while last < end - 1:
+                for rec in consumer.poll(timeout_ms=1000).get(tp, []):
+                    pending.append((rec.key, rec.value))
+                    last = rec.offset
+                if len(pending) >= CHUNK or (last >= end - 1 and pending):
+                    store.apply_changelog(pending, last)
+                    replayed += len(pending)
+                    pending = []
+    finally:
+        consumer.close()
+    task.load(store.load())
+    return replayed

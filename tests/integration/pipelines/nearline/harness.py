@@ -1,0 +1,364 @@
+"""Shared helpers of the nearline integration tests and the benchmark: plan, topics, events, oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from headwater.pipelines.events.codec import DecodedEvent, EventCodec, parse_dead_letter
+from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+from headwater.pipelines.settings import Settings
+from headwater.pipelines.store import OnlineStore
+from headwater.pipelines.topics import ensure_topics
+from headwater.pipelines.windows import (
+    RedisDictionary,
+    ViewSpec,
+    compile_view,
+    empty_values,
+    reference_values,
+    split_late,
+    to_vectors,
+    view_layout,
+)
+from headwater.registry.expr import parse, to_json
+from headwater.registry.plans import (
+    SCHEMA_VERSION,
+    PlanFeature,
+    PlanOperand,
+    PlanSource,
+    PlanView,
+    PlanWhere,
+    TierPlan,
+    plan_path,
+)
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
+OOO_S, LATENESS_S = 5.0, 60.0
+
+
+def _where(text: str | None) -> PlanWhere | None:
+    return None if text is None else PlanWhere(text=text, ast=to_json(parse(text)), sql={})
+
+
+def _f(
+    name: str,
+    agg: str,
+    window_min: int,
+    slide_min: int,
+    fld: str | None = None,
+    flt: str | None = None,
+    **kw: Any,
+) -> PlanFeature:
+    return PlanFeature(
+        name=name,
+        agg=agg,
+        dtype="float64",
+        window=f"{window_min}m",
+        window_s=window_min * 60,
+        slide_s=slide_min * 60,
+        field=fld,
+        where=_where(flt),
+        **kw,
+    )
+
+
+def test_views() -> list[PlanView]:
+    """Two user views covering every aggregation kind."""
+    common: dict[str, Any] = dict(
+        entity="user",
+        join_key="user_id",
+        source="events",
+        tier="nearline",
+        freshness_sla="PT5M",
+        freshness_sla_s=300,
+        compute_cost=1,
+        estimated_cost=1,
+        owner="t",
+        description="",
+        tags={},
+        defined_at="t.yaml:1",
+    )
+    ctr = dict(
+        numerator=PlanOperand(agg="count", field=None, where=_where("event_type = 'click'")),
+        denominator=PlanOperand(agg="count", field=None, where=_where("event_type = 'impression'")),
+    )
+    a = PlanView(
+        name="nl_activity",
+        features=[
+            _f("clicks_10m", "count", 10, 1, flt="event_type = 'click'"),
+            _f("dwell_sum_30m", "sum", 30, 5, "dwell_ms", "event_type = 'dwell'"),
+            _f("price_avg_30m", "avg", 30, 5, "price"),
+            _f("price_min_10m", "min", 10, 1, "price"),
+            _f("position_max_10m", "max", 10, 1, "position"),
+            _f("ctr_30m", "ratio", 30, 5, **ctr),
+        ],
+        **common,
+    )
+    b = PlanView(
+        name="nl_taste",
+        features=[
+            _f("last_query_10m", "last", 10, 1, "query", "event_type = 'search'"),
+            _f("categories_60m", "distinct_count", 60, 5, "category"),
+            _f("top_categories_60m", "top_k", 60, 5, "category", k=3),
+        ],
+        **common,
+    )
+    return [a, b]
+
+
+def write_plan(state_dir: Path) -> TierPlan:
+    """Write a nearline plan with :func:`test_views` where ``headwater apply`` would."""
+    views = test_views()
+    digest = hashlib.sha256(str([v.model_dump() for v in views]).encode()).hexdigest()
+    plan = TierPlan(
+        schema_version=SCHEMA_VERSION,
+        tier="nearline",
+        registry_hash=f"sha256:{digest}",
+        generated_at="2026-01-01T00:00:00+00:00",
+        tier_spec={},
+        entities={"user": "user_id"},
+        sources=[
+            PlanSource(
+                name="events",
+                topic="events",
+                schema_path="schemas/behavior_event.avsc",
+                schema_sha256="0" * 64,
+                event_time="event_time",
+                expected_rate_per_s=10,
+                max_out_of_orderness_s=OOO_S,
+                allowed_lateness_s=LATENESS_S,
+            )
+        ],
+        views=views,
+    )
+    path = plan_path(state_dir, "nearline")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(plan.model_dump_json(), encoding="utf-8")
+    return plan
+
+
+@dataclass
+class Env:
+    """One test's isolated world: topics, group, Redis namespace, folders."""
+
+    settings: Settings
+    tmp: Path
+    group: str = field(default_factory=lambda: f"nl-{uuid.uuid4().hex[:10]}")
+    namespace: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
+    partitions: int = 4
+
+    @property
+    def store_dir(self) -> Path:
+        return self.tmp / "stores"
+
+    def create(self) -> None:
+        suffix = uuid.uuid4().hex[:10]
+        self.settings = dataclasses.replace(
+            self.settings,
+            events_topic=f"nl-events-{suffix}",
+            dlq_topic=f"nl-dlq-{suffix}",
+            partitions=self.partitions,
+        )
+        ensure_topics(
+            self.settings, {self.settings.events_topic: {}, self.settings.dlq_topic: {}}, self.partitions
+        )
+        write_plan(self.tmp)
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "HEADWATER_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+            "HEADWATER_REDIS_URL": self.settings.redis_url,
+            "HEADWATER_EVENTS_TOPIC": self.settings.events_topic,
+            "HEADWATER_DLQ_TOPIC": self.settings.dlq_topic,
+        }
+
+    def start(
+        self, idle_exit_s: float = 6.0, max_poll: int = 2000, processes: int = 1
+    ) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "headwater.pipelines.nearline.cli",
+            "--state-dir",
+            str(self.tmp),
+            "--store-dir",
+            str(self.store_dir),
+            "--group",
+            self.group,
+            "--namespace",
+            self.namespace,
+            "--max-poll-records",
+            str(max_poll),
+            "--idle-exit",
+            str(idle_exit_s),
+            "--processes",
+            str(processes),
+            "--session-timeout-ms",
+            "6000",
+        ]
+        log = open(self.tmp / f"worker-{uuid.uuid4().hex[:6]}.log", "wb")  # noqa: SIM115
+        return subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def committed(self) -> int:
+        admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        try:
+            offsets = admin.list_group_offsets(self.group).get(self.group, {})
+        finally:
+            admin.close()
+        return sum(o.offset for tp, o in offsets.items() if tp.topic == self.settings.events_topic)
+
+    def cleanup(self) -> None:
+        admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        try:
+            admin.delete_topics(
+                [self.settings.events_topic, self.settings.dlq_topic, f"{self.group}-changelog"]
+            )
+        except Exception:
+            pass
+        finally:
+            admin.close()
+        store = OnlineStore.from_url(self.settings.redis_url, namespace=self.namespace)
+        for key in store.client.scan_iter(match=f"{self.namespace}:*", count=1000):
+            store.client.unlink(key)
+        store.close()
+
+
+def produce(settings: Settings, n: int, seed: int, start_ms: int | None = None, **cfg: Any) -> int:
+    """Produce ``n`` generator emissions (with late, out-of-order, duplicate and malformed ones)."""
+    codec = EventCodec()
+    gen_cfg = GeneratorConfig(
+        seed=seed,
+        rate=cfg.pop("rate", 25.0),
+        users=cfg.pop("users", 150),
+        **({"start_ms": start_ms} if start_ms else {}),
+        **cfg,
+    )
+    gen = EventGenerator(gen_cfg, codec)
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=20, acks="all")
+    last = 0
+    for em in gen.take(n):
+        headers = codec.headers()
+        if em.event is not None:
+            producer.send(
+                settings.events_topic,
+                key=em.event["user_id"].encode(),
+                value=codec.encode(em.event),
+                headers=headers,
+            )
+        elif em.malformed is not None:
+            producer.send(
+                settings.events_topic,
+                key=b"malformed",
+                value=em.malformed.value,
+                headers=list(em.malformed.headers) + headers[1:],
+            )
+        last = em.sim_time_ms
+    producer.flush()
+    producer.close()
+    return last
+
+
+def read_topic(settings: Settings, topic: str) -> Iterator[Any]:
+    """Every record of ``topic`` (all partitions, offset order within each)."""
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        left = {tp for tp in tps if end[tp] > 0}
+        while left:
+            for tp, recs in consumer.poll(timeout_ms=1000).items():
+                yield from recs
+                if recs and recs[-1].offset >= end[tp] - 1:
+                    left.discard(tp)
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Expected:
+    """What the nearline tier must have computed: accepted events and boundary per partition."""
+
+    accepted: dict[int, list[dict[str, Any]]]
+    late: int
+    malformed: int
+    partition_of: dict[str, int]
+
+
+def expected(settings: Settings) -> Expected:
+    codec = EventCodec()
+    per_part: dict[int, list[dict[str, Any]]] = {}
+    malformed = 0
+    for rec in sorted(read_topic(settings, settings.events_topic), key=lambda r: (r.partition, r.offset)):
+        d = codec.decode(rec.value, rec.headers)
+        if isinstance(d, DecodedEvent):
+            per_part.setdefault(rec.partition, []).append(dict(d.event))
+        else:
+            malformed += 1
+    accepted, late, owner = {}, 0, {}
+    for p, evs in per_part.items():
+        ok, bad = split_late(evs, int(OOO_S * 1000), int(LATENESS_S * 1000))
+        accepted[p], late = ok, late + len(bad)
+        owner.update({e["user_id"]: p for e in ok})
+    return Expected(accepted, late, malformed, owner)
+
+
+def dlq_reasons(settings: Settings) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rec in read_topic(settings, settings.dlq_topic):
+        reason = parse_dead_letter(rec.value, rec.key, rec.headers).reason
+        out[reason] = out.get(reason, 0) + 1
+    return out
+
+
+def compare_online(env: Env, exp: Expected) -> int:
+    """Assert online vectors equal the reference at each partition boundary; return rows checked."""
+    plan_views = [compile_view(v) for v in test_views()]
+    reg_hash = TierPlan.model_validate_json(plan_path(env.tmp, "nearline").read_text()).registry_hash
+    store = OnlineStore.from_url(env.settings.redis_url, namespace=env.namespace)
+    dictionary = RedisDictionary(store.client, namespace=env.namespace)
+    checked = 0
+    try:
+        for spec in plan_views:
+            checked += _compare_view(env, spec, exp, store, dictionary, reg_hash)
+    finally:
+        store.close()
+    return checked
+
+
+def _compare_view(
+    env: Env, spec: ViewSpec, exp: Expected, store: OnlineStore, dictionary: RedisDictionary, reg_hash: str
+) -> int:
+    layout = view_layout(spec, reg_hash)
+    checked = 0
+    for p, evs in exp.accepted.items():
+        boundary = (max(e["event_time"] for e in evs) - int(OOO_S * 1000)) // spec.tick_ms * spec.tick_ms
+        ref = reference_values(spec, evs, boundary)
+        users = sorted({e["user_id"] for e in evs})
+        got = store.read_batch(layout, users)
+        empty = list(empty_values(spec).values())
+        rows = [list(ref[u].values()) if u in ref else empty for u in users]
+        want = to_vectors(spec, rows, dictionary.ids)
+        for i, u in enumerate(users):
+            if not got.found[i]:
+                assert u not in ref, f"{spec.name}: no online value for {u} (partition {p})"
+                continue
+            # an entity is rewritten when its value changes, so its stored boundary may be older
+            # than the partition's; the value must still be the one as of the partition's boundary
+            assert got.event_time_ms[i] <= boundary, (spec.name, u, got.event_time_ms[i], boundary)
+            np.testing.assert_allclose(
+                got.values[i], want[i], rtol=1e-6, atol=1e-6, err_msg=f"{spec.name} user {u} partition {p}"
+            )
+            checked += 1
+    return checked
