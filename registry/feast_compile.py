@@ -6,8 +6,11 @@ there). Objects are applied through the Python API, never the ``feast`` CLI. Eac
 ``tier``, ``freshness_sla``, ``compute_cost``, ``owner`` (and the estimate and registry hash) as tags;
 its source is a ``KafkaSource`` (Avro) wrapping a ``FileSource`` batch source.
 
-The online store block of ``feature_store.yaml`` comes from :func:`online_store_config` alone,
-so swapping Feast's Redis store for headwater's own plugin is a one-function change.
+The online store is headwater's own Feast plugin
+(:class:`headwater.pipelines.store.feast_plugin.HeadwaterOnlineStore`), so
+``FeatureStore.get_online_features`` reads the packed vectors the tiers write. Each Feast view
+declares the view's online-vector slots (:mod:`headwater.registry.slots`) as Float32 fields, in
+vector order: a ``top_k`` feature appears as its ``.top<i>`` and ``.share<i>`` slots.
 """
 
 from __future__ import annotations
@@ -16,31 +19,18 @@ import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
+from headwater.pipelines.store.feast_yaml import online_store_section
 from headwater.registry.compiled import CheckResult, CompiledView
+from headwater.registry.slots import feature_slots
 
 PROJECT = "headwater"
 REGISTRY_FILE = "data/registry.db"
 
 
-def redis_connection_string(redis_url: str) -> str:
-    """Feast's Redis ``connection_string`` (``host:port,db=N[,password=...]``) from a redis:// URL."""
-    url = urlparse(redis_url)
-    parts = [f"{url.hostname or '127.0.0.1'}:{url.port or 6379}"]
-    db = url.path.lstrip("/")
-    if db:
-        parts.append(f"db={db}")
-    if url.password:
-        parts.append(f"password={url.password}")
-    if url.scheme == "rediss":
-        parts.append("ssl=true")
-    return ",".join(parts)
-
-
 def online_store_config(redis_url: str) -> dict[str, Any]:
-    """Return the ``online_store`` block of feature_store.yaml (swap here for a custom store plugin)."""
-    return {"type": "redis", "connection_string": redis_connection_string(redis_url)}
+    """Return the ``online_store`` block of feature_store.yaml: headwater's packed-vector store."""
+    return dict(online_store_section(redis_url))
 
 
 def feature_store_yaml(redis_url: str, project: str = PROJECT) -> str:
@@ -70,17 +60,17 @@ def write_feast_repo(feast_dir: Path, redis_url: str) -> Path:
     return path
 
 
-def _feast_dtype(dtype: str) -> Any:
-    from feast import types
+def _slot_fields(view: CompiledView) -> list[Any]:
+    """Feast fields for the view's online-vector slots (all Float32, in vector order)."""
+    from feast import Field
+    from feast.types import Float32
 
-    table = {
-        "int64": types.Int64,
-        "float64": types.Float64,
-        "string": types.String,
-        "bool": types.Bool,
-        "map<string,float64>": types.Map,
-    }
-    return table[dtype]
+    fields = []
+    for f in view.features:
+        for slot in feature_slots(f.name, f.agg, f.k):
+            detail = f"{f.description} ({f.agg}, {f.dtype})".strip()
+            fields.append(Field(name=slot, dtype=Float32, description=detail, tags={"feature": f.name}))
+    return fields
 
 
 def view_tags(view: CompiledView, reg_hash: str) -> dict[str, str]:
@@ -99,7 +89,7 @@ def view_tags(view: CompiledView, reg_hash: str) -> dict[str, str]:
 
 def feast_objects(result: CheckResult, state_dir: Path, kafka_bootstrap: str, reg_hash: str) -> list[Any]:
     """Entities, sources and feature views for everything in ``result``."""
-    from feast import Entity, FeatureView, Field, FileSource, KafkaSource, ValueType
+    from feast import Entity, FeatureView, FileSource, KafkaSource, ValueType
     from feast.data_format import AvroFormat, ParquetFormat
 
     entities = {
@@ -132,9 +122,7 @@ def feast_objects(result: CheckResult, state_dir: Path, kafka_bootstrap: str, re
         FeatureView(
             name=v.name,
             entities=[entities[v.entity]],
-            schema=[
-                Field(name=f.name, dtype=_feast_dtype(f.dtype), description=f.description) for f in v.features
-            ],
+            schema=_slot_fields(v),
             source=sources[v.source],
             ttl=timedelta(seconds=v.longest_window_s + v.freshness_sla.seconds),
             online=True,

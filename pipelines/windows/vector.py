@@ -20,6 +20,7 @@ import numpy.typing as npt
 from headwater.pipelines.store import ViewLayout
 from headwater.pipelines.windows.aggs import Value
 from headwater.pipelines.windows.spec import ViewSpec
+from headwater.registry.slots import feature_slots
 
 IdLookup = Callable[[str, Sequence[Any]], list[int]]
 """``(field, values) -> ids``: dictionary ids of values of one field (see :class:`RedisDictionary`)."""
@@ -40,14 +41,7 @@ return out
 
 def slot_names(view: ViewSpec) -> tuple[str, ...]:
     """Return the names of the view's float32 slots, in vector order."""
-    names: list[str] = []
-    for f in view.features:
-        if f.agg == "top_k":
-            names += [f"{f.name}.top{i}" for i in range(1, f.k + 1)]
-            names += [f"{f.name}.share{i}" for i in range(1, f.k + 1)]
-        else:
-            names.append(f.name)
-    return tuple(names)
+    return tuple(slot for f in view.features for slot in feature_slots(f.name, f.agg, f.k))
 
 
 def layout_version(registry_hash: str) -> str:
