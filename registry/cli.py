@@ -8,8 +8,11 @@ that need them, never at start-up, so ``headwater --help`` answers at once.
 from __future__ import annotations
 
 import click
+
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.nearline.cli import run_nearline
+from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
+from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
 from headwater.registry.commands import apply, check, features, plan
 from headwater.serving.cli import model, serve
@@ -32,7 +35,10 @@ def run() -> None:
 
 
 run.add_command(run_nearline)
+run.add_command(landing)
+run.add_command(offline)
 main.add_command(events)
+main.add_command(online)
 main.add_command(topics)
 main.add_command(check)
 main.add_command(plan)
@@ -40,3 +46,6 @@ main.add_command(apply)
 main.add_command(features)
 main.add_command(model)
 main.add_command(serve)
+main.add_command(training_set)
+main.add_command(materialize)
+main.add_command(consistency)
