@@ -20,7 +20,7 @@ TIERS = ("realtime", "nearline", "offline")
 
 
 def applied_layout(state_dir: Path, view: str) -> ViewLayout:
-    """The store layout of an applied view, found in whichever tier plan holds it.
+    """Return the store layout of an applied view, from whichever tier plan holds it.
 
     Raises:
         click.UsageError: no plan was applied, or no plan has the view.
