@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,7 +64,7 @@ def get_command(view: str, entity_ids: tuple[str, ...], state_dir: Path, fmt: st
     finally:
         store.close()
     ages = result.ages_s(epoch_ms())
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, entity in enumerate(entity_ids):
         values = {
             slot: (None if math.isnan(v) else round(float(v), 6))
