@@ -12,6 +12,7 @@ import click
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.nearline.cli import run_nearline
 from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
+from headwater.pipelines.realtime.cli import realtime
 from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
 from headwater.registry.commands import apply, check, features, plan
@@ -34,6 +35,7 @@ def run() -> None:
     """Run a pipeline tier: realtime (Flink), nearline (Kafka + RocksDB), offline (Spark + Delta)."""
 
 
+run.add_command(realtime)
 run.add_command(run_nearline)
 run.add_command(landing)
 run.add_command(offline)

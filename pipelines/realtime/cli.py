@@ -1,0 +1,118 @@
+"""``headwater run realtime``: compile the applied realtime plan into one Flink job and run it.
+
+Local mini-cluster by default (the command blocks while the job runs; Ctrl-C or SIGTERM stops
+it, and the next start resumes from the newest checkpoint); ``--jobmanager HOST:PORT`` submits
+the same job to a Flink cluster and returns once it is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from headwater.pipelines.settings import Settings
+
+DEFAULT_STATE = Path(os.environ.get("HEADWATER_STATE_DIR", ".headwater"))
+
+
+@click.command("realtime")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_STATE,
+    show_default=True,
+    help="Where `headwater apply` wrote the plans.",
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Checkpoint folder (default: <state-dir>/checkpoints/realtime).",
+)
+@click.option(
+    "--jobmanager",
+    default=None,
+    metavar="HOST:PORT",
+    help="Submit to this Flink cluster's REST endpoint instead of a local mini-cluster.",
+)
+@click.option("--parallelism", type=int, default=2, show_default=True)
+@click.option(
+    "--checkpoint-interval",
+    "checkpoint_interval_s",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds between checkpoints.",
+)
+@click.option("--topic", default=None, help="Read this topic instead of the plan source's.")
+@click.option("--dlq-topic", default=None, help="Dead-letter topic (default: settings, events.dlq).")
+@click.option("--group-id", default="headwater-realtime", show_default=True)
+@click.option("--namespace", default="hw", show_default=True, help="Redis key namespace of the store.")
+@click.option("--from-earliest", is_flag=True, help="Without a checkpoint, start at the earliest offset.")
+@click.option("--no-restore", is_flag=True, help="Ignore existing checkpoints.")
+@click.option("--explain", "explain_only", is_flag=True, help="Print the Flink plan and exit.")
+def realtime(
+    state_dir: Path,
+    checkpoint_dir: Path | None,
+    jobmanager: str | None,
+    parallelism: int,
+    checkpoint_interval_s: float,
+    topic: str | None,
+    dlq_topic: str | None,
+    group_id: str,
+    namespace: str,
+    from_earliest: bool,
+    no_restore: bool,
+    explain_only: bool,
+) -> None:
+    """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis)."""
+    from headwater.pipelines.realtime.job import RunOptions, explain, submit
+    from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError
+    from headwater.registry.plans import read_plan
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    try:
+        plan = read_plan(state_dir, "realtime")
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    options = JobOptions(
+        kafka_bootstrap=settings.kafka_bootstrap,
+        dlq_topic=dlq_topic or settings.dlq_topic,
+        group_id=group_id,
+        topic=topic,
+        startup_mode="earliest-offset" if from_earliest else "group-offsets",
+    )
+    run = RunOptions(
+        redis_url=settings.redis_url,
+        checkpoint_dir=checkpoint_dir or state_dir / "checkpoints" / "realtime",
+        namespace=namespace,
+        parallelism=parallelism,
+        checkpoint_interval_s=checkpoint_interval_s,
+        jobmanager=jobmanager,
+        restore=not no_restore,
+    )
+    try:
+        if explain_only:
+            click.echo(explain(plan, options, run))
+            return
+        result, compiled = submit(plan, options, run)
+    except (RealtimePlanError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    views = ", ".join(v.view.name for v in compiled.views)
+    click.echo(f"realtime job submitted: views {views}; reading {options.topic or plan.sources[0].topic}")
+    if jobmanager:
+        return
+    try:
+        result.wait()
+    except KeyboardInterrupt:
+        click.echo("stopping the realtime job", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    realtime()

@@ -1,0 +1,207 @@
+"""Shared pieces of the realtime tier's integration tests: a scratch plan, topics, a job process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+
+from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.store import OnlineStore
+from headwater.pipelines.windows import compile_view, view_layout
+from headwater.registry.plans import TierPlan, read_plan
+from headwater.registry.testing import ScratchRepo
+
+ROOT = Path(__file__).resolve().parents[4]
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a multiple of every slide
+
+ALL_KINDS_VIEW = """\
+feature_view: rt_all
+entity: user
+source: events
+tier: realtime
+freshness_sla: PT5S
+compute_cost: 20
+owner: feed-ranking
+description: every aggregation kind, for the realtime tier's tests
+features:
+  - {name: clicks_10s, agg: count, where: "event_type = 'click'", window: 10s}
+  - {name: price_sum_20s, agg: sum, field: price, window: 20s}
+  - {name: dwell_avg_20s, agg: avg, field: dwell_ms, where: "event_type = 'dwell'", window: 20s}
+  - {name: position_min_20s, agg: min, field: position, window: 20s}
+  - {name: position_max_20s, agg: max, field: position, window: 20s}
+  - {name: last_item_20s, agg: last, field: item_id, window: 20s}
+  - {name: sessions_20s, agg: distinct_count, field: session_id, window: 20s}
+  - {name: top_categories_20s, agg: top_k, field: category, k: 2, window: 20s}
+  - name: ctr_20s
+    agg: ratio
+    window: 20s
+    numerator: {agg: count, where: "event_type = 'click'"}
+    denominator: {agg: count, where: "event_type = 'impression'"}
+"""
+
+ITEM_VIEW = """\
+feature_view: rt_items
+entity: item
+source: events
+tier: realtime
+freshness_sla: PT10S
+compute_cost: 5
+owner: feed-ranking
+description: item counts with a 5 s slide
+features:
+  - {name: item_clicks_20s, agg: count, where: "event_type = 'click'", window: 20s, slide: 5s}
+"""
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[TierPlan, Path]:
+    base = tmp_path_factory.mktemp("rt_plan")
+    repo = ScratchRepo(base / "features", template=ROOT / "features")
+    repo.write("rt_all.yaml", ALL_KINDS_VIEW)
+    repo.write("rt_items.yaml", ITEM_VIEW)
+    state = base / "state"
+    cmd = [str(Path(sys.executable).parent / "headwater"), "apply", str(repo.root), "--state-dir", str(state)]
+    done = subprocess.run([*cmd, "--no-feast"], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return read_plan(state, "realtime"), state
+
+
+@dataclass
+class Names:
+    topic: str
+    dlq: str
+    namespace: str
+
+
+@pytest.fixture
+def names(kafka_bootstrap: str, redis_url: str) -> Iterator[Names]:
+    tag = uuid.uuid4().hex[:8]
+    n = Names(f"test.rt.{tag}", f"test.rt.{tag}.dlq", f"hwtest{tag}")
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(n.topic, 1, 1), NewTopic(n.dlq, 1, 1)])
+    yield n
+    admin.delete_topics([n.topic, n.dlq])
+    admin.close()
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{n.namespace}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def event(i: int, user: str, kind: str, t_ms: int, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "event_id": f"e{i}",
+        "user_id": user,
+        "item_id": None if kind == "search" else f"i{i % 3}",
+        "event_type": kind,
+        "event_time": T0 + t_ms,
+        "session_id": f"s-{user}-{i % 2}",
+        "category": None,
+        "price": None,
+        "dwell_ms": None,
+        "query": "q" if kind == "search" else None,
+        "position": None,
+        "device": "web",
+    }
+    base.update(fields)
+    return base
+
+
+class Feed:
+    """Produces scripted events (and raw bad records) to one topic, remembering what it sent."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.codec = EventCodec()
+        self.topic = topic
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self.sent: list[dict[str, Any]] = []
+        self.offset = 0
+
+    def send(self, *events: dict[str, Any]) -> None:
+        for e in events:
+            self.producer.send(
+                self.topic, self.codec.encode(e), key=e["user_id"].encode(), headers=self.codec.headers()
+            )
+            self.sent.append(e)
+            self.offset += 1
+        self.producer.flush()
+
+    def send_raw(self, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+        self.producer.send(self.topic, value, key=b"bad", headers=headers)
+        self.producer.flush()
+        self.offset += 1
+        return self.offset - 1
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+class JobProcess:
+    """``headwater run realtime`` in its own process group, so kill -9 takes the JVM with it."""
+
+    def __init__(self, state: Path, names: Names, checkpoints: Path, log: Path) -> None:
+        cmd = [
+            sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
+            "--checkpoint-dir", str(checkpoints), "--topic", names.topic, "--dlq-topic", names.dlq,
+            "--namespace", names.namespace, "--group-id", f"g-{names.namespace}",
+            "--checkpoint-interval", "2", "--parallelism", "1",
+        ]  # fmt: skip
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def read_store(redis_url: str, namespace: str, plan: TierPlan, view: str, ids: list[str]) -> Any:
+    spec = compile_view(next(v for v in plan.views if v.name == view))
+    store = OnlineStore.from_url(redis_url, namespace=namespace)
+    try:
+        return spec, store.read_batch(view_layout(spec, plan.registry_hash), ids)
+    finally:
+        store.close()
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}; job log tail:\n{tail}")
+
+
+def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 30.0) -> list[Any]:
+    from headwater.pipelines.events.codec import parse_dead_letter
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=1000)  # fmt: skip
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            for record in consumer:
+                out.append(parse_dead_letter(record.value, record.key, record.headers))
+    finally:
+        consumer.close()
+    return out

@@ -1,0 +1,102 @@
+"""The realtime job end to end: Kafka -> Flink SQL -> Redis, exact values per aggregation kind, DLQ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from headwater.pipelines.events.codec import HEADER_SCHEMA_FP, EventCodec
+from headwater.pipelines.windows import RedisDictionary, reference_values, to_vectors
+from headwater.registry.plans import TierPlan
+
+from .conftest import T0, Feed, JobProcess, Names, dead_letters, event, read_store, wait_for
+
+B_FINAL = T0 + 25_000
+
+
+def phase_one() -> list[dict[str, Any]]:
+    return [
+        event(1, "u1", "impression", 500, position=1, category="c1"),
+        event(2, "u1", "click", 1500, position=1, category="c1"),
+        event(3, "u1", "impression", 2500, position=2, category="c2"),
+        event(4, "u1", "click", 3500, position=2, category="c2"),
+        event(5, "u1", "dwell", 4500, dwell_ms=1000),
+        event(6, "u1", "purchase", 6500, price=9.5, category="c1"),
+        event(7, "u2", "impression", 7500, position=5, category="c3"),
+        event(8, "u2", "click", 8500, position=5, category="c3"),
+        event(9, "u1", "click", 12500, position=3, category="c1"),
+        event(10, "u1", "dwell", 13500, dwell_ms=3000),
+        event(11, "u2", "purchase", 14500, price=20.0, category="c3"),
+        event(12, "u2", "search", 15500),
+        event(13, "u1", "impression", 16500, position=4, category="c2"),
+        event(14, "u1", "click", 18500, position=2, category="c2"),
+        event(14, "u1", "click", 18500, position=2, category="c2"),  # duplicate: counts once
+        event(15, "u2", "click", 17000, position=1, category="c3"),  # 1.5 s out of order: accepted
+        event(16, "u1", "impression", 19500, position=6, category="c1"),
+    ]
+
+
+def expected_vectors(plan: TierPlan, view: str, events: list[dict[str, Any]], ids: list[str], client: Any,
+                     namespace: str) -> Any:  # fmt: skip
+    from headwater.pipelines.windows import compile_view, empty_values
+
+    spec = compile_view(next(v for v in plan.views if v.name == view))
+    ref = reference_values(spec, events, B_FINAL)
+    empty = empty_values(spec)
+    rows = [[ref.get(i, empty)[f.name] for f in spec.features] for i in ids]
+    return ref, to_vectors(spec, rows, RedisDictionary(client, namespace=namespace).ids)
+
+
+def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
+    plan: tuple[TierPlan, Path], names: Names, kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> None:
+    tier_plan, state = plan
+    feed = Feed(kafka_bootstrap, names.topic)
+    log = tmp_path / "job.log"
+    job = JobProcess(state, names, tmp_path / "checkpoints", log)
+    try:
+        codec = EventCodec()
+        garbage_offset = feed.send_raw(b"\x00\xff not avro", codec.headers())
+        missing_offset = feed.send_raw(codec.encode(event(90, "u9", "click", 1000)), [("produce-ts", b"1")])
+        feed.send(*phase_one())
+
+        def published(b_ms: int) -> bool:
+            _, res = read_store(redis_url, names.namespace, tier_plan, "rt_all", ["u1"])
+            return bool(res.found[0]) and int(res.event_time_ms[0]) >= b_ms
+
+        wait_for(lambda: published(T0 + 14_000), 240, "the watermark to pass T0+14 s", log)
+        late_offset = feed.offset
+        feed.send(event(17, "u1", "click", 10_000, price=100.0, category="late"))  # behind the watermark
+        feed.send(event(18, "zz", "impression", 30_000))  # moves the watermark to T0+25 s
+        wait_for(lambda: published(B_FINAL), 120, "boundary T0+25 s", log)
+
+        accepted = [e for e in feed.sent if e["event_id"] != "e17"]
+        client = redis.Redis.from_url(redis_url)
+        try:
+            for view, ids in (("rt_all", ["u1", "u2"]), ("rt_items", ["i0", "i1", "i2"])):
+                _, res = read_store(redis_url, names.namespace, tier_plan, view, ids)
+                assert res.found.all(), (view, res.found)
+                assert res.event_time_ms.tolist() == [B_FINAL] * len(ids)
+                assert res.versions == [tier_plan.registry_hash[7:23]] * len(ids)
+                _, want = expected_vectors(tier_plan, view, accepted, ids, client, names.namespace)
+                np.testing.assert_allclose(res.values, want, rtol=1e-6, equal_nan=True, err_msg=view)
+            u1 = expected_vectors(tier_plan, "rt_all", accepted, ["u1"], client, names.namespace)[0]["u1"]
+            assert u1["clicks_10s"] == 1.0  # e14 and its duplicate: one click in [15 s, 25 s)
+            assert u1["price_sum_20s"] == 9.5  # the late click's price 100 is not counted
+            assert u1["top_categories_20s"] == (("c1", 0.6), ("c2", 0.4))  # 3 of c1, 2 of c2 (dup once)
+        finally:
+            client.close()
+
+        letters = dead_letters(kafka_bootstrap, names.dlq, expected=3)
+        by_offset = {d.source_offset: d for d in letters}
+        assert by_offset[garbage_offset].reason == "corrupt_payload"
+        assert by_offset[missing_offset].reason == "missing_fingerprint"
+        assert by_offset[late_offset].reason == "late"
+        assert by_offset[late_offset].source_topic == names.topic
+        assert HEADER_SCHEMA_FP in dict(by_offset[late_offset].original_headers)
+    finally:
+        job.kill()
+        feed.close()
