@@ -14,6 +14,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.config import ServingConfig
 from headwater.serving.engine import Job, RankingEngine, RankQuery
@@ -29,7 +31,6 @@ from headwater.serving.schemas import (
 )
 from headwater.serving.store import FeatureReader
 from headwater.serving.telemetry import Telemetry
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 logger = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -54,6 +55,7 @@ class BodyLimit:
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
     ) -> None:
+        """Refuse an oversized request before its body is read; pass the rest on."""
         if scope["type"] == "http":
             length = dict(scope.get("headers") or []).get(b"content-length")
             if length is not None and length.isdigit() and int(length) > self.limit:
@@ -67,7 +69,9 @@ def create_app(config: ServingConfig, reader: FeatureReader, loaded: LoadedModel
     """Build the app; the batcher and the engine start with the app's lifespan."""
     telemetry = Telemetry()
     io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="headwater-io")
-    cache = ItemVectorCache(config.item_cache_entries, config.item_cache_ttl_s)
+    cache = ItemVectorCache(
+        config.item_cache_entries, config.item_cache_ttl_s, len(config.item_view.features)
+    )
     telemetry.watch_cache(lambda: cache.hits, lambda: cache.misses)
     fetcher = FeatureFetcher(reader, config.user_view, config.item_view, cache, io)
     state: dict[str, RankingEngine] = {}
@@ -78,10 +82,13 @@ def create_app(config: ServingConfig, reader: FeatureReader, loaded: LoadedModel
         if loaded.neural is not None:
             b = config.batcher
             batcher = MicroBatcher(
-                loaded.neural.score_batch, max_delay_s=b.max_delay_ms / 1000.0, max_batch_rows=b.max_batch_rows,
-                max_queue_requests=b.max_queue_requests, retry_after_s=b.retry_after_s,
+                loaded.neural.score_batch,
+                max_delay_s=b.max_delay_ms / 1000.0,
+                max_batch_rows=b.rows_for(loaded.device),
+                max_queue_requests=b.max_queue_requests,
+                retry_after_s=b.retry_after_s,
                 on_batch=telemetry.observe_batch,
-            )  # fmt: skip
+            )
             telemetry.watch_queues(batcher.depth)
             batcher.start()
         state["engine"] = app.state.engine = RankingEngine(

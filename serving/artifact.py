@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from headwater.serving.config import ViewSpec
 
 FORMAT = "headwater.ranker/1"
@@ -131,7 +132,7 @@ def check_binding(metadata: Mapping[str, Any], user_view: ViewSpec, item_view: V
 
 
 def resolve_model_path(path: Path) -> Path:
-    """The neural artifact for ``path``: the file itself, or the one named by a directory's latest.json."""
+    """Return the neural artifact for ``path``: the file, or the one a directory's latest.json names."""
     if not path.is_dir():
         return path
     pointer = path / LATEST
@@ -144,6 +145,6 @@ def resolve_model_path(path: Path) -> Path:
 
 
 def linear_sibling(artifact: Artifact) -> Path | None:
-    """The linear fallback saved with a neural artifact (named in its metadata), if any."""
+    """Return the linear fallback saved with a neural artifact (named in its metadata), if any."""
     name = artifact.metadata.get("linear_artifact")
     return artifact.path.parent / str(name) if name else None

@@ -18,6 +18,7 @@ While one batch runs, new requests queue up and form the next one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,9 +35,11 @@ class QueueFullError(RuntimeError):
     """The queue of a priority class is full; retry after ``retry_after_s`` seconds."""
 
     def __init__(self, priority: str, limit: int, retry_after_s: int) -> None:
-        super().__init__(
-            f"the {priority!r} queue holds its limit of {limit} waiting requests; retry after {retry_after_s} s"
+        msg = (
+            f"the {priority!r} queue holds its limit of {limit} waiting requests;"
+            f" retry after {retry_after_s} s"
         )
+        super().__init__(msg)
         self.priority = priority
         self.retry_after_s = retry_after_s
 
@@ -89,7 +92,7 @@ class MicroBatcher(Generic[P, R]):
         self._task: asyncio.Task[None] | None = None
 
     def depth(self, priority: str) -> int:
-        """Requests waiting in one priority class."""
+        """Return how many requests wait in one priority class."""
         return len(self._queues[priority])
 
     def is_full(self, priority: str) -> bool:
@@ -105,10 +108,8 @@ class MicroBatcher(Generic[P, R]):
         """Stop the dispatcher; waiting requests fail with :class:`DeadlineExceededError`."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         for queue in self._queues.values():
             while queue:

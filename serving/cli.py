@@ -142,10 +142,11 @@ def serve(
 ) -> None:
     """Run the ranking service: POST /v1/rank, GET /health, GET /metrics, GET /openapi.json."""
     import uvicorn
+
     from headwater.pipelines.settings import Settings
     from headwater.serving.app import create_app
     from headwater.serving.config import load_config
-    from headwater.serving.runtime import configure_torch_threads, load_models
+    from headwater.serving.runtime import configure_switch_interval, configure_torch_threads, load_models
     from headwater.serving.store import OnlineStoreReader
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -153,11 +154,13 @@ def serve(
     if model_path is None and DEFAULT_MODEL_DIR.is_dir():
         model_path = DEFAULT_MODEL_DIR
     threads = configure_torch_threads(config.torch_threads)
+    switch_ms = configure_switch_interval(config.gil_switch_interval_ms)
     loaded = load_models(model_path, config, device)
     reader = OnlineStoreReader.from_url(redis_url or Settings.from_env().redis_url, namespace=namespace)
     versions = loaded.models()
     click.echo(
         f"serving on http://{host}:{port} device={loaded.device} torch_threads={threads}"
+        f" batch_rows={config.batcher.rows_for(loaded.device)} switch_interval_ms={switch_ms:g}"
         f" model={versions.neural_version} linear={versions.linear_version}"
     )
     uvicorn.run(

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
 from headwater.serving.config import ServingConfig, ViewSpec
 from headwater.serving.store import now_ms
 from headwater.serving.trainset import FeatureState, generated_events

@@ -23,9 +23,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from headwater.serving.batcher import DeadlineExceededError, MicroBatcher, QueueFullError
 from headwater.serving.config import ServingConfig
 from headwater.serving.fetch import FeatureAges, FeatureFetcher, RequestFeatures
@@ -70,11 +72,14 @@ class Models:
     linear_version: str | None = None
 
 
-def top_k(scores: npt.NDArray[np.floating], k: int) -> npt.NDArray[np.intp]:
+def top_k(scores: npt.NDArray[np.floating[Any]], k: int) -> npt.NDArray[np.intp]:
     """Indexes of the ``k`` highest scores, best first; ties keep the candidates' order."""
     k = min(k, len(scores))
-    part = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-    return part[np.lexsort((part, -scores[part]))]
+    part: npt.NDArray[np.intp] = (
+        np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+    )
+    best: npt.NDArray[np.intp] = part[np.lexsort((part, -scores[part]))]
+    return best
 
 
 def _missing_last(scores: npt.NDArray[np.float32], found: npt.NDArray[np.bool_]) -> npt.NDArray[np.float32]:
@@ -161,7 +166,10 @@ class RankingEngine:
             try:
                 scores = await asyncio.wait_for(future, max(until - loop.time(), 0.0))
                 if len(scores) != len(query.candidates) or not np.isfinite(scores).all():
-                    msg = f"the neural model returned {len(scores)} scores, not all finite, for {len(query.candidates)}"
+                    msg = (
+                        f"the neural model returned {len(scores)} scores, not all finite,"
+                        f" for {len(query.candidates)} candidates"
+                    )
                     raise FloatingPointError(msg)
                 scores = _missing_last(scores, feats.items_found)
                 return self._answer(query, scores, self.models.neural_version, None, feats.ages()), ""
@@ -221,7 +229,7 @@ class RankingEngine:
     @staticmethod
     def _answer(
         query: RankQuery,
-        scores: npt.NDArray[np.floating],
+        scores: npt.NDArray[np.floating[Any]],
         version: str | None,
         fallback: str | None,
         ages: FeatureAges,

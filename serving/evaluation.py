@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 
-def auc(labels: npt.NDArray[np.float32], scores: npt.NDArray[np.floating]) -> float:
+def auc(labels: npt.NDArray[np.float32], scores: npt.NDArray[np.floating[Any]]) -> float:
     """ROC AUC (Mann-Whitney, ties count one half); NaN when only one class is present."""
     y = labels > 0.5
     n_pos = int(y.sum())
@@ -23,7 +25,7 @@ def auc(labels: npt.NDArray[np.float32], scores: npt.NDArray[np.floating]) -> fl
 def ndcg_at_k(
     groups: npt.NDArray[np.int64],
     labels: npt.NDArray[np.float32],
-    scores: npt.NDArray[np.floating],
+    scores: npt.NDArray[np.floating[Any]],
     k: int = 10,
 ) -> float:
     """Mean NDCG@k over the groups (slates) that hold at least one positive label.
@@ -40,7 +42,7 @@ def ndcg_at_k(
         starts = np.searchsorted(gs, np.arange(n_groups))
         pos = np.arange(len(order)) - starts[gs]
         gain = np.where(pos < k, labels[order] / np.log2(pos + 2.0), 0.0)
-        return np.bincount(gs, weights=gain, minlength=n_groups)
+        return np.bincount(gs, weights=gain, minlength=n_groups).astype(np.float64)
 
     idx = np.arange(len(labels))
     actual = dcg(np.lexsort((idx, -np.asarray(scores, dtype=np.float64), g)))

@@ -1,8 +1,10 @@
 """Feature vectors for one ranking request: the user's row and the candidates' rows.
 
-Item vectors are kept in an in-process LRU cache keyed by (item id, registry version), each
-entry valid for ``ttl_s``; when the item view's registry version changes, the cache is
-emptied. Cache look-ups run on the event loop (no lock needed); the store read of the user
+Item vectors are kept in an in-process cache (:class:`ItemVectorCache`) keyed by item id for
+one registry version, each entry valid for ``ttl_s``; when the item view's registry version
+changes, the cache is emptied. The cache is a numpy slab (one row per cached item) and a dict
+from item id to row, so a look-up of 2,000 candidates is a few C-level passes, not a Python
+loop per item. Look-ups run on the event loop (no lock needed); the store read of the user
 and of the cache misses is one round trip in an I/O thread, bounded by the request's deadline.
 """
 
@@ -10,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
+
 from headwater.serving.config import ViewSpec
 from headwater.serving.store import FeatureReader, FeatureReadError, now_ms
 
@@ -41,7 +44,7 @@ class RequestFeatures:
     items_event_ms: npt.NDArray[np.int64]
 
     def ages(self, at_ms: int | None = None) -> FeatureAges:
-        """Feature ages at ``at_ms`` (default now)."""
+        """Return the feature ages at ``at_ms`` (default now)."""
         now = now_ms() if at_ms is None else at_ms
         user = None if self.user is None else max(0.0, (now - self.user_event_ms) / 1000.0)
         if not self.items_found.any():
@@ -56,62 +59,139 @@ class RequestFeatures:
         return 0.0 if n == 0 else 1.0 - float(np.count_nonzero(self.items_found)) / n
 
 
-class ItemVectorCache:
-    """LRU of item vectors keyed by (item id, registry version), entries valid ``ttl_s`` seconds."""
+@dataclass(frozen=True)
+class CacheLookup:
+    """Where each requested id is in the cache: ``slots[j]`` is its row where ``hit[j]``."""
 
-    def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    slots: npt.NDArray[np.intp]
+    hit: npt.NDArray[np.bool_]
+
+
+class ItemVectorCache:
+    """Item vectors of one registry version, each valid ``ttl_s`` seconds, at most ``max_entries``.
+
+    Rows live in numpy arrays (vector, event time, expiry, last use) and a dict maps an item id
+    to its row. When the slab is full, the least recently used eighth of it is evicted at once,
+    so eviction costs one partial sort now and then rather than work on every look-up.
+    """
+
+    def __init__(
+        self, max_entries: int, ttl_s: float, dim: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_entries = max_entries
         self.ttl_s = ttl_s
+        self.dim = dim
         self._clock = clock
-        self._entries: OrderedDict[tuple[str, str], tuple[npt.NDArray[np.float32], int, float]] = (
-            OrderedDict()
-        )
+        self._slot: dict[str, int] = {}
+        self._ids: list[str | None] = []
+        self._values = np.empty((0, dim), dtype=np.float32)
+        self._event_ms = np.empty(0, dtype=np.int64)
+        self._expires = np.empty(0, dtype=np.float64)
+        self._used = np.empty(0, dtype=np.float64)
+        self._free: list[int] = []
         self.version: str | None = None
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._slot)
 
     def use_version(self, version: str) -> None:
         """Empty the cache when the registry version of the item view changes."""
         if version != self.version:
-            self._entries.clear()
+            self._slot.clear()
+            self._ids = []
+            self._free = []
+            self._values = np.empty((0, self.dim), dtype=np.float32)
+            self._event_ms = np.empty(0, dtype=np.int64)
+            self._expires = np.empty(0, dtype=np.float64)
+            self._used = np.empty(0, dtype=np.float64)
             self.version = version
 
-    def lookup(self, ids: Sequence[str], version: str) -> list[tuple[npt.NDArray[np.float32], int] | None]:
-        """Cached (vector, event_ms) per id, or None for a miss or an expired entry."""
+    def lookup(self, ids: Sequence[str], version: str) -> CacheLookup:
+        """Find ``ids``: a hit is a cached, unexpired row of ``version``."""
         self.use_version(version)
-        now = self._clock()
-        out: list[tuple[npt.NDArray[np.float32], int] | None] = []
-        entries = self._entries
-        for item_id in ids:
-            key = (item_id, version)
-            entry = entries.get(key)
-            if entry is None or entry[2] < now:
-                out.append(None)
-                continue
-            entries.move_to_end(key)
-            out.append((entry[0], entry[1]))
-        found = sum(1 for e in out if e is not None)
+        slots = np.fromiter(map(self._slot.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+        hit = slots >= 0
+        if hit.any():
+            now = self._clock()
+            cached = slots[hit]
+            hit[hit] = self._expires[cached] >= now
+            self._used[slots[hit]] = now
+        found = int(np.count_nonzero(hit))
         self.hits += found
-        self.misses += len(out) - found
-        return out
+        self.misses += len(ids) - found
+        return CacheLookup(slots, hit)
+
+    def rows(self, slots: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Return the vectors and event times in ``slots`` (from :meth:`lookup` hits)."""
+        return self._values[slots], self._event_ms[slots]
 
     def put(
         self, ids: Sequence[str], rows: npt.NDArray[np.float32], event_ms: npt.NDArray[np.int64], version: str
     ) -> None:
         """Cache found rows of ``ids`` (missing rows are not cached, they are read again)."""
-        if self.max_entries == 0 or self.ttl_s == 0:
+        if self.max_entries == 0 or self.ttl_s == 0 or not len(ids):
             return
         self.use_version(version)
-        expires = self._clock() + self.ttl_s
-        entries = self._entries
-        for item_id, row, ev in zip(ids, rows, event_ms, strict=True):
-            entries[(item_id, version)] = (row, int(ev), expires)
-            entries.move_to_end((item_id, version))
-        while len(entries) > self.max_entries:
-            entries.popitem(last=False)
+        if len(ids) > self.max_entries:
+            ids, rows, event_ms = (
+                ids[-self.max_entries :],
+                rows[-self.max_entries :],
+                event_ms[-self.max_entries :],
+            )
+        slots = np.fromiter(map(self._slot.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+        new = np.flatnonzero(slots < 0)
+        if len(new):
+            slots[new] = self._allocate([ids[j] for j in new.tolist()])
+        now = self._clock()
+        self._values[slots] = rows
+        self._event_ms[slots] = event_ms
+        self._expires[slots] = now + self.ttl_s
+        self._used[slots] = now
+
+    def _allocate(self, new_ids: list[str]) -> npt.NDArray[np.intp]:
+        """Give each of ``new_ids`` (not cached yet) a row: free rows, new rows, then evicted rows."""
+        need = len(new_ids) - len(self._free)
+        if need > 0:
+            self._grow(min(need, self.max_entries - len(self._ids)))
+        need = len(new_ids) - len(self._free)
+        if need > 0:
+            self._evict(max(need, self.max_entries // 8))
+        taken = self._free[-len(new_ids) :]
+        del self._free[-len(new_ids) :]
+        for slot, item_id in zip(taken, new_ids, strict=True):
+            self._ids[slot] = item_id
+        self._slot.update(zip(new_ids, taken, strict=True))
+        return np.asarray(taken, dtype=np.intp)
+
+    def _grow(self, extra: int) -> None:
+        if extra <= 0:
+            return
+        size = len(self._ids)
+        target = min(self.max_entries, max(size + extra, 2 * size, 1024))
+        grow = target - size
+        self._values = np.concatenate([self._values, np.empty((grow, self.dim), dtype=np.float32)])
+        self._event_ms = np.concatenate([self._event_ms, np.zeros(grow, dtype=np.int64)])
+        self._expires = np.concatenate([self._expires, np.full(grow, -np.inf)])
+        self._used = np.concatenate([self._used, np.full(grow, np.inf)])  # free rows are never victims
+        self._ids.extend([None] * grow)
+        self._free.extend(range(target - 1, size - 1, -1))
+
+    def _evict(self, count: int) -> None:
+        """Free the ``count`` least recently used rows (free rows have ``_used`` = +inf)."""
+        count = min(count, len(self._ids) - len(self._free))
+        if count <= 0:
+            return
+        victims = np.argpartition(self._used, count - 1)[:count]
+        for slot in victims.tolist():
+            item_id = self._ids[slot]
+            if item_id is not None and self._slot.get(item_id) == slot:
+                del self._slot[item_id]
+            self._ids[slot] = None
+            self._free.append(slot)
+        self._used[victims] = np.inf
+        self._expires[victims] = -np.inf
 
 
 class FeatureFetcher:
@@ -132,12 +212,12 @@ class FeatureFetcher:
         self._io = io
 
     async def fetch(self, user_id: str, candidates: Sequence[str], timeout_s: float) -> RequestFeatures:
-        """The request's vectors; :class:`FeatureReadError` when the store fails or is too slow."""
+        """Read the request's vectors; raise :class:`FeatureReadError` when the store fails or is slow."""
         version = self.item_view.version
-        cached = self.cache.lookup(candidates, version)
-        miss_idx = [i for i, hit in enumerate(cached) if hit is None]
-        miss_ids = [candidates[i] for i in miss_idx]
-        requests = [(self.user_view, [user_id])]
+        look = self.cache.lookup(candidates, version)
+        miss_idx = np.flatnonzero(~look.hit)
+        miss_ids = [candidates[i] for i in miss_idx.tolist()]
+        requests: list[tuple[ViewSpec, Sequence[str]]] = [(self.user_view, [user_id])]
         if miss_ids:
             requests.append((self.item_view, miss_ids))
         loop = asyncio.get_running_loop()
@@ -150,25 +230,33 @@ class FeatureFetcher:
                 f"online store did not answer within the request's deadline ({timeout_s * 1000:.1f} ms left)"
             )
             raise FeatureReadError(msg) from exc
-        n, d = len(candidates), len(self.item_view.features)
-        items = np.full((n, d), np.nan, dtype=np.float32)
-        found = np.zeros(n, dtype=bool)
-        event_ms = np.zeros(n, dtype=np.int64)
-        hit_idx = [i for i, hit in enumerate(cached) if hit is not None]
-        if hit_idx:
-            hits = [h for h in cached if h is not None]
-            items[hit_idx] = np.stack([h[0] for h in hits])
-            event_ms[hit_idx] = [h[1] for h in hits]
-            found[hit_idx] = True
-        if miss_ids:
+        n = len(candidates)
+        if not miss_ids:
+            items, event_ms = self.cache.rows(look.slots)
+            found = np.ones(n, dtype=bool)
+        else:
+            items = np.full((n, len(self.item_view.features)), np.nan, dtype=np.float32)
+            event_ms = np.zeros(n, dtype=np.int64)
+            found = look.hit.copy()
+            hit_idx = np.flatnonzero(look.hit)
+            if len(hit_idx):
+                items[hit_idx], event_ms[hit_idx] = self.cache.rows(look.slots[hit_idx])
             got = rows[1]
-            idx = np.asarray(miss_idx, dtype=np.intp)
-            items[idx], found[idx], event_ms[idx] = got.values, got.found, got.event_time_ms
+            items[miss_idx], found[miss_idx], event_ms[miss_idx] = got.values, got.found, got.event_time_ms
             keep = np.flatnonzero(got.found)
-            self.cache.put([miss_ids[i] for i in keep], got.values[keep], got.event_time_ms[keep], version)
+            self.cache.put(
+                [miss_ids[i] for i in keep.tolist()], got.values[keep], got.event_time_ms[keep], version
+            )
         user_rows = rows[0]
         user = user_rows.values[0] if bool(user_rows.found[0]) else None
         return RequestFeatures(user, int(user_rows.event_time_ms[0]), items, found, event_ms)
 
 
-__all__ = ["FeatureAges", "FeatureFetcher", "FeatureReadError", "ItemVectorCache", "RequestFeatures"]
+__all__ = [
+    "CacheLookup",
+    "FeatureAges",
+    "FeatureFetcher",
+    "FeatureReadError",
+    "ItemVectorCache",
+    "RequestFeatures",
+]

@@ -31,6 +31,11 @@ def _standardize(x: Tensor, mean: Tensor, scale: Tensor) -> Tensor:
 class DCNRanker(nn.Module):
     """DCN-v2 style ranker over a user vector, an item vector and their crosses; returns logits."""
 
+    user_mean: Tensor
+    user_scale: Tensor
+    item_mean: Tensor
+    item_scale: Tensor
+
     def __init__(
         self,
         user_dim: int,
@@ -89,7 +94,8 @@ class DCNRanker(nn.Module):
         x = x0
         for layer in self.cross:
             x = x0 * layer(x) + x
-        return self.head(torch.cat([x, self.deep(x0)], dim=1)).squeeze(1)
+        logits: Tensor = self.head(torch.cat([x, self.deep(x0)], dim=1))
+        return logits.squeeze(1)
 
 
 class LinearRanker:
@@ -120,7 +126,10 @@ class LinearRanker:
         u = np.clip(np.nan_to_num((user - self.user_mean) / self.user_scale, nan=0.0), -CLAMP, CLAMP)
         i = np.clip(np.nan_to_num((items - self.item_mean) / self.item_scale, nan=0.0), -CLAMP, CLAMP)
         item_weights = self.w_item + self.w_cross.T @ u
-        return (i @ item_weights + (float(u @ self.w_user) + self.bias)).astype(np.float32)
+        logits: npt.NDArray[np.float32] = (i @ item_weights + (float(u @ self.w_user) + self.bias)).astype(
+            np.float32
+        )
+        return logits
 
 
 def linear_logits(state: dict[str, Tensor], users: Tensor, items: Tensor) -> Tensor:
@@ -158,7 +167,7 @@ class NeuralScorer:
 
 
 def pick_device(requested: str | None = None) -> str:
-    """``requested`` if given, else ``cuda`` when a GPU is visible, else ``cpu``."""
+    """Return ``requested`` if given, else ``cuda`` when a GPU is visible, else ``cpu``."""
     if requested:
         return requested
     return "cuda" if torch.cuda.is_available() else "cpu"

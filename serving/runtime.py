@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
 from headwater.serving.artifact import (
     Artifact,
     ArtifactError,
@@ -40,7 +42,7 @@ class LoadedModels:
     device: str
 
     def models(self) -> Models:
-        """The engine's view of them."""
+        """Return the engine's view of them."""
         return Models(
             neural_version=self.neural_artifact.version
             if self.neural is not None and self.neural_artifact
@@ -61,8 +63,15 @@ def configure_torch_threads(requested: int | None) -> int:
     return threads
 
 
+def configure_switch_interval(interval_ms: float | None) -> float:
+    """Set the interpreter's thread switch interval (None keeps it); returns it in milliseconds."""
+    if interval_ms is not None:
+        sys.setswitchinterval(interval_ms / 1000.0)
+    return sys.getswitchinterval() * 1000.0
+
+
 def neural_from_artifact(artifact: Artifact, device: str) -> NeuralScorer:
-    """A scorer on ``device`` from a ``dcn`` artifact."""
+    """Build a scorer on ``device`` from a ``dcn`` artifact."""
     hyper = artifact.metadata.get("hyperparameters", {})
     model = DCNRanker(
         len(artifact.metadata["user_features"]),
@@ -80,7 +89,7 @@ def neural_from_artifact(artifact: Artifact, device: str) -> NeuralScorer:
 
 
 def linear_from_artifact(artifact: Artifact) -> LinearRanker:
-    """The numpy linear ranker from a ``linear`` artifact."""
+    """Build the numpy linear ranker from a ``linear`` artifact."""
     return LinearRanker({k: v.numpy().astype(np.float32) for k, v in artifact.state.items()})
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
 from headwater.serving.config import ViewSpec
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class OnlineStoreReader:
         return cls(OnlineStore.from_url(url, **kwargs))  # type: ignore[arg-type]
 
     def layout(self, spec: ViewSpec) -> ViewLayout:
-        """The store's layout object for ``spec`` (built once)."""
+        """Return the store's layout object for ``spec`` (built once)."""
         layout = self._layouts.get(spec)
         if layout is None:
             from headwater.pipelines.store import ViewLayout

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-from headwater.serving.batcher import PRIORITIES, BatchStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from headwater.serving.batcher import PRIORITIES, BatchStats
 
 LATENCY_BUCKETS = (
     0.001,
@@ -37,17 +39,24 @@ class Telemetry:
         self.registry = CollectorRegistry()
         r = self.registry
         self.rank_latency = Histogram(
-            "headwater_rank_latency_seconds", "End-to-end /v1/rank latency by fallback used ('none' = model).",
-            ["fallback"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "headwater_rank_latency_seconds",
+            "End-to-end /v1/rank latency by fallback used ('none' = model).",
+            ["fallback"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.inference_latency = Histogram(
-            "headwater_inference_latency_seconds", "Duration of one batched model forward.",
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "headwater_inference_latency_seconds",
+            "Duration of one batched model forward.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_wait = Histogram(
-            "headwater_queue_wait_seconds", "Time a request waited in the batcher queue.",
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "headwater_queue_wait_seconds",
+            "Time a request waited in the batcher queue.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_rows = Histogram(
             "headwater_batch_rows", "Candidate rows per model forward.", buckets=ROW_BUCKETS, registry=r
         )
@@ -58,9 +67,11 @@ class Telemetry:
             registry=r,
         )
         self.fallbacks = Counter(
-            "headwater_fallbacks_total", "Answers that fell back, by fallback kind and reason.",
-            ["kind", "reason"], registry=r,
-        )  # fmt: skip
+            "headwater_fallbacks_total",
+            "Answers that fell back, by fallback kind and reason.",
+            ["kind", "reason"],
+            registry=r,
+        )
         self.rejected = Counter(
             "headwater_rejected_total",
             "Requests refused, by reason (queue_full, invalid).",
@@ -81,7 +92,7 @@ class Telemetry:
     def watch_queues(self, depth: Callable[[str], int]) -> None:
         """Report queue depths by calling ``depth(priority)`` at scrape time."""
         for priority in PRIORITIES:
-            self.queue_depth.labels(priority).set_function(lambda p=priority: float(depth(p)))
+            self.queue_depth.labels(priority).set_function(functools.partial(_as_float, depth, priority))
 
     def watch_cache(self, hits: Callable[[], int], misses: Callable[[], int]) -> None:
         """Report item-cache hits and misses at scrape time."""
@@ -101,3 +112,7 @@ class Telemetry:
         if not self._inference_s:
             return None
         return round(float(np.percentile(np.fromiter(self._inference_s, dtype=np.float64), 99)) * 1000.0, 3)
+
+
+def _as_float(depth: Callable[[str], int], priority: str) -> float:
+    return float(depth(priority))

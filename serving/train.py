@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
+
 from headwater.serving.artifact import LATEST, Artifact, save_artifact
 from headwater.serving.config import ServingConfig
 from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
 from headwater.serving.model import DCNRanker, linear_logits, pick_device
 from headwater.serving.trainset import TrainingSet
-from torch import nn
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def split_by_time(ts: TrainingSet, holdout: float) -> tuple[npt.NDArray[np.intp]
     """(train rows, holdout rows): whole slates, the latest ``holdout`` share of them held out."""
     groups, first = np.unique(ts.group, return_index=True)
     order = groups[np.argsort(ts.event_time_ms[first], kind="mergesort")]
-    cut = int(round(len(order) * (1.0 - holdout)))
+    cut = round(len(order) * (1.0 - holdout))
     test_groups = order[cut:]
     is_test = np.isin(ts.group, test_groups)
     return np.flatnonzero(~is_test), np.flatnonzero(is_test)
@@ -127,7 +128,7 @@ def train_linear(train: TrainingSet, opts: TrainOptions, norm: tuple[Any, ...]) 
             loss = nn.functional.binary_cross_entropy_with_logits(logits, labels[idx])
             loss = loss + opts.linear_l2 * params["w_cross"].pow(2).sum()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            torch.autograd.backward(loss)
             optimizer.step()
     state = {k: v.detach().clone() for k, v in params.items()}
     for name, value in zip(("user_mean", "user_scale", "item_mean", "item_scale"), norm, strict=True):
@@ -135,7 +136,7 @@ def train_linear(train: TrainingSet, opts: TrainOptions, norm: tuple[Any, ...]) 
     return state
 
 
-def _metrics(test: TrainingSet, scores: npt.NDArray[np.floating]) -> dict[str, float]:
+def _metrics(test: TrainingSet, scores: npt.NDArray[np.floating[Any]]) -> dict[str, float]:
     return {
         "auc": round(auc(test.label, scores), 4),
         "ndcg@10": round(ndcg_at_k(test.group, test.label, scores), 4),
@@ -145,7 +146,8 @@ def _metrics(test: TrainingSet, scores: npt.NDArray[np.floating]) -> dict[str, f
 def _score_dcn(model: DCNRanker, ts: TrainingSet) -> npt.NDArray[np.float32]:
     with torch.inference_mode():
         logits = model(torch.from_numpy(ts.user), torch.from_numpy(ts.item), torch.arange(len(ts)))
-    return logits.numpy()
+    scores: npt.NDArray[np.float32] = logits.numpy()
+    return scores
 
 
 def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions, config: ServingConfig) -> TrainReport:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
 from headwater.pipelines.events.schema import BehaviorEvent
 from headwater.serving.config import CATEGORIES, DEFAULT_REGISTRY_VERSION, ITEM_FEATURES, USER_FEATURES
 
@@ -50,11 +51,19 @@ class TrainingSet:
         return len(self.label)
 
     def take(self, rows: npt.NDArray[np.intp]) -> TrainingSet:
-        """The subset of ``rows``."""
+        """Return the subset of ``rows``."""
         return TrainingSet(
-            self.user_features, self.item_features, self.registry_version, self.user[rows], self.item[rows],
-            self.label[rows], self.group[rows], self.event_time_ms[rows], self.user_ids[rows], self.item_ids[rows],
-        )  # fmt: skip
+            self.user_features,
+            self.item_features,
+            self.registry_version,
+            self.user[rows],
+            self.item[rows],
+            self.label[rows],
+            self.group[rows],
+            self.event_time_ms[rows],
+            self.user_ids[rows],
+            self.item_ids[rows],
+        )
 
 
 class FeatureState:
@@ -101,14 +110,16 @@ class FeatureState:
         self.last_ms[event["user_id"]] = self.last_ms[item_id] = event["event_time"]
 
     def user_vector(self, user_id: str) -> npt.NDArray[np.float32]:
-        """The ``user_profile`` vector (see ``config.USER_FEATURES``)."""
+        """Return the ``user_profile`` vector (see ``config.USER_FEATURES``)."""
         row = self._user(user_id)
         imps, clicks = row[0], row[1]
         shares = row[2:] / max(clicks, 1.0)
-        return np.concatenate([[imps, clicks, clicks / max(imps, 1.0)], shares]).astype(np.float32)
+        head = np.array([imps, clicks, clicks / max(imps, 1.0)])
+        vector: npt.NDArray[np.float32] = np.concatenate([head, shares]).astype(np.float32)
+        return vector
 
     def item_vector(self, item_id: str) -> npt.NDArray[np.float32]:
-        """The ``item_stats`` vector (see ``config.ITEM_FEATURES``)."""
+        """Return the ``item_stats`` vector (see ``config.ITEM_FEATURES``)."""
         row = self._item(item_id)
         onehot = np.zeros(self.n_cat)
         if row[3] >= 0:
@@ -157,10 +168,17 @@ def from_events(
         msg = "the event stream held no impressions: nothing to train on"
         raise TrainingSetError(msg)
     return TrainingSet(
-        USER_FEATURES, ITEM_FEATURES, registry_version, np.stack(users), np.stack(items),
-        np.asarray(labels, dtype=np.float32), np.asarray(groups, dtype=np.int64), np.asarray(times, dtype=np.int64),
-        np.asarray(uids), np.asarray(iids),
-    )  # fmt: skip
+        USER_FEATURES,
+        ITEM_FEATURES,
+        registry_version,
+        np.stack(users),
+        np.stack(items),
+        np.asarray(labels, dtype=np.float32),
+        np.asarray(groups, dtype=np.int64),
+        np.asarray(times, dtype=np.int64),
+        np.asarray(uids),
+        np.asarray(iids),
+    )
 
 
 def generated_events(events: int, seed: int, users: int = 2_000, items: int = 2_000) -> list[BehaviorEvent]:
@@ -168,9 +186,14 @@ def generated_events(events: int, seed: int, users: int = 2_000, items: int = 2_
     from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 
     config = GeneratorConfig(
-        seed=seed, users=users, items=items, late_share=0.0, out_of_order_share=0.0,
-        duplicate_share=0.0, malformed_share=0.0,
-    )  # fmt: skip
+        seed=seed,
+        users=users,
+        items=items,
+        late_share=0.0,
+        out_of_order_share=0.0,
+        duplicate_share=0.0,
+        malformed_share=0.0,
+    )
     generator = EventGenerator(config)
     out: list[BehaviorEvent] = []
     for emission in generator:
@@ -187,9 +210,12 @@ def write_parquet(ts: TrainingSet, path: Path) -> None:
     import pyarrow.parquet as pq
 
     columns: dict[str, object] = {
-        "group": ts.group, "user_id": ts.user_ids, "item_id": ts.item_ids,
-        "event_time": ts.event_time_ms, "label": ts.label,
-    }  # fmt: skip
+        "group": ts.group,
+        "user_id": ts.user_ids,
+        "item_id": ts.item_ids,
+        "event_time": ts.event_time_ms,
+        "label": ts.label,
+    }
     columns.update({f"user.{f}": ts.user[:, j] for j, f in enumerate(ts.user_features)})
     columns.update({f"item.{f}": ts.item[:, j] for j, f in enumerate(ts.item_features)})
     table = pa.table(columns).replace_schema_metadata({VERSION_KEY: ts.registry_version.encode()})
@@ -224,9 +250,14 @@ def read_parquet(path: Path) -> TrainingSet:
         )
 
     return TrainingSet(
-        tuple(c[5:] for c in user_cols), tuple(c[5:] for c in item_cols),
-        meta.get(VERSION_KEY, b"unversioned").decode(), matrix(user_cols), matrix(item_cols),
-        table.column("label").to_numpy().astype(np.float32), table.column("group").to_numpy().astype(np.int64),
+        tuple(c[5:] for c in user_cols),
+        tuple(c[5:] for c in item_cols),
+        meta.get(VERSION_KEY, b"unversioned").decode(),
+        matrix(user_cols),
+        matrix(item_cols),
+        table.column("label").to_numpy().astype(np.float32),
+        table.column("group").to_numpy().astype(np.int64),
         table.column("event_time").to_numpy().astype(np.int64),
-        np.asarray(table.column("user_id").to_pylist()), np.asarray(table.column("item_id").to_pylist()),
-    )  # fmt: skip
+        np.asarray(table.column("user_id").to_pylist()),
+        np.asarray(table.column("item_id").to_pylist()),
+    )

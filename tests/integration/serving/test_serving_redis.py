@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import redis
 import torch
+
 from headwater.serving.app import create_app
 from headwater.serving.config import BatcherConfig, ServingConfig
 from headwater.serving.demo import DemoRows, demo_rows, write_demo
@@ -80,12 +81,15 @@ def test_rank_returns_sorted_top_k_with_version_and_ages(
     [response] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
     out = response.json()
     assert response.status_code == 200
-    assert out["fallback"] is None and out["model_version"] == loaded.models().neural_version
+    assert out["fallback"] is None
+    assert out["model_version"] == loaded.models().neural_version
     scores = [x["score"] for x in out["items"]]
-    assert len(scores) == 10 and scores == sorted(scores, reverse=True)
+    assert len(scores) == 10
+    assert scores == sorted(scores, reverse=True)
     assert {x["item_id"] for x in out["items"]} <= set(rows.item_ids[:300])
     ages = out["feature_ages_s"]
-    assert 0.0 <= ages["user"] < 120.0 and 0.0 <= ages["items_p50"] <= ages["items_max"] < 120.0
+    assert 0.0 <= ages["user"] < 120.0
+    assert 0.0 <= ages["items_p50"] <= ages["items_max"] < 120.0
     # the same scores as the model run directly on the stored vectors
     assert loaded.neural is not None
     direct = loaded.neural.score_batch([(rows.users[0], rows.items[:300])])[0]

@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import pytest
+
 from headwater.serving.batcher import DeadlineExceededError, MicroBatcher, QueueFullError
+
+T = TypeVar("T")
 
 
 class FakeScorer:
@@ -25,7 +29,7 @@ class FakeScorer:
         return [p * 2 for p in payloads]
 
 
-def _run(coro_fn):  # type: ignore[no-untyped-def]
+def _run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(coro_fn())
 
 
@@ -88,7 +92,8 @@ def test_full_queue_raises_with_retry_after() -> None:
         loop = asyncio.get_running_loop()
         b.submit(1, 1, "low", loop.time() + 5)
         b.submit(2, 1, "low", loop.time() + 5)
-        assert b.is_full("low") and not b.is_full("high")
+        assert b.is_full("low")
+        assert not b.is_full("high")
         with pytest.raises(QueueFullError) as info:
             b.submit(3, 1, "low", loop.time() + 5)
         assert info.value.retry_after_s == 3

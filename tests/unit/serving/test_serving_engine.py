@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+
 from headwater.serving.app import create_app
 from headwater.serving.config import BatcherConfig, ServingConfig, ViewSpec
 from headwater.serving.engine import top_k
@@ -46,11 +47,18 @@ class FakeNeural:
 
 def linear(broken: bool = False) -> LinearRanker:
     z = np.zeros(2, np.float32)
-    return LinearRanker({
-        "user_mean": z, "user_scale": np.ones(2, np.float32), "item_mean": z, "item_scale": np.ones(2, np.float32),
-        "w_user": z, "w_item": np.array([0.0, np.nan if broken else 1.0], np.float32),
-        "w_cross": np.zeros((2, 2), np.float32), "bias": np.zeros(1, np.float32),
-    })  # fmt: skip
+    return LinearRanker(
+        {
+            "user_mean": z,
+            "user_scale": np.ones(2, np.float32),
+            "item_mean": z,
+            "item_scale": np.ones(2, np.float32),
+            "w_user": z,
+            "w_item": np.array([0.0, np.nan if broken else 1.0], np.float32),
+            "w_cross": np.zeros((2, 2), np.float32),
+            "bias": np.zeros(1, np.float32),
+        }
+    )
 
 
 def store() -> InMemoryFeatureStore:
@@ -88,7 +96,8 @@ def test_neural_answers_with_version_and_ages() -> None:
         out = rank(c)
     assert ids(out) == ["i2", "i0", "i1"]
     assert [x["score"] for x in out["items"]] == [5.0, 3.0, 1.0]
-    assert out["fallback"] is None and out["model_version"] == "abc123abc123"
+    assert out["fallback"] is None
+    assert out["model_version"] == "abc123abc123"
     assert out["feature_ages_s"]["user"] == pytest.approx(3.0, abs=0.5)
     assert out["feature_ages_s"]["items_max"] == pytest.approx(1.0, abs=0.5)
 
@@ -154,12 +163,12 @@ def test_requests_are_merged_and_health_reports() -> None:
         rank(c)
         health = c.get("/health").json()
         metrics = c.get("/metrics").text
-    assert health["model_version"] == "abc123abc123" and health["device"] == "cpu"
+    assert health["model_version"] == "abc123abc123"
+    assert health["device"] == "cpu"
     assert health["gpu_memory_used_percent"] is None
     assert health["inference_latency_p99_ms"] >= 0.0
-    assert (
-        "headwater_batch_rows_bucket" in metrics and 'headwater_queue_depth{priority="high"} 0.0' in metrics
-    )
+    assert "headwater_batch_rows_bucket" in metrics
+    assert 'headwater_queue_depth{priority="high"} 0.0' in metrics
 
 
 def test_full_queue_answers_429() -> None:
@@ -174,6 +183,7 @@ def test_full_queue_answers_429() -> None:
         batcher.submit(job, 1, "low", loop.time() + 10)  # waits: the 'low' queue is now full
 
     with client(store(), FakeNeural("slow"), linear(), config) as c:
+        assert c.portal is not None
         c.portal.call(fill, c.app)
         response = c.post("/v1/rank", json={"user_id": "u1", "candidates": ITEMS, "k": 1, "priority": "low"})
         high = c.post("/v1/rank", json={"user_id": "u1", "candidates": ITEMS, "k": 1, "priority": "high"})
@@ -190,20 +200,35 @@ def test_full_queue_answers_429() -> None:
     [
         ({"candidates": ITEMS, "k": 1}, "user_id", "is required"),
         ({"user_id": "u1", "candidates": [], "k": 1}, "candidates", "must hold at least 1 entries; got 0"),
-        ({"user_id": "u1", "candidates": [f"i{i}" for i in range(2001)], "k": 1}, "candidates",
-         "must hold at most 2000 entries; got 2001"),
-        ({"user_id": "u1", "candidates": ITEMS, "k": 5}, "k",
-         "must be between 1 and the number of candidates (4); got 5"),
+        (
+            {"user_id": "u1", "candidates": [f"i{i}" for i in range(2001)], "k": 1},
+            "candidates",
+            "must hold at most 2000 entries; got 2001",
+        ),
+        (
+            {"user_id": "u1", "candidates": ITEMS, "k": 5},
+            "k",
+            "must be between 1 and the number of candidates (4); got 5",
+        ),
         ({"user_id": "u1", "candidates": ITEMS, "k": 0}, "k", "must be greater than or equal to 1; got 0"),
-        ({"user_id": "u1", "candidates": ITEMS, "k": 1, "priority": "urgent"}, "priority",
-         "must be 'high', 'normal' or 'low'; got 'urgent'"),
-        ({"user_id": "u1", "candidates": ["a", "a"], "k": 1}, "candidates",
-         "item ids must be unique; 'a' appears more than once"),
-        ({"user_id": "u1", "candidates": ITEMS, "k": 1, "deadline_ms": -1}, "deadline_ms",
-         "must be greater than 0; got -1"),
+        (
+            {"user_id": "u1", "candidates": ITEMS, "k": 1, "priority": "urgent"},
+            "priority",
+            "must be 'high', 'normal' or 'low'; got 'urgent'",
+        ),
+        (
+            {"user_id": "u1", "candidates": ["a", "a"], "k": 1},
+            "candidates",
+            "item ids must be unique; 'a' appears more than once",
+        ),
+        (
+            {"user_id": "u1", "candidates": ITEMS, "k": 1, "deadline_ms": -1},
+            "deadline_ms",
+            "must be greater than 0; got -1",
+        ),
         ({"user_id": "u1", "candidates": [1, 2], "k": 1}, "candidates[0]", "must be a valid string; got 1"),
     ],
-)  # fmt: skip
+)
 def test_invalid_requests_get_one_readable_message_per_field(
     body: dict[str, Any], field: str, message: str
 ) -> None:
@@ -225,7 +250,8 @@ def test_body_that_is_not_json_is_422() -> None:
 def test_openapi_documents_rank() -> None:
     with client(store(), FakeNeural(), linear()) as c:
         spec = c.get("/openapi.json").json()
-    assert "/v1/rank" in spec["paths"] and "/health" in spec["paths"]
+    assert "/v1/rank" in spec["paths"]
+    assert "/health" in spec["paths"]
     assert spec["components"]["schemas"]["RankRequest"]["properties"]["candidates"]["maxItems"] == 2000
 
 

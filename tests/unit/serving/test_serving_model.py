@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from headwater.serving.artifact import ArtifactError, check_binding, load_artifact, save_artifact
 from headwater.serving.config import ServingConfig, ViewSpec
 from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
@@ -57,7 +58,8 @@ def test_artifact_round_trip_with_weights_only(tmp_path: Path) -> None:
     raw = torch.load(saved.path, weights_only=True)
     assert set(raw) == {"format", "metadata_json", "state"}
     loaded = load_artifact(saved.path)
-    assert loaded.version == saved.version and len(saved.version) == 12
+    assert loaded.version == saved.version
+    assert len(saved.version) == 12
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(loaded.state[name], tensor)
     again = save_artifact(tmp_path / "again", {**meta, "created_at": "later"}, model.state_dict())
@@ -92,11 +94,15 @@ def test_binding_mismatch_names_the_features() -> None:
 
 def test_linear_ranker_matches_formula() -> None:
     state = {
-        "user_mean": np.zeros(2, np.float32), "user_scale": np.ones(2, np.float32),
-        "item_mean": np.zeros(2, np.float32), "item_scale": np.ones(2, np.float32),
-        "w_user": np.array([1.0, 0.0], np.float32), "w_item": np.array([0.0, 2.0], np.float32),
-        "w_cross": np.array([[1.0, 0.0], [0.0, 0.0]], np.float32), "bias": np.array([0.5], np.float32),
-    }  # fmt: skip
+        "user_mean": np.zeros(2, np.float32),
+        "user_scale": np.ones(2, np.float32),
+        "item_mean": np.zeros(2, np.float32),
+        "item_scale": np.ones(2, np.float32),
+        "w_user": np.array([1.0, 0.0], np.float32),
+        "w_item": np.array([0.0, 2.0], np.float32),
+        "w_cross": np.array([[1.0, 0.0], [0.0, 0.0]], np.float32),
+        "bias": np.array([0.5], np.float32),
+    }
     lin = LinearRanker(state)
     out = lin.score(np.array([1.0, 3.0], np.float32), np.array([[2.0, 1.0], [0.0, 0.0]], np.float32))
     # u.w_u = 1, i.w_i = 2 / 0, u^T W i = 2 / 0, bias 0.5
