@@ -1,0 +1,290 @@
+"""Command line of the offline tier: landing, the daily/backfill job, training sets, materialize, consistency.
+
+``landing`` and ``offline`` are meant for ``headwater run landing|offline``; ``training_set``,
+``materialize`` and ``consistency`` are top-level commands. Spark is started inside each command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from headwater.pipelines.jvm import ROOT
+
+if TYPE_CHECKING:
+    from headwater.pipelines.store import OnlineStore
+    from headwater.registry.plans import PlanView, TierPlan
+
+LAKE = click.option("--lake", type=click.Path(path_type=Path), default=None,
+                    help="Lake folder (default: $HEADWATER_LAKE or .headwater/lake).")  # fmt: skip
+STATE = click.option("--state-dir", type=click.Path(path_type=Path), default=None,
+                     help="Tier plans folder (default: $HEADWATER_STATE_DIR, .headwater).")  # fmt: skip
+MASTER = click.option(
+    "--master", default=None, help="Spark master (default local[2]; a cluster URL scales out)."
+)
+TIERS = click.Choice(["offline", "nearline", "realtime"])
+REDIS = click.option(
+    "--redis-url", default=None, help="Online store (default: HEADWATER_REDIS_URL or local Redis)."
+)
+
+
+def _state(state_dir: Path | None) -> Path:
+    return state_dir or Path(os.environ.get("HEADWATER_STATE_DIR", ROOT / ".headwater"))
+
+
+def _plan(state_dir: Path | None, tier: str) -> TierPlan:
+    from headwater.registry.plans import read_plan
+
+    try:
+        return read_plan(_state(state_dir), tier)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _views(plan: TierPlan, names: tuple[str, ...]) -> list[PlanView]:
+    if not names:
+        return list(plan.views)
+    known = {v.name: v for v in plan.views}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        msg = f"unknown view(s) {unknown} in the {plan.tier} plan; known: {sorted(known)}"
+        raise click.ClickException(msg)
+    return [known[n] for n in names]
+
+
+@click.command("landing")
+@LAKE
+@STATE
+@MASTER
+@click.option("--batch", "batch_records", type=click.IntRange(min=1), default=200_000, show_default=True)
+@click.option("--follow", is_flag=True, help="Keep landing new events (default: stop when caught up).")
+def landing(
+    lake: Path | None, state_dir: Path | None, master: str | None, batch_records: int, follow: bool
+) -> None:
+    """Land the events topic in the bronze Delta table (exactly once; malformed and late -> DLQ)."""
+    from headwater.pipelines.offline.lake import bronze_path, lake_root
+    from headwater.pipelines.offline.landing import Lander, LandingConfig, LandingError, LandingStats
+    from headwater.pipelines.offline.session import offline_session
+    from headwater.pipelines.settings import Settings
+
+    settings = Settings.from_env()
+    plan = _plan(state_dir, "offline")
+    source = next((s for s in plan.sources if s.topic == settings.events_topic), None)
+    config = LandingConfig(
+        bootstrap=settings.kafka_bootstrap, topic=settings.events_topic, dlq_topic=settings.dlq_topic,
+        table=bronze_path(lake_root(lake)), batch_records=batch_records,
+        max_out_of_orderness_ms=round((source.max_out_of_orderness_s or 0) * 1000) if source else 5_000,
+        allowed_lateness_ms=round((source.allowed_lateness_s or 60) * 1000) if source else 60_000,
+    )  # fmt: skip
+
+    def report(s: LandingStats) -> None:
+        click.echo(f"batch {s.batches}: {s.records} records, {s.landed} landed, {s.malformed} malformed, "
+                   f"{s.late} late ({s.records_per_s:,.0f} records/s)")  # fmt: skip
+
+    spark = offline_session("headwater-landing", master)
+    try:
+        stats = Lander(spark, config).run(follow=follow, progress=report)
+    except LandingError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps({"table": str(config.table), "batches": stats.batches, "records": stats.records,
+                           "landed": stats.landed, "malformed": stats.malformed, "late": stats.late,
+                           "seconds": round(stats.seconds, 2)}))  # fmt: skip
+
+
+def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
+    from headwater.pipelines.offline.lake import days
+
+    try:
+        if backfill:
+            return days(date.fromisoformat(backfill[0]), date.fromisoformat(backfill[1]))
+        if day:
+            return [date.fromisoformat(day)]
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} (dates are YYYY-MM-DD)") from exc
+    return [datetime.now(UTC).date() - timedelta(days=1)]
+
+
+@click.command("offline")
+@click.option(
+    "--date", "day", default=None, help="Day D to compute, values as of its end (default: yesterday UTC)."
+)
+@click.option(
+    "--backfill", nargs=2, default=None, metavar="FROM TO", help="Every day from FROM to TO inclusive."
+)
+@click.option("--tier", type=TIERS, default="offline", show_default=True,
+              help="Whose views to compute (any tier's view can be backfilled).")  # fmt: skip
+@click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
+@click.option("--chunk-days", type=click.IntRange(min=1), default=7, show_default=True)
+@click.option("--no-zorder", is_flag=True, help="Skip OPTIMIZE ZORDER BY (entity id).")
+@LAKE
+@STATE
+@MASTER
+def offline(
+    day: str | None, backfill: tuple[str, str] | None, tier: str, view_names: tuple[str, ...],
+    chunk_days: int, no_zorder: bool, lake: Path | None, state_dir: Path | None, master: str | None,
+) -> None:  # fmt: skip
+    """Compute the views of a tier plan per day into Delta tables (partitioned by date, Z-ordered)."""
+    from headwater.pipelines.offline.job import DayRun, OfflineJobError, read_bronze, run_view
+    from headwater.pipelines.offline.lake import lake_root
+    from headwater.pipelines.offline.session import offline_session
+
+    if day and backfill:
+        msg = "give --date or --backfill, not both"
+        raise click.UsageError(msg)
+    days = _days(day, backfill)
+    views = _views(_plan(state_dir, tier), view_names)
+    root = lake_root(lake)
+
+    def report(run: DayRun) -> None:
+        click.echo(f"  {run.view}: {run.first}..{run.last} {run.rows} rows in {run.seconds:.1f} s")
+
+    spark = offline_session("headwater-offline", master)
+    try:
+        bronze = read_bronze(spark, root)
+        for i, view in enumerate(views, start=1):
+            click.echo(f"[{i}/{len(views)}] {view.name}: {len(days)} day(s) {days[0]}..{days[-1]}")
+            run_view(spark, bronze, view, root, days, chunk_days, not no_zorder, report)
+    except OfflineJobError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("training-set")
+@click.option("--labels", required=True, help="Parquet/Delta labels (user_id, item_id, event_time ms, label,"
+              " [group]),"
+              " or `bronze` for impressions labelled by clicks from the bronze table.")  # fmt: skip
+@click.option(
+    "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Parquet file to write."
+)
+@click.option(
+    "--view", "view_names", multiple=True, help="Offline views to join (default: every user/item view)."
+)
+@LAKE
+@STATE
+@MASTER
+@REDIS
+def training_set(
+    labels: str, out: Path, view_names: tuple[str, ...], lake: Path | None, state_dir: Path | None,
+    master: str | None, redis_url: str | None,
+) -> None:  # fmt: skip
+    """Build a point-in-time training set (never a future value) for `headwater model train`."""
+    from headwater.pipelines.offline.job import OfflineJobError, read_bronze
+    from headwater.pipelines.offline.lake import lake_root
+    from headwater.pipelines.offline.session import offline_session
+    from headwater.pipelines.offline.training import (
+        TrainingSetError,
+        build_training_set,
+        labels_from_bronze,
+        read_labels,
+    )  # fmt: skip
+    from headwater.pipelines.windows import RedisDictionary
+
+    plan = _plan(state_dir, "offline")
+    views = _views(plan, view_names)
+    root = lake_root(lake)
+    store = _store(redis_url)
+    spark = offline_session("headwater-training-set", master)
+    try:
+        frame = (
+            labels_from_bronze(read_bronze(spark, root))
+            if labels == "bronze"
+            else read_labels(spark, Path(labels))
+        )
+        ids = RedisDictionary(store.client, store.namespace).ids
+        result = build_training_set(spark, frame, views, root, out, plan.registry_hash, ids)
+    except (TrainingSetError, OfflineJobError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,
+                           "columns": len(result.columns)}))  # fmt: skip
+
+
+def _store(redis_url: str | None) -> OnlineStore:
+    from headwater.pipelines.settings import Settings
+    from headwater.pipelines.store import OnlineStore
+
+    return OnlineStore.from_url(redis_url or Settings.from_env().redis_url)
+
+
+@click.command("materialize")
+@click.option("--tier", type=TIERS, default="offline", show_default=True)
+@click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
+@LAKE
+@STATE
+@MASTER
+@REDIS
+def materialize(
+    tier: str, view_names: tuple[str, ...], lake: Path | None, state_dir: Path | None, master: str | None,
+    redis_url: str | None,
+) -> None:  # fmt: skip
+    """Write the latest offline values of each view into the online store."""
+    from headwater.pipelines.offline.lake import lake_root
+    from headwater.pipelines.offline.materialize import Materialized, MaterializeError
+    from headwater.pipelines.offline.materialize import materialize as run
+    from headwater.pipelines.offline.session import offline_session
+
+    plan = _plan(state_dir, tier)
+    views = _views(plan, view_names)
+
+    def report(m: Materialized) -> None:
+        click.echo(f"{m.view}: {m.rows} rows of {m.date}, {m.written} written, {m.rows_per_s:,.0f} rows/s")
+
+    spark = offline_session("headwater-materialize", master)
+    try:
+        run(spark, _store(redis_url), views, plan.registry_hash, lake_root(lake), report)
+    except MaterializeError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("consistency")
+@click.option("--tier", "tiers", multiple=True, type=TIERS,
+              help="Tiers whose views to check (default: realtime and nearline).")  # fmt: skip
+@click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
+@click.option(
+    "--sample", type=click.IntRange(min=1), default=500, show_default=True, help="Entities per view."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@LAKE
+@STATE
+@MASTER
+@REDIS
+def consistency(
+    tiers: tuple[str, ...], view_names: tuple[str, ...], sample: int, as_json: bool, lake: Path | None,
+    state_dir: Path | None, master: str | None, redis_url: str | None,
+) -> None:  # fmt: skip
+    """Recompute sampled online values offline at their own boundary; report mismatch rates."""
+    from headwater.pipelines.offline.consistency import check_view
+    from headwater.pipelines.offline.job import OfflineJobError, read_bronze
+    from headwater.pipelines.offline.lake import lake_root
+    from headwater.pipelines.offline.session import offline_session
+
+    root = lake_root(lake)
+    store = _store(redis_url)
+    spark = offline_session("headwater-consistency", master)
+    results = []
+    try:
+        bronze = read_bronze(spark, root)
+        for tier in tiers or ("realtime", "nearline"):
+            plan = _plan(state_dir, tier)
+            for view in [v for v in plan.views if not view_names or v.name in view_names]:
+                results.append(check_view(spark, bronze, store, view, plan.registry_hash, root, sample))
+    except OfflineJobError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps([{"view": r.view, "sampled": r.sampled, "found": r.found,
+                                "mismatch_rate": r.mismatch_rate, "mismatches": r.mismatches,
+                                "examples": r.examples} for r in results], indent=2))  # fmt: skip
+        return
+    for r in results:
+        click.echo(f"{r.view}: {r.found}/{r.sampled} online, mismatch rate {r.mismatch_rate:.4%}")
+        for slot, n in r.mismatches.items():
+            if n:
+                click.echo(f"  {slot}: {n}/{r.found}")
+        for example in r.examples:
+            click.echo(f"  e.g. {example}")
+    if any(r.mismatch_rate > 0.001 for r in results):
+        sys.exit(1)

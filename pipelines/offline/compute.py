@@ -1,0 +1,131 @@
+"""Compute one view's feature values at a set of boundaries (see :mod:`.aggregate` for the method)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from headwater.pipelines.offline.aggregate import (
+    BOUNDARY,
+    SCALAR_AGGS,
+    VALUE_AGGS,
+    AggregationError,
+    Progression,
+    attach,
+    feature_partials,
+    feature_value,
+    in_window,
+    ms,
+    pane_ms,
+)
+from headwater.registry.plans import PlanFeature, PlanView
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+TOP_K_TYPE = "array<struct<value:string,share:double>>"
+
+
+def view_events(bronze: DataFrame, view: PlanView) -> DataFrame:
+    """Return the events a view aggregates: on time, one per ``event_id``, with an entity id."""
+    from pyspark.sql import functions as F
+
+    key = view.join_key
+    on_time = bronze.where(~F.coalesce(F.col("late"), F.lit(False))) if "late" in bronze.columns else bronze
+    return on_time.where(F.col(key).isNotNull()).dropDuplicates(["event_id"])
+
+
+def _check(view: PlanView) -> None:
+    for f in view.features:
+        if f.agg not in SCALAR_AGGS | VALUE_AGGS:
+            msg = (f"view {view.name} ({view.defined_at}): feature {f.name!r} has aggregation {f.agg!r}, "
+                   f"which the offline tier cannot compute; expected one of "
+                   f"{sorted(SCALAR_AGGS | VALUE_AGGS)}")  # fmt: skip
+            raise AggregationError(msg)
+
+
+def attach_window_ms(view: PlanView) -> int:
+    """How far back from T a pane may be and still be in some feature's window of T."""
+    return max(ms(f.window_s) + ms(f.slide_s) for f in view.features)
+
+
+def compute_view(events: DataFrame, view: PlanView, at: Progression | DataFrame) -> DataFrame:
+    """Values of ``view`` per (entity, T): columns ``<join_key>``, ``event_time_ms``, then the features.
+
+    With a :class:`Progression`, rows exist for the entities with an event in the longest window
+    before each T; with a frame of targets (``<join_key>``, ``event_time_ms``), one row per target.
+    """
+    from pyspark.sql import functions as F
+
+    _check(view)
+    key, pane = view.join_key, pane_ms(view)
+    reach = attach_window_ms(view)
+    panes = events.withColumn("pane_start", F.floor(F.col("event_time") / F.lit(pane)) * F.lit(pane))
+    scalars = [f for f in view.features if f.agg in SCALAR_AGGS]
+    partial_cols = [F.count(F.lit(1)).alias("__events")]
+    for f in scalars:
+        partial_cols.extend(feature_partials(f))
+    partials = panes.groupBy(key, "pane_start").agg(*partial_cols)
+    attached = attach(partials, key, pane, reach, at)
+    values = attached.groupBy(key, BOUNDARY).agg(
+        F.sum("__events").alias("__events"), *[feature_value(f, pane) for f in scalars]
+    )
+    if not isinstance(at, Progression):
+        values = at.select(key, BOUNDARY).join(values, [key, BOUNDARY], "left")
+    for f in view.features:
+        if f.agg in VALUE_AGGS:
+            values = values.join(_value_feature(panes, view, f, pane, at), [key, BOUNDARY], "left")
+    return values.select(
+        key, F.col(BOUNDARY).cast("long").alias(BOUNDARY), *[_filled(f) for f in view.features]
+    )
+
+
+def _filled(feature: PlanFeature) -> Column:
+    """Empty windows: count, sum, distinct_count -> 0; top_k -> []; the rest stay null."""
+    from pyspark.sql import functions as F
+
+    col = F.col(f"`{feature.name}`")
+    if feature.agg in ("count", "distinct_count"):
+        col = F.coalesce(col, F.lit(0)).cast("long")
+    elif feature.agg == "sum":
+        col = F.coalesce(col.cast("double"), F.lit(0.0))
+    elif feature.agg == "top_k":
+        col = F.coalesce(col, F.expr(f"cast(array() as {TOP_K_TYPE})"))
+    elif feature.agg == "last" and feature.dtype == "string":
+        col = col.cast("string")
+    else:
+        col = col.cast("double")
+    return col.alias(feature.name)
+
+
+def _value_feature(
+    panes: DataFrame, view: PlanView, f: PlanFeature, pane: int, at: Progression | DataFrame
+) -> DataFrame:
+    """distinct_count or top_k of one feature per (entity, T)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    key = view.join_key
+    cond = F.expr(f.where.sql["spark"]) if f.where is not None else F.lit(True)
+    field = F.col(f"`{f.field}`")
+    counts = (
+        panes.where(cond & field.isNotNull())
+        .groupBy(key, "pane_start", field.cast("string").alias("value"))
+        .agg(F.count(F.lit(1)).alias("c"))
+    )
+    attached = attach(counts, key, pane, ms(f.window_s) + ms(f.slide_s), at).where(in_window(f, pane))
+    per_value = attached.groupBy(key, BOUNDARY, "value").agg(F.sum("c").alias("c"))
+    if f.agg == "distinct_count":
+        return per_value.groupBy(key, BOUNDARY).agg(F.count(F.lit(1)).alias(f.name))
+    group = Window.partitionBy(key, BOUNDARY)
+    ranked = per_value.select(
+        "*",
+        F.row_number().over(group.orderBy(F.col("c").desc(), F.col("value").asc())).alias("rank"),
+        F.sum("c").over(group).alias("total"),
+    ).where(F.col("rank") <= F.lit(f.k or 1))
+    entries = F.struct(F.col("rank"), F.col("value"), (F.col("c") / F.col("total")).alias("share"))
+    listed = ranked.groupBy(key, BOUNDARY).agg(F.array_sort(F.collect_list(entries)).alias("__list"))
+    return listed.select(
+        key,
+        BOUNDARY,
+        F.expr("transform(__list, x -> struct(x.value as value, x.share as share))").alias(f.name),
+    )

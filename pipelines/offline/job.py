@@ -1,0 +1,157 @@
+"""The daily (and backfill) job: each view of a tier plan computed per day into its Delta table.
+
+For day D the row of an entity holds the view's values AS OF the end of D (T = D + 1 at 00:00
+UTC, each feature at its own boundary ``floor(T / S) * S``), with ``event_time`` = T, in the
+partition ``date = D``. A run replaces the partitions of its days (``replaceWhere``), so a rerun
+writes the same rows again and changes nothing; then ``OPTIMIZE ... ZORDER BY (<entity id>)``
+compacts those partitions and clusters them by entity.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headwater.pipelines.offline.aggregate import BOUNDARY, Progression
+from headwater.pipelines.offline.compute import attach_window_ms, compute_view, view_events
+from headwater.pipelines.offline.lake import DAY_MS, bronze_path, day_start_ms, feature_path, is_delta_table
+from headwater.registry.plans import PlanView
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+COMPUTED = "headwater_days"
+"""Key of the commit metadata that records the days a write computed (empty days have no rows)."""
+
+
+def computed_days(spark: SparkSession, table: Path) -> set[date]:
+    """Return the days the job computed into ``table`` (from its commits' metadata)."""
+    from delta.tables import DeltaTable
+
+    from headwater.pipelines.offline.lake import days
+
+    out: set[date] = set()
+    history = DeltaTable.forPath(spark, str(table)).history().select("userMetadata").collect()
+    for row in history:
+        meta = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
+        if isinstance(meta, dict) and COMPUTED in meta:
+            first, last = meta[COMPUTED]
+            out.update(days(date.fromisoformat(first), date.fromisoformat(last)))
+    return out
+
+
+class OfflineJobError(RuntimeError):
+    """The job cannot run (no bronze table, unknown view); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class DayRun:
+    """One view over one chunk of days: what was written and how long it took."""
+
+    view: str
+    first: date
+    last: date
+    rows: int
+    seconds: float
+
+
+def read_bronze(spark: SparkSession, lake: Path) -> DataFrame:
+    """Return the bronze events table.
+
+    Raises:
+        OfflineJobError: no table yet (run ``headwater run landing`` first).
+    """
+    path = bronze_path(lake)
+    if not is_delta_table(path):
+        msg = f"no bronze events table at {path}; land events first with `headwater run landing`"
+        raise OfflineJobError(msg)
+    return spark.read.format("delta").load(str(path))
+
+
+def events_for(bronze: DataFrame, view: PlanView, first: date, last: date) -> DataFrame:
+    """Return the events that can reach the view's values for days ``first..last`` (partition-pruned)."""
+    from pyspark.sql import functions as F
+
+    reach = attach_window_ms(view)
+    lo_ms, hi_ms = day_start_ms(first + timedelta(days=1)) - reach, day_start_ms(last + timedelta(days=1))
+    lo_day = first - timedelta(days=-(-reach // DAY_MS))
+    scoped = bronze.where((F.col("date") >= F.lit(lo_day)) & (F.col("date") <= F.lit(last)))
+    scoped = scoped.where((F.col("event_time") >= F.lit(lo_ms)) & (F.col("event_time") < F.lit(hi_ms)))
+    return view_events(scoped, view)
+
+
+def daily_values(bronze: DataFrame, view: PlanView, first: date, last: date) -> DataFrame:
+    """Return the view's rows for days ``first..last``: entity, ``event_time`` (T), ``date``, features."""
+    from pyspark.sql import functions as F
+
+    count = (last - first).days + 1
+    at = Progression(day_start_ms(first + timedelta(days=1)), DAY_MS, count)
+    values = compute_view(events_for(bronze, view, first, last), view, at)
+    t = F.col(BOUNDARY)
+    return values.select(
+        view.join_key,
+        F.timestamp_millis(t).alias("event_time"),
+        F.to_date(F.timestamp_millis(t - F.lit(1))).alias("date"),
+        *[F.col(f"`{f.name}`") for f in view.features],
+    )
+
+
+def write_days(frame: DataFrame, table: Path, first: date, last: date) -> None:
+    """Replace the partitions ``first..last`` of ``table`` with ``frame``."""
+    (
+        frame.write.format("delta")
+        .mode("overwrite")
+        .partitionBy("date")
+        .option("replaceWhere", f"date >= '{first}' AND date <= '{last}'")
+        .option("userMetadata", json.dumps({COMPUTED: [str(first), str(last)]}))
+        .save(str(table))
+    )
+
+
+def optimize(spark: SparkSession, table: Path, key: str, first: date, last: date) -> None:
+    """Compact the partitions ``first..last`` and Z-order them by ``key``."""
+    spark.sql(f"OPTIMIZE delta.`{table}` WHERE date >= '{first}' AND date <= '{last}' ZORDER BY (`{key}`)")
+
+
+def run_view(
+    spark: SparkSession,
+    bronze: DataFrame,
+    view: PlanView,
+    lake: Path,
+    days: Sequence[date],
+    chunk_days: int = 7,
+    zorder: bool = True,
+    progress: Callable[[DayRun], None] | None = None,
+) -> list[DayRun]:
+    """Compute and write ``view`` for ``days`` (consecutive), ``chunk_days`` at a time."""
+    table = feature_path(lake, view.name)
+    runs: list[DayRun] = []
+    for s in range(0, len(days), chunk_days):
+        chunk = days[s : s + chunk_days]
+        started = time.monotonic()
+        frame = daily_values(bronze, view, chunk[0], chunk[-1])
+        write_days(frame, table, chunk[0], chunk[-1])
+        if zorder:
+            optimize(spark, table, view.join_key, chunk[0], chunk[-1])
+        rows = _rows_written(spark, table)
+        run = DayRun(view.name, chunk[0], chunk[-1], rows, time.monotonic() - started)
+        runs.append(run)
+        if progress is not None:
+            progress(run)
+    return runs
+
+
+def _rows_written(spark: SparkSession, table: Path) -> int:
+    """Rows added by the table's last write (from the Delta log's operation metrics)."""
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, str(table)).history()
+    row = history.where(history.operation == "WRITE").orderBy(history.version.desc()).limit(1).collect()
+    metrics = row[0]["operationMetrics"] if row else None
+    return int(metrics.get("numOutputRows", 0)) if metrics else 0

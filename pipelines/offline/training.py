@@ -1,0 +1,206 @@
+"""Point-in-time training sets: labelled impressions joined to the feature values valid at their time.
+
+As-of rule (never a future value): a label at time t gets, for each view, the row whose boundary
+B is the latest daily boundary ``<= t`` (``B = floor(t / 1 day) * 1 day``; that row aggregates
+events strictly before B). The daily job writes a row for every entity with an event in the
+view's longest window, so a missing row means empty windows (count 0, NaN, empty top_k), never
+an older value. A label whose day has no computed partition is an error, not an empty value.
+
+Output: the Parquet format ``headwater model train --training-set`` reads
+(:mod:`headwater.serving.trainset`): ``group``, ``user_id``, ``item_id``, ``event_time`` (ms),
+``label``, then ``user.<slot>`` and ``item.<slot>`` float columns (the online vector slots of
+the user and item views), registry version in the file metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
+from headwater.pipelines.offline.compute import _filled
+from headwater.pipelines.offline.job import computed_days
+from headwater.pipelines.offline.lake import DAY_MS, feature_path, is_delta_table
+from headwater.pipelines.offline.vectors import IdLookup, pack
+from headwater.pipelines.windows import compile_view, layout_version, slot_names
+from headwater.registry.plans import PlanView
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+VERSION_KEY = b"headwater.registry_version"
+LABEL_COLUMNS = ("group", "user_id", "item_id", "event_time", "label")
+ENTITY_PREFIX = {"user_id": "user", "item_id": "item"}
+
+
+class TrainingSetError(ValueError):
+    """Labels or feature tables do not allow a point-in-time join; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class TrainingSetResult:
+    """What was written."""
+
+    path: Path
+    rows: int
+    positives: int
+    columns: list[str]
+
+
+def labels_from_bronze(bronze: DataFrame) -> DataFrame:
+    """Impressions labelled 1 when the same (session, item, position) was clicked, else 0.
+
+    ``group`` identifies a slate: a session's page, which starts at each position-1 impression.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    events = bronze.where(~F.coalesce(F.col("late"), F.lit(False))).dropDuplicates(["event_id"])
+    shown = events.where(F.col("event_type") == "impression").where(F.col("item_id").isNotNull())
+    clicks = (
+        events.where(F.col("event_type") == "click")
+        .select("session_id", "item_id", "position", F.lit(1.0).alias("clicked"))
+        .dropDuplicates(["session_id", "item_id", "position"])
+    )
+    page = F.sum(F.when(F.col("position") == 1, 1).otherwise(0)).over(
+        Window.partitionBy("session_id").orderBy("event_time", "event_id")
+    )
+    joined = shown.join(clicks, ["session_id", "item_id", "position"], "left").withColumn("__page", page)
+    return joined.select(
+        F.xxhash64("session_id", "__page").alias("group"),
+        "user_id",
+        "item_id",
+        F.col("event_time").alias("event_time"),
+        F.coalesce(F.col("clicked"), F.lit(0.0)).cast("float").alias("label"),
+    )
+
+
+def read_labels(spark: SparkSession, path: Path) -> DataFrame:
+    """Read labels (Parquet file/folder or Delta table): user_id, item_id, event_time ms, label[, group]."""
+    from pyspark.sql import functions as F
+
+    fmt = "delta" if is_delta_table(path) else "parquet"
+    frame = spark.read.format(fmt).load(str(path))
+    missing = [c for c in ("user_id", "item_id", "event_time", "label") if c not in frame.columns]
+    if missing:
+        msg = (f"labels {path}: missing column(s) {missing}; expected user_id, item_id, event_time "
+               f"(epoch ms), label and optionally group; found {frame.columns}")  # fmt: skip
+        raise TrainingSetError(msg)
+    if "group" not in frame.columns:
+        frame = frame.withColumn("group", F.lit(0).cast("long"))
+    return frame.select(
+        F.col("group").cast("long"), "user_id", "item_id", F.col("event_time").cast("long"),
+        F.col("label").cast("float"),
+    )  # fmt: skip
+
+
+def join_view(spark: SparkSession, labels: DataFrame, view: PlanView, lake: Path, prefix: str) -> DataFrame:
+    """Add ``view``'s values valid at each label's time (columns ``<prefix>.<feature>``).
+
+    Raises:
+        TrainingSetError: the feature table is missing or lacks a partition the labels need.
+    """
+    from pyspark.sql import functions as F
+
+    path = feature_path(lake, view.name)
+    if not is_delta_table(path):
+        msg = f"view {view.name}: no feature table at {path}; compute it with `headwater run offline`"
+        raise TrainingSetError(msg)
+    table = spark.read.format("delta").load(str(path))
+    _check_coverage(computed_days(spark, path), labels, view)
+    key = view.join_key
+    features = table.select(
+        F.col(key).alias(f"__{prefix}_key"),
+        F.unix_millis(F.col("event_time")).alias("__asof"),
+        *[F.col(f"`{f.name}`").alias(f"{prefix}.{f.name}") for f in view.features],
+    )
+    on = (F.col(key) == F.col(f"__{prefix}_key")) & (F.col("__asof") == F.col("__boundary"))
+    joined = labels.join(features, on, "left").drop(f"__{prefix}_key", "__asof")
+    renamed = [_filled(f.model_copy(update={"name": f"{prefix}.{f.name}"})) for f in view.features]
+    keep = [F.col(f"`{c}`") for c in labels.columns]
+    return joined.select(*keep, *renamed)
+
+
+def _check_coverage(have: set[date], labels: DataFrame, view: PlanView) -> None:
+    from pyspark.sql import functions as F
+
+    need = {
+        r["d"]
+        for r in labels.select(F.to_date(F.timestamp_millis(F.col("__boundary") - F.lit(1))).alias("d"))
+        .distinct()
+        .collect()
+    }
+    missing = sorted(need - have)
+    if missing:
+        msg = (f"view {view.name}: the labels need the values as of the end of {len(missing)} day(s) the "
+               f"feature table does not have ({', '.join(map(str, missing[:5]))}...); run "
+               f"`headwater run offline --backfill {missing[0]} {missing[-1]}`")  # fmt: skip
+        raise TrainingSetError(msg)
+
+
+def build_training_set(
+    spark: SparkSession,
+    labels: DataFrame,
+    views: Sequence[PlanView],
+    lake: Path,
+    out: Path,
+    registry_hash: str,
+    ids: IdLookup,
+) -> TrainingSetResult:
+    """Join ``labels`` to the user and item ``views`` as of each label's time; write Parquet to ``out``."""
+    from pyspark.sql import functions as F
+
+    frame = labels.withColumn("__boundary", F.floor(F.col("event_time") / F.lit(DAY_MS)) * F.lit(DAY_MS))
+    used: list[PlanView] = []
+    for view in views:
+        prefix = ENTITY_PREFIX.get(view.join_key)
+        if prefix is None:
+            continue
+        frame = join_view(spark, frame, view, lake, f"{view.name}")
+        used.append(view)
+    frame = frame.drop("__boundary")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = positives = 0
+    writer: pq.ParquetWriter | None = None
+    columns: list[str] = []
+    with staging_dir(lake / "_staging") as folder:
+        for part in spark_batches(frame, folder):
+            table = _flatten(part, used, ids, registry_hash)
+            if writer is None:
+                writer = pq.ParquetWriter(out, table.schema)
+                columns = table.column_names
+            writer.write_table(table)
+            rows += table.num_rows
+            positives += int(np.count_nonzero(table.column("label").to_numpy() > 0))
+    if writer is None:
+        msg = "no label rows: nothing to write"
+        raise TrainingSetError(msg)
+    writer.close()
+    return TrainingSetResult(out, rows, positives, columns)
+
+
+def _flatten(part: pa.Table, views: Sequence[PlanView], ids: IdLookup, registry_hash: str) -> pa.Table:
+    """Label columns, then each view's online-vector slots as float32 ``user.<slot>``/``item.<slot>``."""
+    columns: dict[str, pa.Array] = {name: part.column(name) for name in LABEL_COLUMNS}
+    for view in views:
+        spec = compile_view(view)
+        renamed = part.select([f"{view.name}.{f.name}" for f in view.features]).rename_columns(
+            [f.name for f in view.features]
+        )
+        matrix = pack(spec, renamed, ids)
+        prefix = ENTITY_PREFIX[view.join_key]
+        for j, slot in enumerate(slot_names(spec)):
+            name = f"{prefix}.{slot}"
+            if name in columns:
+                msg = f"feature slot {slot!r} of view {view.name} repeats another {prefix} view's slot"
+                raise TrainingSetError(msg)
+            columns[name] = pa.array(matrix[:, j])
+    table = pa.table(columns)
+    return table.replace_schema_metadata({VERSION_KEY: layout_version(registry_hash).encode()})
