@@ -5,7 +5,18 @@ one folder per registry version, since a job compiled from other definitions can
 another's state. On start the newest complete checkpoint of the version (one with a
 ``_metadata`` file) is restored, so a job killed with ``kill -9`` goes on where its last
 checkpoint was; writes between that checkpoint and the kill are replayed and rewrite the same
-bytes (the store keys each value by its window boundary), so the result equals a clean run.
+bytes (the store keys each value by its window boundary), so the result equals a clean run
+(tests/integration/pipelines/realtime/test_realtime_restore.py kills the job's process group
+with SIGKILL mid-stream and checks this; Flink numbers the restored job's checkpoints after the
+one it loaded).
+
+Configuration keys are the Flink 2.x names (FLIP-406), checked against the
+``CheckpointingOptions`` / ``StateRecoveryOptions`` classes of the bundled flink-dist 2.2.1:
+``execution.checkpointing.dir`` (was ``state.checkpoints.dir``),
+``execution.checkpointing.externalized-checkpoint-retention``,
+``execution.checkpointing.num-retained`` and ``execution.state-recovery.path`` (was
+``execution.savepoint.path``). A checkpoint of one registry version taken by a headwater
+release that compiled different SQL may not restore; start with ``--no-restore`` then.
 """
 
 from __future__ import annotations

@@ -5,8 +5,15 @@ Shape of the job (all of it is one Flink job, run as one statement set):
 1. ``hw_source``: the Kafka topic through the Kafka connector, raw bytes plus headers, key,
    partition and offset. A vectorised Python UDF decodes the Avro payload (:mod:`.decode`);
    ``rt`` (the event time as a rowtime) carries the watermark ``rt - max_out_of_orderness``.
-2. Rows with a decode reason, and rows at or behind the current watermark (Flink's windows would
-   drop them), go to the dead-letter topic with the reason ``late`` or the codec's reason.
+2. Rows with a decode reason, and rows at or behind the current watermark, go to the dead-letter
+   topic with the codec's reason or ``late``. Note on ``late``: this tier sends *every* event behind
+   its watermark there, also those within the source's ``allowed_lateness``: Flink's window
+   aggregation drops a row whose pane has closed (even from the later windows that still hold
+   that pane), and the tier never revises a boundary it published. The nearline and offline
+   tiers do count events within the allowed lateness, so for such events the realtime value
+   differs from theirs until the window has slid past them. The dead letter's detail says which
+   case it was (within or beyond the allowed lateness) and this policy, so the DLQ is not
+   mistaken for data loss.
 3. ``hw_events``: the good rows, deduplicated on ``event_id`` (first arrival wins, keyed state
    with a TTL longer than any window).
 4. Per view and per distinct (window, slide) of its features, a HOP window aggregation with
@@ -237,7 +244,10 @@ FROM (
   SELECT `k`, `value`, `headers`, `partition`, `offset`,
     COALESCE(ev.reason, 'late') AS reason,
     COALESCE(ev.detail, 'event_time ' || CAST(rt AS STRING) || ' is at or behind the watermark '
-      || CAST(CURRENT_WATERMARK(rt) AS STRING)) AS detail
+      || CAST(CURRENT_WATERMARK(rt) AS STRING)
+      || CASE WHEN rt > CURRENT_WATERMARK(rt) - {interval(_ms(lateness))}
+         THEN ' but within' ELSE ' and beyond' END
+      || ' the allowed lateness') AS detail
   FROM hw_decoded
   WHERE ev.reason IS NOT NULL OR rt <= CURRENT_WATERMARK(rt)
 )"""

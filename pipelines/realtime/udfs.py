@@ -74,6 +74,16 @@ def _decode_once(codec: Any, values: list[Any], headers: list[Any], max_future_m
     return batch
 
 
+def late_detail(detail: str, lateness_s: float) -> str:
+    """Complete a ``late`` dead letter's detail with the allowed lateness and the realtime tier's policy."""
+    return (
+        f"{detail} ({lateness_s:g} s); the realtime tier drops every event behind its watermark, "
+        "also within the allowed lateness: its pane has closed, Flink's window aggregation would drop it "
+        "and published boundaries are never revised (nearline and offline count events within the allowed "
+        "lateness)"
+    )
+
+
 class DlqHeadersFn:
     """Headers of a dead letter (the record's own, then ``dlq-*``); counts dead letters per reason."""
 
@@ -97,10 +107,7 @@ class DlqHeadersFn:
     ) -> dict[str, bytes]:
         """Build the headers for one rejected record."""
         if reason == "late":
-            detail = (
-                f"{detail}; the realtime tier cannot revise published boundaries "
-                f"(allowed lateness {lateness_s:g} s)"
-            )
+            detail = late_detail(detail, lateness_s)
         letter = DeadLetter(
             value=None,
             key=None,

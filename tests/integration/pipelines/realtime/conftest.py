@@ -20,7 +20,14 @@ from kafka.admin import NewTopic
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.store import OnlineStore
-from headwater.pipelines.windows import compile_view, view_layout
+from headwater.pipelines.windows import (
+    RedisDictionary,
+    compile_view,
+    empty_values,
+    reference_values,
+    to_vectors,
+    view_layout,
+)
 from headwater.registry.plans import TierPlan, read_plan
 from headwater.registry.testing import ScratchRepo
 
@@ -127,7 +134,8 @@ class Feed:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.codec = EventCodec()
         self.topic = topic
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        # zstd, as the platform producer sends: proves the connector reads compressed batches.
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="zstd")
         self.sent: list[dict[str, Any]] = []
         self.offset = 0
 
@@ -205,3 +213,20 @@ def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 3
     finally:
         consumer.close()
     return out
+
+
+def expected_vectors(
+    plan: TierPlan,
+    view: str,
+    events: list[dict[str, Any]],
+    ids: list[str],
+    client: Any,
+    namespace: str,
+    b_ms: int,
+) -> Any:
+    """The reference values of ``ids`` at boundary ``b_ms`` and their online vectors (same dictionary)."""
+    spec = compile_view(next(v for v in plan.views if v.name == view))
+    ref = reference_values(spec, events, b_ms)
+    empty = empty_values(spec)
+    rows = [[ref.get(i, empty)[f.name] for f in spec.features] for i in ids]
+    return ref, to_vectors(spec, rows, RedisDictionary(client, namespace=namespace).ids)

@@ -9,10 +9,19 @@ import numpy as np
 import redis
 
 from headwater.pipelines.events.codec import HEADER_SCHEMA_FP, EventCodec
-from headwater.pipelines.windows import RedisDictionary, reference_values, to_vectors
 from headwater.registry.plans import TierPlan
 
-from .conftest import T0, Feed, JobProcess, Names, dead_letters, event, read_store, wait_for
+from .conftest import (
+    T0,
+    Feed,
+    JobProcess,
+    Names,
+    dead_letters,
+    event,
+    expected_vectors,
+    read_store,
+    wait_for,
+)
 
 B_FINAL = T0 + 25_000
 
@@ -37,17 +46,6 @@ def phase_one() -> list[dict[str, Any]]:
         event(15, "u2", "click", 17000, position=1, category="c3"),  # 1.5 s out of order: accepted
         event(16, "u1", "impression", 19500, position=6, category="c1"),
     ]
-
-
-def expected_vectors(plan: TierPlan, view: str, events: list[dict[str, Any]], ids: list[str], client: Any,
-                     namespace: str) -> Any:  # fmt: skip
-    from headwater.pipelines.windows import compile_view, empty_values
-
-    spec = compile_view(next(v for v in plan.views if v.name == view))
-    ref = reference_values(spec, events, B_FINAL)
-    empty = empty_values(spec)
-    rows = [[ref.get(i, empty)[f.name] for f in spec.features] for i in ids]
-    return ref, to_vectors(spec, rows, RedisDictionary(client, namespace=namespace).ids)
 
 
 def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
@@ -81,9 +79,10 @@ def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
                 assert res.found.all(), (view, res.found)
                 assert res.event_time_ms.tolist() == [B_FINAL] * len(ids)
                 assert res.versions == [tier_plan.registry_hash[7:23]] * len(ids)
-                _, want = expected_vectors(tier_plan, view, accepted, ids, client, names.namespace)
+                _, want = expected_vectors(tier_plan, view, accepted, ids, client, names.namespace, B_FINAL)
                 np.testing.assert_allclose(res.values, want, rtol=1e-6, equal_nan=True, err_msg=view)
-            u1 = expected_vectors(tier_plan, "rt_all", accepted, ["u1"], client, names.namespace)[0]["u1"]
+            u1_ref = expected_vectors(tier_plan, "rt_all", accepted, ["u1"], client, names.namespace, B_FINAL)
+            u1 = u1_ref[0]["u1"]
             assert u1["clicks_10s"] == 1.0  # e14 and its duplicate: one click in [15 s, 25 s)
             assert u1["price_sum_20s"] == 9.5  # the late click's price 100 is not counted
             assert u1["top_categories_20s"] == (("c1", 0.6), ("c2", 0.4))  # 3 of c1, 2 of c2 (dup once)

@@ -118,3 +118,22 @@ def test_sink_turns_merged_columns_into_vectors(plan: TierPlan) -> None:
     assert (row["category_share_30s.top2"], row["category_share_30s.share2"]) == (1.0, 0.25)
     assert math.isnan(row["category_share_30s.top3"])
     assert row["category_share_30s.share3"] == 0.0
+
+
+def test_late_dead_letters_say_within_or_beyond_the_allowed_lateness(plan: TierPlan) -> None:
+    from headwater.pipelines.realtime.udfs import DlqHeadersFn
+
+    job = compile_job(plan, JobOptions(kafka_bootstrap="k:9092", dlq_topic="dlq"))
+    dlq = job.inserts[0]
+    assert "INSERT INTO hw_dlq" in dlq
+    assert f"rt > CURRENT_WATERMARK(rt) - {interval(60_000)}" in dlq  # the example source: 1m
+    assert "THEN ' but within' ELSE ' and beyond' END" in dlq
+
+    given = "event_time A is at or behind the watermark W but within the allowed lateness"
+    headers = DlqHeadersFn("events").eval({"schema-fp": b"x"}, "late", given, 3, 42, 60.0)
+    detail = headers["dlq-detail"].decode()
+    assert detail.startswith(
+        "event_time A is at or behind the watermark W but within the allowed lateness (60 s);"
+    )
+    assert "drops every event behind its watermark, also within the allowed lateness" in detail
+    assert headers["dlq-reason"] == b"late"
