@@ -33,7 +33,7 @@ CONFIG = ServingConfig()
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models")
     ts = from_events(generated_events(40_000, seed=3), CONFIG.item_view.version)
-    train_and_save(ts, out, TrainOptions(epochs=1, linear_epochs=1, device="cpu"), CONFIG)
+    train_and_save(ts, out, TrainOptions(epochs=1, linear_iterations=20, device="cpu"), CONFIG)
     return out
 
 
