@@ -26,13 +26,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import UnknownTopicOrPartitionError
+
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.events.producer import Compression, ProducerSettings, produce
 from headwater.pipelines.settings import Settings
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
-from kafka.errors import UnknownTopicOrPartitionError
 
 TOPIC = "bench.producer"
 PARTITIONS = 4

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import redis
+
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, ViewLayout
 from headwater.pipelines.store.feast_yaml import online_store_section

@@ -51,7 +51,7 @@ def ensure_topics(settings: Settings, topics: dict[str, dict[str, str]], partiti
 
 
 def platform_topics(settings: Settings) -> dict[str, dict[str, str]]:
-    """The topics every headwater deployment needs, with their configs."""
+    """Return the topics every headwater deployment needs, with their configs."""
     return {
         settings.events_topic: {},
         settings.dlq_topic: {"retention.ms": DLQ_RETENTION_MS},

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from headwater.registry.compiled import CheckResult
 from headwater.registry.durations import format_seconds
 from headwater.registry.plan import default_state_dir, diff_views, format_plan, read_snapshot

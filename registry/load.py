@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, display_path
 from headwater.registry.models import (
     BudgetFile,
@@ -22,7 +24,6 @@ from headwater.registry.models import (
 )
 from headwater.registry.spec_errors import spec_diagnostics
 from headwater.registry.yamlsrc import Path_, YamlDoc, YamlSyntaxError, parse_yaml
-from pydantic import BaseModel, ValidationError
 
 SPECIAL_FILES = ("entities.yaml", "sources.yaml", "budget.yaml")
 SKIPPED_DIRS = ("schemas",)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from headwater.registry.durations import EXPECTED_FORMS, Duration, DurationError, parse_duration
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+
+from headwater.registry.durations import EXPECTED_FORMS, Duration, DurationError, parse_duration
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 TierName = Literal["realtime", "nearline", "offline"]

@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledView, Operand
 from headwater.registry.expr import Expr, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
 from headwater.registry.tiers import TIER_NAMES, TIERS
-from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION = 1
 

@@ -12,10 +12,11 @@ import types
 import typing
 from typing import Any, TypedDict
 
-from headwater.registry.diagnostics import Diagnostic
-from headwater.registry.yamlsrc import YamlDoc
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
+
+from headwater.registry.diagnostics import Diagnostic
+from headwater.registry.yamlsrc import YamlDoc
 
 
 class _Where(TypedDict):

@@ -7,6 +7,7 @@ import sys
 from typing import get_args
 
 import click
+
 from headwater.pipelines.events.codec import DecodedEvent
 from headwater.pipelines.events.generator import GeneratorConfig
 from headwater.pipelines.events.producer import (

@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any, Protocol, cast
 
 from fastavro import schemaless_reader, schemaless_writer
+
 from headwater.pipelines.events.schema import BehaviorEvent, EventSchema, load_schema
 
 HEADER_SCHEMA_FP = "schema-fp"

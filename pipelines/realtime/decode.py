@@ -87,8 +87,9 @@ def decode_batch(
             continue
         reasons.append(None)
         details.append(None)
+        fields: Mapping[str, object] = event  # a TypedDict read by column name
         for name, col in event_cols:
-            col.append(event[name])
+            col.append(fields[name])
     return DecodedBatch(cols)
 
 

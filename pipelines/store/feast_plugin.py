@@ -29,10 +29,11 @@ from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.repo_config import FeastConfigBaseModel
 from feast.value_type import ValueType
+from pydantic import StrictStr
+
 from headwater.pipelines.store.feast_yaml import PLUGIN_TYPE, online_store_section
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE, ViewLayout
 from headwater.pipelines.store.store import OnlineStore
-from pydantic import StrictStr
 
 __all__ = ["HeadwaterOnlineStore", "HeadwaterOnlineStoreConfig", "layout_for", "online_store_section"]
 

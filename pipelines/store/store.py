@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import redis
+from redis.exceptions import NoScriptError
+
 from headwater.pipelines.store import codec
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE, ViewLayout, key_prefix
 from headwater.pipelines.store.transport import Command, StoreError, Transport
-from redis.exceptions import NoScriptError
 
 WRITE_SCRIPT = resources.files("headwater.pipelines.store").joinpath("write.lua").read_text("utf-8")
 WRITE_SCRIPT_SHA = hashlib.sha1(WRITE_SCRIPT.encode("utf-8")).hexdigest()

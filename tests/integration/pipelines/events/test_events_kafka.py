@@ -7,6 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.events.codec import (
     HEADER_PRODUCE_TS,
@@ -21,8 +24,6 @@ from headwater.pipelines.events.codec import (
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.events.producer import ProduceError, ProducerSettings, produce
 from headwater.pipelines.events.tail import TailedRecord, tail
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
 
 
 @pytest.fixture
