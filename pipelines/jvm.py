@@ -50,6 +50,8 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
     """
     from pyspark.sql import SparkSession
 
+    # Loopback by default, like every other service of the platform (and no hostname warning).
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     classpath = ",".join(str(jar) for jar in jars("delta"))
     builder = (
         SparkSession.builder.appName(app_name)
@@ -61,6 +63,8 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         .config("spark.sql.shuffle.partitions", os.environ.get("HEADWATER_SPARK_PARTITIONS", "4"))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
+        # Our jobs print their own progress per view and day; Spark's stage bars would interleave.
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(ROOT / ".headwater" / "spark-warehouse"))
         .config("spark.driver.memory", os.environ.get("HEADWATER_SPARK_DRIVER_MEMORY", "4g"))
     )
