@@ -32,6 +32,11 @@ TIERS = click.Choice(["offline", "nearline", "realtime"])
 REDIS = click.option(
     "--redis-url", default=None, help="Online store (default: HEADWATER_REDIS_URL or local Redis)."
 )
+MISMATCH_TARGET = 0.001
+"""`headwater consistency` exits 1 when a view's mismatch rate is above this (0.1%)."""
+NAMESPACE = click.option(
+    "--namespace", default=None, help="Key prefix of the online store (default: the store's own)."
+)
 
 
 def _state(state_dir: Path | None) -> Path:
@@ -203,11 +208,12 @@ def training_set(
                            "columns": len(result.columns)}))  # fmt: skip
 
 
-def _store(redis_url: str | None) -> OnlineStore:
+def _store(redis_url: str | None, namespace: str | None = None) -> OnlineStore:
     from headwater.pipelines.settings import Settings
     from headwater.pipelines.store import OnlineStore
 
-    return OnlineStore.from_url(redis_url or Settings.from_env().redis_url)
+    url = redis_url or Settings.from_env().redis_url
+    return OnlineStore.from_url(url) if namespace is None else OnlineStore.from_url(url, namespace=namespace)
 
 
 @click.command("materialize")
@@ -217,9 +223,10 @@ def _store(redis_url: str | None) -> OnlineStore:
 @STATE
 @MASTER
 @REDIS
+@NAMESPACE
 def materialize(
     tier: str, view_names: tuple[str, ...], lake: Path | None, state_dir: Path | None, master: str | None,
-    redis_url: str | None,
+    redis_url: str | None, namespace: str | None,
 ) -> None:  # fmt: skip
     """Write the latest offline values of each view into the online store."""
     from headwater.pipelines.offline.lake import lake_root
@@ -235,7 +242,7 @@ def materialize(
 
     spark = offline_session("headwater-materialize", master)
     try:
-        run(spark, _store(redis_url), views, plan.registry_hash, lake_root(lake), report)
+        run(spark, _store(redis_url, namespace), views, plan.registry_hash, lake_root(lake), report)
     except MaterializeError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -252,9 +259,10 @@ def materialize(
 @STATE
 @MASTER
 @REDIS
+@NAMESPACE
 def consistency(
     tiers: tuple[str, ...], view_names: tuple[str, ...], sample: int, as_json: bool, lake: Path | None,
-    state_dir: Path | None, master: str | None, redis_url: str | None,
+    state_dir: Path | None, master: str | None, redis_url: str | None, namespace: str | None,
 ) -> None:  # fmt: skip
     """Recompute sampled online values offline at their own boundary; report mismatch rates."""
     from headwater.pipelines.offline.consistency import check_view
@@ -263,7 +271,7 @@ def consistency(
     from headwater.pipelines.offline.session import offline_session
 
     root = lake_root(lake)
-    store = _store(redis_url)
+    store = _store(redis_url, namespace)
     spark = offline_session("headwater-consistency", master)
     results = []
     try:
@@ -278,13 +286,13 @@ def consistency(
         click.echo(json.dumps([{"view": r.view, "sampled": r.sampled, "found": r.found,
                                 "mismatch_rate": r.mismatch_rate, "mismatches": r.mismatches,
                                 "examples": r.examples} for r in results], indent=2))  # fmt: skip
-        return
-    for r in results:
-        click.echo(f"{r.view}: {r.found}/{r.sampled} online, mismatch rate {r.mismatch_rate:.4%}")
-        for slot, n in r.mismatches.items():
-            if n:
-                click.echo(f"  {slot}: {n}/{r.found}")
-        for example in r.examples:
-            click.echo(f"  e.g. {example}")
-    if any(r.mismatch_rate > 0.001 for r in results):
+    else:
+        for r in results:
+            click.echo(f"{r.view}: {r.found}/{r.sampled} online, mismatch rate {r.mismatch_rate:.4%}")
+            for slot, n in r.mismatches.items():
+                if n:
+                    click.echo(f"  {slot}: {n}/{r.found}")
+            for example in r.examples:
+                click.echo(f"  e.g. {example}")
+    if any(r.mismatch_rate > MISMATCH_TARGET for r in results):
         sys.exit(1)

@@ -89,7 +89,7 @@ def write_table(
         chunk = table.slice(s, CHUNK_ROWS)
         vectors = pack(spec, chunk, dictionary.ids)
         times = np.asarray(chunk.column("event_time_ms").to_numpy(), dtype=np.int64)
-        entities = [str(e) for e in chunk.column("__entity").to_pylist()]
+        entities = chunk.column("__entity").cast(pa.string()).to_numpy(zero_copy_only=False).tolist()
         written += store.write_batch(layout, entities, vectors, times).written
     return written
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, days, feature_path

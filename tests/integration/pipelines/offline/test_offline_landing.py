@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
 from headwater.pipelines.events.codec import EventCodec, parse_dead_letter
 from headwater.pipelines.offline.landing import Lander, LandingConfig, read_checkpoint
 from headwater.pipelines.offline.testing import T0, event
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.topics import ensure_topics
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 
 @pytest.fixture

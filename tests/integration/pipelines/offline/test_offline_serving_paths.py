@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, days
