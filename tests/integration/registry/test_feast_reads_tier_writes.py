@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from click.testing import CliRunner
+
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows.spec import compile_view
 from headwater.pipelines.windows.vector import view_layout

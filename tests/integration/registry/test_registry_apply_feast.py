@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from headwater.registry.commands import apply
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from headwater.registry.testing import ScratchRepo
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "features"

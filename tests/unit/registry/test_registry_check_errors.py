@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from headwater.registry.diagnostics import Diagnostic, Severity
 from headwater.registry.testing import MINIMAL_VIEW as VIEW
 from headwater.registry.testing import ScratchRepo as Repo

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from headwater.registry.commands import check
 from headwater.registry.cost import SECONDS_PER_DAY
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo, line_of

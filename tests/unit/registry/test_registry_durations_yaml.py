@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from headwater.registry.durations import DurationError, format_seconds, parse_duration
 from headwater.registry.yamlsrc import YamlSyntaxError, parse_yaml
 

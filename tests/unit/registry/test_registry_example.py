@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
+
 from headwater.registry.commands import check, features
 from headwater.registry.validate import check_repo
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from headwater.registry.avro import load_event_schema
 from headwater.registry.expr import (
     And,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+
 from headwater.registry.apply import apply_repo
 from headwater.registry.commands import plan
 from headwater.registry.expr import from_json

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import redis
 import yaml
+
 from headwater.pipelines.store import OnlineStore, ViewLayout
 from headwater.pipelines.store.feast_yaml import online_store_section
 
@@ -128,6 +129,7 @@ def test_write_through_feast_is_read_by_direct_api(tmp_path: Path, db13_url: str
 def test_unsupported_field_type_is_rejected_at_apply(tmp_path: Path, db13_url: str, namespace: str) -> None:
     from feast import FeatureView, Field
     from feast.types import String
+
     from headwater.pipelines.store.feast_plugin import HeadwaterFeastError
 
     fs = _feast_repo(tmp_path, db13_url, namespace, ttl=timedelta(0))

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import redis
+
 from headwater.pipelines.store import (
     OnlineStore,
     StoreInputError,

@@ -1,4 +1,5 @@
 from click.testing import CliRunner
+
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.events.producer import ProducerSettings, ProduceStats
 from headwater.pipelines.events.tail import TailSummary

@@ -2,6 +2,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+
 from headwater.pipelines.events.codec import (
     HEADER_PRODUCE_TS,
     HEADER_SCHEMA_FP,

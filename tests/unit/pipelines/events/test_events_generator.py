@@ -3,6 +3,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+
 from headwater.pipelines.events.codec import DecodedEvent, DecodeError, EventCodec, Reason, validate_event
 from headwater.pipelines.events.generator import (
     MALFORMED_KINDS,

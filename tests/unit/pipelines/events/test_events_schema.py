@@ -5,6 +5,7 @@ from pathlib import Path
 import fastavro
 import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
+
 from headwater.pipelines.events.schema import (
     DEFAULT_SCHEMA_PATH,
     DEVICES,

@@ -7,6 +7,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+
 from headwater.pipelines.store import codec
 from headwater.pipelines.store.layout import schema_hash
 

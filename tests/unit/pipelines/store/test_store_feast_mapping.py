@@ -10,6 +10,7 @@ from feast import Entity, FeatureView, Field, FileSource, ValueType
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 from feast.types import Float32, Float64, Int64, String
+
 from headwater.pipelines.store.feast_plugin import (
     HeadwaterFeastError,
     HeadwaterOnlineStoreConfig,

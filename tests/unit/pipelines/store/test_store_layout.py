@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from headwater.pipelines.store import LayoutError, ViewLayout, WriteResult, entity_key, view_slot
 from headwater.pipelines.store.layout import entity_keys, key_prefix, schema_hash
 
