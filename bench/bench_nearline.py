@@ -1,87 +1,332 @@
-"""Nearline tier benchmark: events/s with 1 and 2 processes, changelog restore time, state size.
+"""Nearline tier benchmark: throughput (1 and 2 processes), paced freshness, changelog restore, state size.
 
-Produces N generator events (users=20k) to a fresh 4-partition topic, runs `run_nearline` as a
-subprocess until the consumer group has committed every offset, and reads the workers' stats.
-Then deletes the local stores and times the restore from the changelog. Writes
-bench/results/nearline.json. Usage: python bench/bench_nearline.py [N]
+Sections (each can be skipped; all write bench/results/nearline.json):
+
+- throughput: N generator events (20k users, simulated at --sim-rate events/s, so window boundaries
+  pass and every live entity is re-published at each one) are produced once to a 4-partition
+  topic; then `headwater run nearline` (a subprocess, the real CLI) consumes them with 1 and with 2
+  processes, --repeats times each, each run in a fresh consumer group and Redis namespace. Reported
+  per run: records/s from the first to the last batch (steady state; all records, including dead
+  letters and duplicates), records/s including start-up and group join, records per CPU second
+  (load-independent), and the time per phase of the commit protocol. The median run is reported.
+- paced: a producer sends at a fixed rate at wall-clock event time for --paced-seconds while one
+  worker runs; every online write records write time - window boundary B (the value's event time).
+  The plan's slides are 10 s here (the tests use 1 min), so a minute holds 6 boundaries.
+- hour: one process over an hour of simulated traffic (--hour-events): state on disk, pane
+  records kept and expired, dedup ids kept (windows expire state: it stays bounded).
+- restore: --restore-keys synthetic pane records on one changelog partition, restored into an
+  empty store and loaded into memory (what a takeover after losing the local folder does).
+
+The machine is shared: load averages at start and end are recorded with the figures.
+Usage: python bench/bench_nearline.py [--events N] [--repeats R] [--skip throughput,paced,hour,restore]
 """
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import json
-import re
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 from headwater.pipelines.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "nl_harness", ROOT / "tests/integration/pipelines/nearline/harness.py"
-)
-assert _spec is not None
-assert _spec.loader is not None
-h = importlib.util.module_from_spec(_spec)
-sys.modules["nl_harness"] = h
-_spec.loader.exec_module(h)
+sys.path.insert(0, str(ROOT / "tests/integration/pipelines/nearline"))
+import harness as h  # noqa: E402  (the integration tests' helpers: plan, topics, producer)
+
+PHASES = ("t_process", "t_changelog", "t_rocksdb", "t_publish", "t_commit")
 
 
-def run(n: int, processes: int) -> dict[str, float]:
-    env = h.Env(settings=Settings.from_env(), tmp=Path(tempfile.mkdtemp(prefix="bench-nl-")))
+def _stats(env: h.Env) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(env.store_dir.glob("stats-*.json"))]
+
+
+def _fresh_run(env: h.Env) -> None:
+    env.group = f"nl-{uuid.uuid4().hex[:10]}"
+    env.namespace = f"t{uuid.uuid4().hex[:8]}"
+    shutil.rmtree(env.store_dir, ignore_errors=True)
+
+
+def _throughput_run(env: h.Env, records: int, processes: int) -> dict[str, Any]:
+    _fresh_run(env)
+    started = time.time()
+    proc = env.start(3.0, 20_000, processes)
+    deadline = time.monotonic() + 900
+    while env.committed() < records and time.monotonic() < deadline:
+        time.sleep(0.25)
+    all_done = time.time() - started
+    proc.wait(timeout=120)
+    stats = _stats(env)
+    _drop_group(env)
+    counters = [s["counters"] for s in stats]
+    first = min(c["first_batch_at"] for c in counters)
+    last = max(c["last_batch_at"] for c in counters)
+    done = sum(c["events"] + c["dead"] + c["duplicates"] for c in counters)
+    steady = done / (last - first)
+    return {
+        "records": done,
+        "records_per_s": round(steady),
+        "records_per_s_per_process": round(steady / processes),
+        "records_per_s_incl_startup": round(records / all_done),
+        "records_per_cpu_s_per_process": round(done / sum(c["cpu_s"] for c in counters)),
+        "phase_s": {p: round(sum(c.get(p, 0.0) for c in counters), 2) for p in PHASES},
+        "online_rows_written": int(sum(c["written"] for c in counters)),
+        "batches": int(sum(c["batches"] for c in counters)),
+        "state_bytes": sum(sum(s["state_bytes"].values()) for s in stats),
+        "pane_records": sum(sum(t["panes"].values()) for s in stats for t in s["tasks"]),
+    }
+
+
+def _drop_group(env: h.Env) -> None:
+    """Delete one run's changelog topic and Redis keys (the events topic stays for the next run)."""
+    from kafka import KafkaAdminClient
+
+    from headwater.pipelines.store import OnlineStore
+
+    admin = KafkaAdminClient(bootstrap_servers=env.settings.kafka_bootstrap)
+    try:
+        admin.delete_topics([f"{env.group}-changelog"])
+    finally:
+        admin.close()
+    store = OnlineStore.from_url(env.settings.redis_url, namespace=env.namespace)
+    for key in store.client.scan_iter(match=f"{env.namespace}:*", count=1000):
+        store.client.unlink(key)
+    store.close()
+
+
+def throughput(settings: Settings, n: int, sim_rate: float, repeats: int) -> dict[str, Any]:
+    env = h.Env(settings=settings, tmp=Path(tempfile.mkdtemp(prefix="bench-nl-")))
     env.create()
     try:
-        h.produce(env.settings, n, seed=5, rate=2000.0, users=20_000)
-        started = time.monotonic()
-        proc = env.start(idle_exit_s=3, max_poll=20_000, processes=processes)
-        while env.committed() < n:
-            time.sleep(0.2)
-        took = time.monotonic() - started
-        proc.wait(timeout=120)
-        stats = [json.loads(p.read_text()) for p in env.store_dir.glob("stats-*.json")]
-        restore = sum(s["counters"]["restore_s"] for s in stats)
-        state = sum(sum(s["state_bytes"].values()) for s in stats)
-        keys = sum(sum(t["panes"].values()) for s in stats for t in s["tasks"])
-        out = {
-            "events": n,
-            "processes": processes,
-            "seconds_incl_startup": round(took, 2),
-            "events_per_s": round(n / took),
-            "events_per_s_per_process": round(n / took / processes),
-            "state_bytes": state,
-            "pane_records": keys,
-            "initial_open_s": round(restore, 2),
-        }
-        if processes == 1:
-            shutil.rmtree(env.store_dir)
-            t0 = time.monotonic()
-            proc = env.start(idle_exit_s=1, processes=1)
-            proc.wait(timeout=300)
-            logs = "".join(p.read_text(errors="replace") for p in env.tmp.glob("worker-*.log"))
-            secs = [float(x) for x in re.findall(r"changelog records in ([0-9.]+) s", logs)[-4:]]
-            recs = [int(x) for x in re.findall(r"\+ (\d+) changelog records", logs)[-4:]]
-            out.update(
-                {
-                    "restore_s": round(sum(secs), 2),
-                    "restore_changelog_records": sum(recs),
-                    "restore_wall_incl_startup_s": round(time.monotonic() - t0, 2),
-                }
-            )
+        h.produce(env.settings, n, seed=5, rate=sim_rate, users=20_000)
+        records = env_records(env)
+        out: dict[str, Any] = {"produced_records": records, "sim_rate": sim_rate, "users": 20_000}
+        for processes in (1, 2):
+            runs = [_throughput_run(env, records, processes) for _ in range(repeats)]
+            runs.sort(key=lambda r: r["records_per_s_per_process"])
+            out[f"p{processes}"] = {
+                "median": runs[len(runs) // 2],
+                "all_per_process": [r["records_per_s_per_process"] for r in runs],
+            }
+            print(f"{processes} process(es): {out[f'p{processes}']['all_per_process']} records/s/process")
         return out
     finally:
         env.cleanup()
         shutil.rmtree(env.tmp, ignore_errors=True)
 
 
+def hour(settings: Settings, n: int) -> dict[str, Any]:
+    """One process over an hour of simulated traffic (n events): state size, panes kept and expired."""
+    env = h.Env(settings=settings, tmp=Path(tempfile.mkdtemp(prefix="bench-nlh-")))
+    env.create()
+    try:
+        h.produce(env.settings, n, seed=6, rate=n / 3600, users=20_000)
+        records = env_records(env)
+        _fresh_run(env)
+        proc = env.start(3.0, 20_000, 1)
+        while env.committed() < records:
+            time.sleep(0.5)
+        proc.wait(timeout=120)
+        stats = _stats(env)[0]
+        _drop_group(env)
+        c = stats["counters"]
+        return {
+            "simulated_s": 3600,
+            "records": records,
+            "state_bytes_on_disk": sum(stats["state_bytes"].values()),
+            "pane_records_kept": sum(sum(t["panes"].values()) for t in stats["tasks"]),
+            "panes_expired": int(c["expired_panes"]),
+            "dedup_ids_kept": sum(t["dedup_ids"] for t in stats["tasks"]),
+            "entities_kept": sum(sum(t["entities"].values()) for t in stats["tasks"]),
+            "records_per_s": round(
+                (c["events"] + c["dead"] + c["duplicates"]) / (c["last_batch_at"] - c["first_batch_at"])
+            ),
+        }
+    finally:
+        env.cleanup()
+        shutil.rmtree(env.tmp, ignore_errors=True)
+
+
+def env_records(env: h.Env) -> int:
+    """Return the records in the events topic (the consumer group must commit this many offsets)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=env.settings.kafka_bootstrap)
+    try:
+        tps = [TopicPartition(env.settings.events_topic, p) for p in range(env.partitions)]
+        return sum(consumer.end_offsets(tps).values())
+    finally:
+        consumer.close()
+
+
+def _weighted_pct(samples: list[tuple[int, int]], q: float) -> float:
+    ordered = sorted(samples)
+    total = sum(n for _, n in ordered)
+    seen = 0
+    for lag, n in ordered:
+        seen += n
+        if seen >= q * total:
+            return lag / 1000
+    return float("nan")
+
+
+def paced(settings: Settings, rate: float, seconds: float, slide_s: int) -> dict[str, Any]:
+    env = h.Env(settings=settings, tmp=Path(tempfile.mkdtemp(prefix="bench-nlp-")))
+    env.create(slide_s=slide_s)
+    try:
+        worker = env.start(8.0, 20_000, 1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the worker owns the 4 partitions
+            logs = "".join(p.read_text(errors="replace") for p in env.tmp.glob("worker-*.log"))
+            if logs.count("restored from") >= env.partitions:
+                break
+            time.sleep(0.5)
+        code = (
+            "import json,sys;from headwater.pipelines.events.producer import ProducerSettings,produce;"
+            "from headwater.pipelines.events.generator import GeneratorConfig;"
+            f"s=produce(ProducerSettings(bootstrap={env.settings.kafka_bootstrap!r},"
+            f"topic={env.settings.events_topic!r},rate={rate},duration_s={seconds}),"
+            "GeneratorConfig(seed=9,users=20000,diurnal_amplitude=0.0));print(json.dumps(s.as_dict()))"
+        )
+        prod = subprocess.run(
+            [sys.executable, "-c", code], env=env.env(), capture_output=True, text=True, check=True
+        )
+        sent = json.loads(prod.stdout.strip().splitlines()[-1])
+        worker.wait(timeout=300)
+        stats = _stats(env)[0]
+        samples = [tuple(x) for x in stats["freshness_ms"]]
+        c = stats["counters"]
+        return {
+            "target_rate": rate,
+            "seconds": seconds,
+            "slide_s": slide_s,
+            "producer": {k: sent[k] for k in ("sent", "elapsed_s", "rate", "cpu_s")},
+            "records_processed": int(c["events"] + c["dead"] + c["duplicates"]),
+            "online_rows_written": int(c["written"]),
+            "boundary_publishes": len(samples),
+            "write_minus_boundary_s": {
+                "p50": _weighted_pct(samples, 0.50),
+                "p99": _weighted_pct(samples, 0.99),
+                "max": max((lag for lag, _ in samples), default=0) / 1000,
+            },
+            "worker_cpu_s": round(c["cpu_s"], 1),
+            "phase_s": {p: round(c.get(p, 0.0), 2) for p in PHASES},
+        }
+    finally:
+        env.cleanup()
+        shutil.rmtree(env.tmp, ignore_errors=True)
+
+
+def restore(settings: Settings, keys: int) -> dict[str, Any]:
+    """Time restoring ``keys`` pane records from a changelog partition into an empty store."""
+    from kafka import KafkaAdminClient, KafkaProducer
+
+    from headwater.pipelines.events.codec import EventCodec
+    from headwater.pipelines.nearline.plan import NearlinePlan
+    from headwater.pipelines.nearline.restore import restore_partition
+    from headwater.pipelines.nearline.state import META_KEY, PartitionStore, dumps, pane_key
+    from headwater.pipelines.nearline.task import PartitionTask
+    from headwater.pipelines.topics import ensure_topics
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-nlr-"))
+    topic = f"nl-restore-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, {topic: {"cleanup.policy": "compact"}}, 1)
+    try:
+        plan = NearlinePlan.from_plan(h.write_plan(tmp))
+        view = plan.views[0]
+        producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=50, batch_size=1 << 20)
+        t0 = time.monotonic()
+        base = 1_767_225_600_000
+        for i in range(keys):  # 10 panes per entity, each with a count, a sum and an avg partial
+            rec = dumps([i + 1, 3, 1500.0, [42.5, 2], None, None, [1, 4]])
+            key = pane_key(view.name, f"u{i // 10:07d}", base + (i % 10) * 60_000)
+            producer.send(topic, key=key, value=rec)
+        meta = {"offset": keys, "max_t": base + 600_000, "registry": plan.registry_hash, "t_pub": {}}
+        producer.send(topic, key=META_KEY, value=dumps(meta))
+        producer.flush()
+        producer.close()
+        produce_s = time.monotonic() - t0
+        store = PartitionStore(tmp / "stores", 0)
+        task = PartitionTask(0, store, plan.views, plan.timing, plan.registry_hash, EventCodec())
+        t1 = time.monotonic()
+        replayed = restore_partition(settings, topic, 0, store, task)
+        took = time.monotonic() - t1
+        loaded = sum(len(p) for p in task.views[view.name].entities.values())
+        size = store.size_bytes()
+        store.close()
+        return {
+            "keys": keys,
+            "replayed": replayed,
+            "loaded_panes": loaded,
+            "restore_s": round(took, 1),
+            "keys_per_s": round(replayed / took),
+            "store_bytes": size,
+            "produce_s": round(produce_s, 1),
+        }
+    finally:
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin.delete_topics([topic])
+        admin.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _has_crc32c() -> bool:
+    try:
+        import crc32c  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
-    results = {"one": run(n, 1), "two": run(n, 2)}
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--sim-rate", type=float, default=1_000.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--paced-rates", default="2000,5000")
+    ap.add_argument("--paced-seconds", type=float, default=60.0)
+    ap.add_argument("--restore-keys", type=int, default=1_000_000)
+    ap.add_argument("--hour-events", type=int, default=360_000, help="events in the simulated hour")
+    ap.add_argument("--skip", default="", help="comma-separated: throughput, paced, hour, restore")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    settings = Settings.from_env()
+    out_path = ROOT / "bench/results/nearline.json"
+    results: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
+    results = {k: v for k, v in results.items() if k in ("throughput", "paced", "hour", "restore")}
+    results["machine"] = {"cpus": os.cpu_count(), "crc32c": _has_crc32c()}
+    if "throughput" not in skip:
+        load = os.getloadavg()[0]
+        results["throughput"] = throughput(settings, args.events, args.sim_rate, args.repeats)
+        results["throughput"]["load_1m_start_end"] = [load, os.getloadavg()[0]]
+    if "paced" not in skip:
+        load = os.getloadavg()[0]
+        results["paced"] = [
+            paced(settings, float(r), args.paced_seconds, 10) for r in args.paced_rates.split(",")
+        ]
+        for p in results["paced"]:
+            p["load_1m_start_end"] = [load, os.getloadavg()[0]]
+            print(f"paced {p['target_rate']}/s: write - B {p['write_minus_boundary_s']}")
+    if "hour" not in skip:
+        load = os.getloadavg()[0]
+        results["hour"] = hour(settings, args.hour_events)
+        results["hour"]["load_1m_start_end"] = [load, os.getloadavg()[0]]
+        print(f"hour: {results['hour']}")
+    if "restore" not in skip and args.restore_keys:
+        load = os.getloadavg()[0]
+        results["restore"] = restore(settings, args.restore_keys)
+        results["restore"]["load_1m_start_end"] = [load, os.getloadavg()[0]]
+        print(f"restore: {results['restore']}")
+    results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(json.dumps(results, indent=2))
-    out = ROOT / "bench/results/nearline.json"
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    out_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

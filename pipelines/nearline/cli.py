@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 import click
+
 from headwater.pipelines.nearline.runner import NearlineConfig, run_worker
 from headwater.pipelines.settings import Settings
 
@@ -59,6 +60,20 @@ RESTART_BACKOFF_S = 5.0
     help="Consumer-group session timeout: how soon a dead worker's partitions move.",
 )
 @click.option(
+    "--refresh-unchanged/--changed-only",
+    default=True,
+    show_default=True,
+    help="At each new window boundary re-write every live entity (stored time = the boundary), "
+    "or only those whose value changed.",
+)
+@click.option(
+    "--check-crcs",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Verify consumed record CRCs; auto: only when the C crc32c module is installed.",
+)
+@click.option(
     "--idle-exit",
     "idle_exit_s",
     type=float,
@@ -73,6 +88,8 @@ def run_nearline(
     namespace: str,
     max_poll_records: int,
     session_timeout_ms: int,
+    refresh_unchanged: bool,
+    check_crcs: str,
     idle_exit_s: float | None,
 ) -> None:
     """Run the nearline tier: window aggregates over `events` kept in RocksDB, written to Redis.
@@ -92,6 +109,8 @@ def run_nearline(
             max_poll_records=max_poll_records,
             session_timeout_ms=session_timeout_ms,
             stats_path=root / f"stats-{i}.json",
+            refresh_unchanged=refresh_unchanged,
+            check_crcs=None if check_crcs == "auto" else check_crcs == "on",
         )
         for i in range(processes)
     ]

@@ -1,5 +1,7 @@
 """The nearline worker: a kafka-python consumer group member that owns some partitions of ``events``.
 
+It also consumes the repartition topics of views keyed by another field (``repartition.py``):
+a partition of any topic it owns is one task with its own store and changelog partition.
 Each poll batch is committed in this order (a kill -9 between any two steps loses nothing and
 counts nothing twice):
 
@@ -9,6 +11,8 @@ counts nothing twice):
    producer is flushed. A crash after this step leaves the changelog ahead of the local store:
    the next owner replays the changelog tail, and because each pane record carries the offset
    of the last event it holds (``hw``), re-reading those events from the older offset skips them.
+   Events forwarded to a repartition topic, then a watermark marker per partition, are produced
+   here too; after a crash they are forwarded again and the downstream task skips them.
 2. **RocksDB.** The same changes, the consumed offset (in the meta record) and the changelog
    position go into the partition's store in ONE write batch. This is the commit point.
 3. **Online writes.** The values of the outbox (entities whose value changed, at the view's
@@ -31,15 +35,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.nearline.plan import NearlinePlan
-from headwater.pipelines.nearline.restore import restore_partition
+from headwater.pipelines.nearline.repartition import (
+    RepartitionedTask,
+    forwarded_record,
+    marker_headers,
+    repartition_changelog,
+    repartition_topic,
+)
+from headwater.pipelines.nearline.restore import check_crcs, restore_partition
 from headwater.pipelines.nearline.state import PartitionStore
 from headwater.pipelines.nearline.task import BatchOutput, PartitionTask
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
 from headwater.pipelines.windows import RedisDictionary, to_vectors
-from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger("headwater.nearline")
 
@@ -57,6 +69,11 @@ class NearlineConfig:
     checkpoint_interval_s: float = 60.0
     session_timeout_ms: int = 10_000
     stats_path: Path | None = None
+    refresh_unchanged: bool = True
+    """Re-publish every live entity at each new boundary (stored event time = the latest B)."""
+    check_crcs: bool | None = None
+    """Verify record CRCs when consuming; None: only when the C ``crc32c`` module is installed
+    (kafka-python's pure-Python CRC-32C costs more than the rest of the pipeline together)."""
 
     @property
     def changelog_topic(self) -> str:
@@ -69,10 +86,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker = worker
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        self.worker.close_tasks([tp.partition for tp in revoked])
+        self.worker.close_tasks(list(revoked))
 
     def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        self.worker.open_tasks([tp.partition for tp in assigned])
+        self.worker.open_tasks(list(assigned))
 
 
 class NearlineWorker:
@@ -84,6 +101,8 @@ class NearlineWorker:
         self.codec = EventCodec()
         s = config.settings
         self.topic = s.events_topic
+        self.by_key = {repartition_topic(config.group_id, k): k for k in plan.repartitioned}
+        """Repartition topic -> the join key it is keyed by."""
         self.consumer = KafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap,
             group_id=config.group_id,
@@ -94,6 +113,7 @@ class NearlineWorker:
             session_timeout_ms=config.session_timeout_ms,
             heartbeat_interval_ms=max(1000, config.session_timeout_ms // 4),
             max_poll_interval_ms=600_000,
+            check_crcs=check_crcs(config.check_crcs),
         )
         self.producer = KafkaProducer(
             bootstrap_servers=s.kafka_bootstrap,
@@ -101,12 +121,14 @@ class NearlineWorker:
             linger_ms=5,
             batch_size=512 * 1024,
             max_request_size=8 * 1024 * 1024,
-            compression_type=None,
+            compression_type="zstd",  # fewer bytes through kafka-python's Python send path and CRC
             retries=10,
         )
         self.online = OnlineStore.from_url(s.redis_url, namespace=config.namespace)
         self.dictionary = RedisDictionary(self.online.client, namespace=config.namespace)
-        self.tasks: dict[int, PartitionTask] = {}
+        self.tasks: dict[TopicPartition, PartitionTask] = {}
+        self.upstream_partitions = 0
+        self.changelogs: dict[TopicPartition, str] = {}
         self.last_checkpoint = time.monotonic()
         self.counters: dict[str, float] = {
             "events": 0,
@@ -117,47 +139,72 @@ class NearlineWorker:
             "batches": 0,
             "restore_s": 0.0,
         }
-        self.freshness_ms: list[int] = []
+        self.freshness_ms: list[tuple[int, int]] = []
+        """(write time - boundary B in ms, rows written) per online write batch (first 200k)."""
 
     # -- assignment ----------------------------------------------------------------------------
-    def open_tasks(self, partitions: list[int]) -> None:
-        """Restore each assigned partition (local store, checkpoint, changelog) and seek to its offset."""
-        for p in partitions:
-            started = time.monotonic()
-            store = PartitionStore(self.config.state_root, p)
+    def _new_task(self, tp: TopicPartition) -> tuple[PartitionTask, str]:
+        """Return the task of an assigned partition and its changelog topic."""
+        c, plan, p = self.config, self.plan, tp.partition
+        if tp.topic == self.topic:
+            store = PartitionStore(c.state_root, p)
             task = PartitionTask(
-                p, store, self.plan.views, self.plan.timing, self.plan.registry_hash, self.codec
+                p,
+                store,
+                plan.views,
+                plan.timing,
+                plan.registry_hash,
+                self.codec,
+                refresh_all=c.refresh_unchanged,
+                forward_keys=tuple(plan.repartitioned),
             )
-            replayed = restore_partition(self.config.settings, self.config.changelog_topic, p, store, task)
-            tp = TopicPartition(self.topic, p)
+            return task, c.changelog_topic
+        key = self.by_key[tp.topic]
+        store = PartitionStore(c.state_root / f"by-{key}", p)
+        upstream = self.upstream_partitions or len(self.producer.partitions_for(self.topic))
+        self.upstream_partitions = upstream
+        views = plan.repartitioned[key]
+        task = RepartitionedTask(
+            p, store, views, plan.timing, plan.registry_hash, upstream, refresh_all=c.refresh_unchanged
+        )
+        return task, repartition_changelog(c.group_id, key)
+
+    def open_tasks(self, assigned: list[TopicPartition]) -> None:
+        """Restore each assigned partition (local store, checkpoint, changelog) and seek to its offset."""
+        for tp in assigned:
+            started = time.monotonic()
+            task, changelog = self._new_task(tp)
+            replayed = restore_partition(self.config.settings, changelog, tp.partition, task.store, task)
             if task.next_offset is not None:
                 self.consumer.seek(tp, task.next_offset)
             else:
                 self.consumer.seek_to_beginning(tp)
-            self.tasks[p] = task
+            self.tasks[tp] = task
+            self.changelogs[tp] = changelog
             took = time.monotonic() - started
             self.counters["restore_s"] += took
             log.info(
-                "partition %d restored from %s + %d changelog records in %.2f s, resuming at offset %s",
-                p,
-                store.restored_from,
+                "%s partition %d restored from %s + %d changelog records in %.2f s, resuming at offset %s",
+                tp.topic,
+                tp.partition,
+                task.store.restored_from,
                 replayed,
                 took,
                 task.next_offset,
             )
-            self._publish({p: task.restored_publish()})
+            self._publish({tp: task.restored_publish()})
 
-    def close_tasks(self, partitions: list[int]) -> None:
+    def close_tasks(self, revoked: list[TopicPartition]) -> None:
         """Close the stores of revoked partitions (their state is committed after every batch)."""
-        for p in partitions:
-            task = self.tasks.pop(p, None)
+        for tp in revoked:
+            task = self.tasks.pop(tp, None)
             if task is not None:
                 task.store.close()
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> None:
         """Poll and commit until ``stop`` is set (or ``idle_exit_s`` without records)."""
-        self.consumer.subscribe([self.topic], listener=_Listener(self))
+        self.consumer.subscribe([self.topic, *self.by_key], listener=_Listener(self))
         idle_since = time.monotonic()
         try:
             while not stop.is_set():
@@ -170,48 +217,70 @@ class NearlineWorker:
                     self._maybe_checkpoint()
                     continue
                 idle_since = time.monotonic()
-                self.commit_batch(
-                    {tp.partition: recs for tp, recs in polled.items() if tp.partition in self.tasks}
-                )
+                self.commit_batch({tp: recs for tp, recs in polled.items() if tp in self.tasks})
         finally:
             self.close()
 
-    def commit_batch(self, polled: dict[int, list[Any]]) -> None:
+    def commit_batch(self, polled: dict[TopicPartition, list[Any]]) -> None:
         """Process one poll and run the commit protocol (module docstring, steps 1 to 4)."""
         now = epoch_ms()
+        if not self.counters["batches"]:
+            self.counters["first_batch_at"] = time.time()
+        clock = _PhaseClock(self.counters)
         outputs = {p: self.tasks[p].process(recs, now) for p, recs in polled.items()}
-        # Step 1: changelog (write-ahead) and dead letters, flushed.
+        clock.lap("t_process")
+        # Step 1: changelog (write-ahead), dead letters, forwarded events and markers, flushed.
         futures = {}
-        for p, out in outputs.items():
+        for tp, out in outputs.items():
             for key, value in out.changes.items():
-                futures[p] = self.producer.send(
-                    self.config.changelog_topic, key=key, value=value, partition=p
+                futures[tp] = self.producer.send(
+                    self.changelogs[tp], key=key, value=value, partition=tp.partition
                 )
             for dl in out.dead:
                 self.producer.send(
                     self.config.settings.dlq_topic, key=dl.key, value=dl.value, headers=dl.kafka_headers()
                 )
+            if self.by_key and tp.topic == self.topic:
+                self._forward(tp.partition, out)
         self.producer.flush()
+        clock.lap("t_changelog")
         # Step 2: state changes + consumed offset + changelog position, one RocksDB write batch.
-        for p, out in outputs.items():
-            self.tasks[p].store.commit(out.changes, futures[p].get(timeout=30).offset)
+        for tp, out in outputs.items():
+            self.tasks[tp].store.commit(out.changes, futures[tp].get(timeout=30).offset)
+        clock.lap("t_rocksdb")
         # Step 3: online writes (idempotent; the outbox committed in step 2 replays them after a crash).
-        self._publish({p: out.publish for p, out in outputs.items()})
+        self._publish({tp: out.publish for tp, out in outputs.items()})
+        clock.lap("t_publish")
         # Step 4: Kafka offset commit (monitoring only: the store's offset is the source of truth).
         offsets = {
-            TopicPartition(self.topic, p): OffsetAndMetadata(out.next_offset, "", -1)
-            for p, out in outputs.items()
+            tp: OffsetAndMetadata(out.next_offset, "", -1)
+            for tp, out in outputs.items()
             if out.next_offset is not None
         }
         if offsets:
             self.consumer.commit(offsets)
+        clock.lap("t_commit")
+        self.counters["last_batch_at"] = time.time()
         self._count(outputs)
         self._maybe_checkpoint()
 
-    def _publish(self, by_partition: dict[int, dict[str, tuple[int, list[str]]]]) -> None:
-        now = epoch_ms()
-        for p, publish in by_partition.items():
-            task = self.tasks[p]
+    def _forward(self, partition: int, out: BatchOutput) -> None:
+        """Send the batch's events to each repartition topic, then a watermark marker to every partition."""
+        for key, value, event, offset in out.forward:
+            payload, headers = forwarded_record(event, partition, offset)
+            topic = repartition_topic(self.config.group_id, key)
+            self.producer.send(topic, key=str(value).encode(), value=payload, headers=headers)
+        if out.watermark is None:
+            return
+        for topic in self.by_key:
+            for q in self.producer.partitions_for(topic):
+                self.producer.send(
+                    topic, value=b"", partition=q, headers=marker_headers(partition, out.watermark)
+                )
+
+    def _publish(self, by_partition: dict[TopicPartition, dict[str, tuple[int, list[str]]]]) -> None:
+        for tp, publish in by_partition.items():
+            task = self.tasks[tp]
             for view, (boundary, entities) in publish.items():
                 if not entities or boundary <= 0:
                     continue
@@ -220,10 +289,10 @@ class NearlineWorker:
                 vectors = to_vectors(spec, rows, self.dictionary.ids)
                 res = self.online.write_batch(self.plan.layouts[view], entities, vectors, boundary)
                 self.counters["written"] += res.written
-                if len(self.freshness_ms) < 200_000:
-                    self.freshness_ms.append(now - boundary)
+                if res.written and len(self.freshness_ms) < 200_000:
+                    self.freshness_ms.append((epoch_ms() - boundary, res.written))
 
-    def _count(self, outputs: dict[int, BatchOutput]) -> None:
+    def _count(self, outputs: dict[TopicPartition, BatchOutput]) -> None:
         c = self.counters
         c["batches"] += 1
         for out in outputs.values():
@@ -245,9 +314,11 @@ class NearlineWorker:
         if self.config.stats_path is None:
             return
         data = {
-            "counters": self.counters,
+            "counters": {**self.counters, "cpu_s": time.process_time()},
             "tasks": [t.stats() for t in self.tasks.values()],
-            "state_bytes": {t.partition: t.store.size_bytes() for t in self.tasks.values()},
+            "state_bytes": {
+                f"{tp.topic}:{tp.partition}": t.store.size_bytes() for tp, t in self.tasks.items()
+            },
             "freshness_ms": self.freshness_ms[-20_000:],
         }
         tmp = self.config.stats_path.with_suffix(".tmp")
@@ -262,6 +333,19 @@ class NearlineWorker:
         self.consumer.close(autocommit=False)
         self.producer.close(timeout=10)
         self.online.close()
+
+
+class _PhaseClock:
+    """Adds the seconds since the previous lap to ``counters[name]`` (the benchmark's breakdown)."""
+
+    def __init__(self, counters: dict[str, float]) -> None:
+        self.counters = counters
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.counters[name] = self.counters.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def run_worker(config: NearlineConfig, idle_exit_s: float | None = None) -> None:

@@ -1,11 +1,12 @@
 r"""One partition's nearline state: a rocksdict store on disk, mirrored in memory, with its changelog.
 
-Keys (bytes, ``\\x1f``-separated) and values (JSON):
+Keys (bytes, ``\\x1f``-separated) and values (JSON, written with orjson):
 
 - ``p|<view>|<entity>|<pane start>``: a pane record (:mod:`headwater.pipelines.windows.panes`);
 - ``d|<bucket>|<first offset>``: event ids first seen in that batch and bucket, ``{id: offset}``
   (deduplication; buckets are minutes of event time, dropped once older than the lateness horizon);
-- ``o``: the outbox, ``{view: [entity, ...]}``: values to (re)publish at the view's boundary;
+- ``o``: the outbox, ``{view: {"live": bool, "entities": [...]}}``: values to (re)publish at the
+  view's boundary (live: also every entity with a pane before it);
 - ``m``: meta, ``{"offset": next source offset, "max_t": max event time, "t_pub": {view: B},
   "registry": hash}``;
 - ``c`` (local only, never on the changelog): the changelog offset this store reflects.
@@ -17,13 +18,13 @@ it; a surviving local store or RocksDB checkpoint only replays the changelog aft
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 SEP = "\x1f"
@@ -44,8 +45,13 @@ def dedup_key(bucket: int, first_offset: int) -> bytes:
 
 
 def dumps(value: Any) -> bytes:
-    """Encode a JSON value compactly."""
-    return json.dumps(value, separators=(",", ":")).encode()
+    """Encode a JSON value compactly (orjson: floats round-trip exactly, about 10x faster than json)."""
+    return orjson.dumps(value)
+
+
+def loads(raw: bytes) -> Any:
+    """Decode a value written by :func:`dumps`."""
+    return orjson.loads(raw)
 
 
 @dataclass
@@ -56,7 +62,7 @@ class Loaded:
     """view -> [(entity, pane start, record JSON)]."""
     dedup: dict[int, dict[bytes, dict[str, int]]] = field(default_factory=dict)
     """bucket -> {store key: {event id: offset}}."""
-    outbox: dict[str, list[str]] = field(default_factory=dict)
+    outbox: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,14 +129,14 @@ class PartitionStore:
             kind = key[:1]
             if kind == b"p":
                 _, view, entity, pane = key.decode().split(SEP)
-                out.panes.setdefault(view, []).append((entity, int(pane), json.loads(value)))
+                out.panes.setdefault(view, []).append((entity, int(pane), loads(value)))
             elif kind == b"d":
                 bucket = int(key.decode().split(SEP)[1])
-                out.dedup.setdefault(bucket, {})[key] = json.loads(value)
+                out.dedup.setdefault(bucket, {})[key] = loads(value)
             elif key == OUTBOX_KEY:
-                out.outbox = json.loads(value)
+                out.outbox = loads(value)
             elif key == META_KEY:
-                out.meta = json.loads(value)
+                out.meta = loads(value)
         return out
 
     def checkpoint(self) -> None:

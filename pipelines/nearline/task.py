@@ -10,10 +10,9 @@ the process here: the runner persists and publishes (see :mod:`headwater.pipelin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from headwater.pipelines.events.codec import DeadLetter, DecodeError, EventCodec, Reason, dead_letter
 from headwater.pipelines.nearline.state import (
@@ -47,10 +46,16 @@ class BatchOutput:
     dead: list[DeadLetter] = field(default_factory=list)
     publish: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
     """view -> (boundary B, entity ids)."""
+    outbox: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The compact form of ``publish`` kept in the store (see :meth:`PartitionTask.restored_publish`)."""
     events: int = 0
     duplicates: int = 0
     expired_panes: int = 0
     next_offset: int | None = None
+    forward: list[tuple[str, Any, dict[str, Any], int]] = field(default_factory=list)
+    """(join key, its value, event, source offset) per accepted event to repartition by that key."""
+    watermark: int | None = None
+    """This partition's watermark after the batch (sent downstream with forwarded events)."""
 
 
 class ViewState:
@@ -76,18 +81,33 @@ class PartitionTask:
         timing: SourceTiming,
         registry_hash: str,
         codec: EventCodec,
+        refresh_all: bool = True,
+        forward_keys: Sequence[str] = (),
     ) -> None:
+        """Own ``store``; with ``refresh_all`` every live entity is re-published at each new boundary.
+
+        ``refresh_all=False`` re-publishes only entities whose value changed (fewer writes, but an
+        unchanged entity's stored event time stays at the boundary it last changed at).
+        ``forward_keys``: join keys of views computed downstream of a repartition; each accepted,
+        first-seen event with such a field is returned in :attr:`BatchOutput.forward`.
+        """
         self.partition = partition
+        self.forward_keys = tuple(forward_keys)
+        self.refresh_all = refresh_all
         self.store = store
         self.timing = timing
         self.codec = codec
         self.registry_hash = registry_hash
         self.views = {v.name: ViewState(v) for v in views}
+        self.filters: dict[str, Any] = {}
+        """Every distinct filter of every view (key -> predicate), evaluated once per event."""
+        for vs in self.views.values():
+            self.filters.update(vs.agg.filters)
         self.seen: dict[str, int] = {}
         self.buckets: dict[int, dict[bytes, list[str]]] = {}
         self.max_t: int | None = None
         self.next_offset: int | None = None
-        self.pending_outbox: dict[str, list[str]] = {}
+        self.pending_outbox: dict[str, Any] = {}
 
     # -- restore -------------------------------------------------------------------------------
     def load(self, loaded: Loaded) -> None:
@@ -111,89 +131,139 @@ class PartitionTask:
             for key, ids in keys.items():
                 self.seen.update(ids)
                 self.buckets.setdefault(bucket, {})[key] = list(ids)
-        self.pending_outbox = {v: list(e) for v, e in loaded.outbox.items() if v in self.views}
+        self.pending_outbox = {v: o for v, o in loaded.outbox.items() if v in self.views}
 
     def restored_publish(self) -> dict[str, tuple[int, list[str]]]:
-        """Return what the outbox of the last committed batch said to publish (re-run after a crash)."""
-        return {v: (self.views[v].t_pub, e) for v, e in self.pending_outbox.items() if e}
+        """Return what the outbox of the last committed batch said to publish (re-run after a crash).
+
+        An outbox entry is ``{"live": bool, "entities": [...]}``: the listed entities, plus, when
+        ``live``, every entity with a pane before the view's boundary (a refresh of all of them).
+        """
+        out: dict[str, tuple[int, list[str]]] = {}
+        for name, box in self.pending_outbox.items():
+            vs = self.views[name]
+            if isinstance(box, list):  # written before the compact form
+                box = {"entities": box}
+            todo = set(box.get("entities", []))
+            if box.get("live"):
+                todo |= _live(vs, vs.t_pub)
+            if todo:
+                out[name] = (vs.t_pub, sorted(todo))
+        return out
 
     # -- one batch -----------------------------------------------------------------------------
     def process(self, records: Sequence[Any], now_ms: int) -> BatchOutput:
-        """Fold ``records`` (kafka-python ConsumerRecords of this partition, in offset order)."""
+        """Fold ``records`` (kafka-python ConsumerRecords of this partition, in offset order).
+
+        Each distinct filter of all views is evaluated once per event; each changed (view,
+        entity, pane) record gives one store change per batch, however many events it took.
+        """
         out = BatchOutput()
+        all_records, records = records, self._pre(records)
+        forward = self.forward_keys
         dirty: set[tuple[str, str, int]] = set()
         late_touch: dict[str, set[str]] = {name: set() for name in self.views}
         new_ids: dict[int, dict[str, int]] = {}
-        first_offset = records[0].offset if records else 0
+        seen = self.seen
+        filters = tuple(self.filters.items())
+        views = [
+            (name, vs.spec.join_key, vs.entities, vs.index, vs.agg.fold, vs.t_pub, late_touch[name])
+            for name, vs in self.views.items()
+        ]
         for rec in records:
             event = self._accept(rec, now_ms, out)
             if event is None:
                 continue
             eid, off = event["event_id"], rec.offset
-            first = self.seen.get(eid)
+            first = seen.get(eid)
             if first is not None and first != off:
                 out.duplicates += 1
                 continue
             if first is None:
-                self.seen[eid] = off
-                new_ids.setdefault(event["event_time"] // DEDUP_BUCKET_MS, {})[eid] = off
+                seen[eid] = off
+                bucket = new_ids.get(event["event_time"] // DEDUP_BUCKET_MS)
+                if bucket is None:
+                    bucket = new_ids[event["event_time"] // DEDUP_BUCKET_MS] = {}
+                bucket[eid] = off
             out.events += 1
-            for name, vs in self.views.items():
-                key = event.get(vs.spec.join_key)
+            if forward:
+                for fk in forward:
+                    if (fv := event.get(fk)) is not None:
+                        out.forward.append((fk, fv, event, off))
+            hits = {key: pred(event) for key, pred in filters}
+            for name, join_key, entities, index, fold, t_pub, touched in views:
+                key = event.get(join_key)
                 if key is None:
                     continue
-                entity = str(key)
-                panes = vs.entities.get(entity)
+                entity = key if isinstance(key, str) else str(key)
+                panes = entities.get(entity)
                 if panes is None:
-                    panes = vs.entities[entity] = {}
-                for start in vs.agg.fold(panes, event, off):
+                    panes = entities[entity] = {}
+                for start in fold(panes, event, off, hits):
                     dirty.add((name, entity, start))
-                    vs.index.setdefault(start, set()).add(entity)
-                    if start < vs.t_pub:
-                        late_touch[name].add(entity)
+                    ents = index.get(start)
+                    if ents is None:
+                        ents = index[start] = set()
+                    ents.add(entity)
+                    if start < t_pub:
+                        touched.add(entity)
                 if not panes:
-                    del vs.entities[entity]
-        if records:
-            self.next_offset = records[-1].offset + 1
-        self._dedup_changes(new_ids, first_offset, out)
+                    del entities[entity]
+        if all_records:
+            self.next_offset = all_records[-1].offset + 1
+        self._dedup_changes(new_ids, all_records[0].offset if all_records else 0, out)
         self._advance(dirty, late_touch, out)
-        for name, entity, start in dirty:
-            panes = self.views[name].entities.get(entity)
-            rec = panes.get(start) if panes is not None else None
-            out.changes[pane_key(name, entity, start)] = (
-                dumps(self.views[name].agg.dump(rec)) if rec is not None else None
-            )
-        outbox = {v: e for v, (_, e) in out.publish.items()}
-        out.changes[OUTBOX_KEY] = dumps(outbox)
-        out.changes[META_KEY] = dumps(
-            {
-                "offset": self.next_offset,
-                "max_t": self.max_t,
-                "registry": self.registry_hash,
-                "t_pub": {n: vs.t_pub for n, vs in self.views.items()},
-            }
-        )
+        self._pane_changes(dirty, out)
+        out.changes[OUTBOX_KEY] = dumps(out.outbox)
+        out.changes[META_KEY] = dumps(self._meta())
         out.next_offset = self.next_offset
+        out.watermark = self._watermark()
         return out
+
+    def _pre(self, records: Sequence[Any]) -> Sequence[Any]:
+        """Return the records to fold (a subclass drops control records here)."""
+        return records
+
+    def _meta(self) -> dict[str, Any]:
+        """Return the meta record committed with every batch (``load`` reads it back)."""
+        return {
+            "offset": self.next_offset,
+            "max_t": self.max_t,
+            "registry": self.registry_hash,
+            "t_pub": {n: vs.t_pub for n, vs in self.views.items()},
+        }
+
+    def _watermark(self) -> int | None:
+        """Event time before which this partition expects no more events (None: none seen yet)."""
+        return None if self.max_t is None else self.max_t - self.timing.max_out_of_orderness_ms
+
+    def _pane_changes(self, dirty: set[tuple[str, str, int]], out: BatchOutput) -> None:
+        changes = out.changes
+        for name, entity, start in dirty:
+            vs = self.views[name]
+            panes = vs.entities.get(entity)
+            rec = panes.get(start) if panes is not None else None
+            changes[pane_key(name, entity, start)] = dumps(vs.agg.dump(rec)) if rec is not None else None
 
     def _accept(self, rec: Any, now_ms: int, out: BatchOutput) -> dict[str, Any] | None:
         decoded = self.codec.decode(rec.value, rec.headers)
         if isinstance(decoded, DecodeError):
             out.dead.append(dead_letter(rec, decoded.reason, decoded.detail, now_ms))
             return None
-        event: dict[str, Any] = dict(decoded.event)
+        event = cast(dict[str, Any], decoded.event)  # a fresh dict from the Avro reader: no copy
         t, timing = event["event_time"], self.timing
         if t > now_ms + timing.max_future_ms:
             detail = f"event_time {t} is more than {timing.max_future_ms} ms ahead of the clock ({now_ms})"
             out.dead.append(dead_letter(rec, Reason.FUTURE_DATED, detail, now_ms))
             return None
-        if self.max_t is not None and timing.allowed_lateness_ms is not None:
-            horizon = self.max_t - timing.max_out_of_orderness_ms - timing.allowed_lateness_ms
+        max_t = self.max_t
+        if max_t is not None and timing.allowed_lateness_ms is not None:
+            horizon = max_t - timing.max_out_of_orderness_ms - timing.allowed_lateness_ms
             if t < horizon:
                 detail = f"event_time {t} is {horizon - t} ms before watermark - allowed lateness ({horizon})"
                 out.dead.append(dead_letter(rec, Reason.LATE, detail, now_ms))
                 return None
-        if self.max_t is None or t > self.max_t:
+        if max_t is None or t > max_t:
             self.max_t = t
         return event
 
@@ -217,37 +287,32 @@ class PartitionTask:
                 out.changes[key] = None
 
     def _advance(self, dirty: set[tuple[str, str, int]], late: dict[str, set[str]], out: BatchOutput) -> None:
-        """Move each view's boundary to the watermark; collect entities whose value changed; expire."""
-        if self.max_t is None:
+        """Move each view's boundary to the watermark; collect the entities to publish; expire."""
+        wm = self._watermark()
+        if wm is None:
             return
-        wm = self.max_t - self.timing.max_out_of_orderness_ms
         for name, vs in self.views.items():
             target = wm // vs.tick * vs.tick
-            todo = late[name]
+            listed = late[name]
+            live: set[str] = set()
             if target > vs.t_pub:
-                todo |= self._changed_entities(vs, vs.t_pub, target)
+                if self.refresh_all:
+                    live = _live(vs, target)
+                else:
+                    listed |= _changed_entities(vs, vs.t_pub, target)
                 vs.t_pub = target
-                out.expired_panes += self._expire(vs, dirty)
-            if todo:
-                out.publish[name] = (vs.t_pub, sorted(todo))
+                expired, emptied = self._expire(vs, dirty)
+                out.expired_panes += expired
+                listed |= emptied  # gone from the state: listed, so a restart still writes their empty value
+            if listed or live:
+                out.publish[name] = (vs.t_pub, sorted(listed | live))
+                out.outbox[name] = {"live": bool(live), "entities": sorted(listed)}
 
-    def _changed_entities(self, vs: ViewState, old: int, new: int) -> set[str]:
-        if old == 0:
-            return {e for s, ents in vs.index.items() if s < new for e in ents}
-        lo: list[tuple[int, int]] = []
-        for f in vs.spec.features:  # panes entering [B - W, B), then panes leaving it
-            b_old, b_new = f.boundary(old), f.boundary(new)
-            if b_new > b_old:
-                lo += [(b_old, b_new), (b_old - f.window_ms, b_new - f.window_ms)]
-        out: set[str] = set()
-        for start, ents in vs.index.items():
-            if any(a <= start < b for a, b in lo):
-                out |= ents
-        return out
-
-    def _expire(self, vs: ViewState, dirty: set[tuple[str, str, int]]) -> int:
+    def _expire(self, vs: ViewState, dirty: set[tuple[str, str, int]]) -> tuple[int, set[str]]:
+        """Drop panes no boundary from ``t_pub`` on needs; return (panes dropped, entities left empty)."""
         cutoff = vs.agg.horizon(vs.t_pub)
         count = 0
+        emptied: set[str] = set()
         for start in [s for s in vs.index if s < cutoff]:
             for entity in vs.index.pop(start):
                 panes = vs.entities.get(entity)
@@ -256,7 +321,8 @@ class PartitionTask:
                     dirty.add((vs.spec.name, entity, start))
                     if not panes:
                         del vs.entities[entity]
-        return count
+                        emptied.add(entity)
+        return count, emptied
 
     # -- read ----------------------------------------------------------------------------------
     def values(self, view: str, entities: Sequence[str], as_of_ms: int) -> list[list[Any]]:
@@ -277,6 +343,26 @@ class PartitionTask:
         }
 
 
-def parse_json(raw: bytes) -> Any:
-    """Decode a JSON store value."""
-    return json.loads(raw)
+def _live(vs: ViewState, boundary: int) -> set[str]:
+    """Entities with a pane before ``boundary``: those whose value as of it may be non-empty."""
+    out: set[str] = set()
+    for start, ents in vs.index.items():
+        if start < boundary:
+            out |= ents
+    return out
+
+
+def _changed_entities(vs: ViewState, old: int, new: int) -> set[str]:
+    """Entities with a pane entering or leaving some feature's window when B moves from old to new."""
+    if old == 0:
+        return _live(vs, new)
+    lo: list[tuple[int, int]] = []
+    for f in vs.spec.features:  # panes entering [B - W, B), then panes leaving it
+        b_old, b_new = f.boundary(old), f.boundary(new)
+        if b_new > b_old:
+            lo += [(b_old, b_new), (b_old - f.window_ms, b_new - f.window_ms)]
+    out: set[str] = set()
+    for start, ents in vs.index.items():
+        if any(a <= start < b for a, b in lo):
+            out |= ents
+    return out

@@ -9,12 +9,13 @@ arithmetic (epoch-aligned hopping windows, ``B = floor(T / S) * S``) lives in on
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.registry.expr import from_json
+from headwater.registry.expr import Compare, InList, from_json
 from headwater.registry.expr_eval import compile_predicate
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
 
@@ -35,6 +36,8 @@ class OperandSpec:
     agg: str
     field: str | None
     predicate: Predicate
+    where_key: str | None = None
+    """As :attr:`FeatureSpec.where_key`: ``""`` no filter, None unknown."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class FeatureSpec:
     k: int = 0
     numerator: OperandSpec | None = None
     denominator: OperandSpec | None = None
+    where_key: str | None = None
+    """Canonical text of the filter: features with the same key keep the same events, so a tier
+    evaluates each distinct filter once per event. ``""``: no filter (every event passes);
+    None: unknown (a hand-built spec), the predicate is called for this feature alone."""
 
     def boundary(self, as_of_ms: int) -> int:
         """Return the latest pane boundary ``B <= as_of_ms`` (epoch-aligned, UTC)."""
@@ -96,7 +103,23 @@ def _ms(seconds: float, what: str, where: str) -> int:
 
 
 def _predicate(where: PlanWhere | None) -> Predicate:
-    return compile_predicate(from_json(where.ast) if where is not None else None)
+    """Return the filter as a closure; ``field = literal`` and ``field in (...)`` get a direct one.
+
+    Both shortcuts keep the three-valued meaning: a null or missing field equals no literal
+    (literals are never null), so ``unknown`` and ``false`` both drop the event, as in SQL.
+    """
+    expr = from_json(where.ast) if where is not None else None
+    if isinstance(expr, Compare) and expr.op in ("=", "==") and expr.value is not None:
+        name, value = expr.field, expr.value
+        return lambda event: bool(event.get(name) == value)
+    if isinstance(expr, InList) and not expr.negated and None not in expr.values:
+        name, values = expr.field, frozenset(expr.values)
+        return lambda event: event.get(name) in values
+    return compile_predicate(expr)
+
+
+def _where_key(where: PlanWhere | None) -> str:
+    return "" if where is None else json.dumps(where.ast, sort_keys=True, separators=(",", ":"))
 
 
 def _operand(op: PlanOperand | None, feature: str, side: str) -> OperandSpec:
@@ -104,7 +127,9 @@ def _operand(op: PlanOperand | None, feature: str, side: str) -> OperandSpec:
         found = "nothing" if op is None else op.agg
         msg = f"feature {feature!r}: ratio {side} must be one of {sorted(SCALAR_AGGS)}; found {found}"
         raise WindowSpecError(msg)
-    return OperandSpec(agg=op.agg, field=op.field, predicate=_predicate(op.where))
+    return OperandSpec(
+        agg=op.agg, field=op.field, predicate=_predicate(op.where), where_key=_where_key(op.where)
+    )
 
 
 def compile_feature(f: PlanFeature, view: str) -> FeatureSpec:
@@ -122,10 +147,12 @@ def compile_feature(f: PlanFeature, view: str) -> FeatureSpec:
         raise WindowSpecError(msg)
     num = den = None
     predicate = _predicate(f.where)
+    where_key = _where_key(f.where)
     if f.agg == "ratio":
         num, den = _operand(f.numerator, f.name, "numerator"), _operand(f.denominator, f.name, "denominator")
         pn, pd = num.predicate, den.predicate
         predicate = lambda event: pn(event) or pd(event)  # noqa: E731  (each side keeps its own filter)
+        where_key = "" if not num.where_key or not den.where_key else f"or({num.where_key},{den.where_key})"
     return FeatureSpec(
         name=f.name,
         agg=f.agg,
@@ -136,6 +163,7 @@ def compile_feature(f: PlanFeature, view: str) -> FeatureSpec:
         k=f.k or 0,
         numerator=num,
         denominator=den,
+        where_key=where_key,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from headwater.pipelines.store import ViewLayout
 from headwater.pipelines.windows.aggs import Value
 from headwater.pipelines.windows.spec import ViewSpec

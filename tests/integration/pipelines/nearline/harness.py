@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec, parse_dead_letter
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.settings import Settings
@@ -40,7 +42,6 @@ from headwater.registry.plans import (
     TierPlan,
     plan_path,
 )
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 OOO_S, LATENESS_S = 5.0, 60.0
 
@@ -71,8 +72,8 @@ def _f(
     )
 
 
-def test_views() -> list[PlanView]:
-    """Two user views covering every aggregation kind."""
+def nearline_views(slide_s: int | None = None) -> list[PlanView]:
+    """Two user views covering every aggregation kind (``slide_s``: every feature's slide instead)."""
     common: dict[str, Any] = dict(
         entity="user",
         join_key="user_id",
@@ -112,12 +113,40 @@ def test_views() -> list[PlanView]:
         ],
         **common,
     )
+    if slide_s is not None:
+        return [
+            v.model_copy(update={"features": [f.model_copy(update={"slide_s": slide_s}) for f in v.features]})
+            for v in (a, b)
+        ]
     return [a, b]
 
 
-def write_plan(state_dir: Path) -> TierPlan:
-    """Write a nearline plan with :func:`test_views` where ``headwater apply`` would."""
-    views = test_views()
+def item_views() -> list[PlanView]:
+    """One view keyed by item_id (events are keyed by user_id: computed behind a repartition)."""
+    ctr = dict(
+        numerator=PlanOperand(agg="count", field=None, where=_where("event_type = 'click'")),
+        denominator=PlanOperand(agg="count", field=None, where=_where("event_type = 'impression'")),
+    )
+    return [
+        nearline_views()[0].model_copy(
+            update={
+                "name": "nl_item",
+                "entity": "item",
+                "join_key": "item_id",
+                "features": [
+                    _f("item_impressions_10m", "count", 10, 1, flt="event_type = 'impression'"),
+                    _f("item_position_avg_30m", "avg", 30, 5, "position"),
+                    _f("item_users_30m", "distinct_count", 30, 5, "user_id"),
+                    _f("item_ctr_30m", "ratio", 30, 5, **ctr),
+                ],
+            }
+        )
+    ]
+
+
+def write_plan(state_dir: Path, slide_s: int | None = None, with_items: bool = False) -> TierPlan:
+    """Write a nearline plan with :func:`nearline_views` (and :func:`item_views`) where apply would."""
+    views = nearline_views(slide_s) + (item_views() if with_items else [])
     digest = hashlib.sha256(str([v.model_dump() for v in views]).encode()).hexdigest()
     plan = TierPlan(
         schema_version=SCHEMA_VERSION,
@@ -125,7 +154,7 @@ def write_plan(state_dir: Path) -> TierPlan:
         registry_hash=f"sha256:{digest}",
         generated_at="2026-01-01T00:00:00+00:00",
         tier_spec={},
-        entities={"user": "user_id"},
+        entities={"user": "user_id", "item": "item_id"} if with_items else {"user": "user_id"},
         sources=[
             PlanSource(
                 name="events",
@@ -160,7 +189,7 @@ class Env:
     def store_dir(self) -> Path:
         return self.tmp / "stores"
 
-    def create(self) -> None:
+    def create(self, slide_s: int | None = None, with_items: bool = False) -> None:
         suffix = uuid.uuid4().hex[:10]
         self.settings = dataclasses.replace(
             self.settings,
@@ -171,7 +200,7 @@ class Env:
         ensure_topics(
             self.settings, {self.settings.events_topic: {}, self.settings.dlq_topic: {}}, self.partitions
         )
-        write_plan(self.tmp)
+        write_plan(self.tmp, slide_s, with_items)
 
     def env(self) -> dict[str, str]:
         return {
@@ -183,7 +212,7 @@ class Env:
         }
 
     def start(
-        self, idle_exit_s: float = 6.0, max_poll: int = 2000, processes: int = 1
+        self, idle_exit_s: float = 6.0, max_poll: int = 2000, processes: int = 1, *extra: str
     ) -> subprocess.Popen[bytes]:
         cmd = [
             sys.executable,
@@ -205,6 +234,7 @@ class Env:
             str(processes),
             "--session-timeout-ms",
             "6000",
+            *extra,
         ]
         log = open(self.tmp / f"worker-{uuid.uuid4().hex[:6]}.log", "wb")  # noqa: SIM115
         return subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
@@ -220,9 +250,10 @@ class Env:
     def cleanup(self) -> None:
         admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
         try:
-            admin.delete_topics(
-                [self.settings.events_topic, self.settings.dlq_topic, f"{self.group}-changelog"]
-            )
+            existing = set(admin.list_topics())
+            mine = [self.settings.events_topic, self.settings.dlq_topic, f"{self.group}-changelog"]
+            mine += [t for t in existing if t.startswith(f"{self.group}-by-")]
+            admin.delete_topics([t for t in mine if t in existing])
         except Exception:
             pass
         finally:
@@ -323,15 +354,30 @@ def dlq_reasons(settings: Settings) -> dict[str, int]:
 
 
 def compare_online(env: Env, exp: Expected) -> int:
-    """Assert online vectors equal the reference at each partition boundary; return rows checked."""
-    plan_views = [compile_view(v) for v in test_views()]
+    """Assert the user views' vectors equal the reference at each partition boundary; return rows checked."""
+    return _compare(env, [compile_view(v) for v in nearline_views()], exp, items=False)
+
+
+def compare_items(env: Env, exp: Expected) -> int:
+    """Assert the item view's vectors equal the reference over every partition's events at the boundary
+    of the slowest partition (the repartitioned watermark); return rows checked."""
+    return _compare(env, [compile_view(v) for v in item_views()], exp, items=True)
+
+
+def _compare(env: Env, specs: list[ViewSpec], exp: Expected, items: bool) -> int:
     reg_hash = TierPlan.model_validate_json(plan_path(env.tmp, "nearline").read_text()).registry_hash
     store = OnlineStore.from_url(env.settings.redis_url, namespace=env.namespace)
     dictionary = RedisDictionary(store.client, namespace=env.namespace)
     checked = 0
     try:
-        for spec in plan_views:
-            checked += _compare_view(env, spec, exp, store, dictionary, reg_hash)
+        for spec in specs:
+            if not items:
+                checked += _compare_view(env, spec, exp, store, dictionary, reg_hash)
+                continue
+            every = [e for evs in exp.accepted.values() for e in evs]
+            wm = min(max(e["event_time"] for e in evs) for evs in exp.accepted.values()) - int(OOO_S * 1000)
+            boundary = wm // spec.tick_ms * spec.tick_ms
+            checked += _compare_entities(spec, every, boundary, store, dictionary, reg_hash)
     finally:
         store.close()
     return checked
@@ -340,25 +386,41 @@ def compare_online(env: Env, exp: Expected) -> int:
 def _compare_view(
     env: Env, spec: ViewSpec, exp: Expected, store: OnlineStore, dictionary: RedisDictionary, reg_hash: str
 ) -> int:
+    checked = 0
+    for evs in exp.accepted.values():
+        boundary = (max(e["event_time"] for e in evs) - int(OOO_S * 1000)) // spec.tick_ms * spec.tick_ms
+        checked += _compare_entities(spec, evs, boundary, store, dictionary, reg_hash)
+    return checked
+
+
+def _compare_entities(
+    spec: ViewSpec,
+    evs: list[dict[str, Any]],
+    boundary: int,
+    store: OnlineStore,
+    dictionary: RedisDictionary,
+    reg_hash: str,
+) -> int:
     layout = view_layout(spec, reg_hash)
     checked = 0
-    for p, evs in exp.accepted.items():
-        boundary = (max(e["event_time"] for e in evs) - int(OOO_S * 1000)) // spec.tick_ms * spec.tick_ms
-        ref = reference_values(spec, evs, boundary)
-        users = sorted({e["user_id"] for e in evs})
-        got = store.read_batch(layout, users)
-        empty = list(empty_values(spec).values())
-        rows = [list(ref[u].values()) if u in ref else empty for u in users]
-        want = to_vectors(spec, rows, dictionary.ids)
-        for i, u in enumerate(users):
-            if not got.found[i]:
-                assert u not in ref, f"{spec.name}: no online value for {u} (partition {p})"
-                continue
-            # an entity is rewritten when its value changes, so its stored boundary may be older
-            # than the partition's; the value must still be the one as of the partition's boundary
+    ref = reference_values(spec, evs, boundary)
+    entities = sorted({e[spec.join_key] for e in evs if e.get(spec.join_key) is not None})
+    got = store.read_batch(layout, entities)
+    empty = list(empty_values(spec).values())
+    rows = [list(ref[u].values()) if u in ref else empty for u in entities]
+    want = to_vectors(spec, rows, dictionary.ids)
+    for i, u in enumerate(entities):
+        if not got.found[i]:
+            assert u not in ref, f"{spec.name}: no online value for {u}"
+            continue
+        # every live entity is re-written at each new boundary (--refresh-unchanged); one whose
+        # state emptied keeps the (empty) value of the boundary it emptied at
+        if u in ref:
+            assert got.event_time_ms[i] == boundary, (spec.name, u, got.event_time_ms[i], boundary)
+        else:
             assert got.event_time_ms[i] <= boundary, (spec.name, u, got.event_time_ms[i], boundary)
-            np.testing.assert_allclose(
-                got.values[i], want[i], rtol=1e-6, atol=1e-6, err_msg=f"{spec.name} user {u} partition {p}"
-            )
-            checked += 1
+        np.testing.assert_allclose(
+            got.values[i], want[i], rtol=1e-6, atol=1e-6, err_msg=f"{spec.name} entity {u} at {boundary}"
+        )
+        checked += 1
     return checked

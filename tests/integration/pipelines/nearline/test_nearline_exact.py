@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from headwater.pipelines.settings import Settings
 
 _spec = importlib.util.spec_from_file_location("nl_harness", Path(__file__).with_name("harness.py"))
@@ -26,6 +27,14 @@ _spec.loader.exec_module(h)
 def env(settings: Settings, kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Iterator[h.Env]:
     e = h.Env(settings=settings, tmp=tmp_path)
     e.create()
+    yield e
+    e.cleanup()
+
+
+@pytest.fixture
+def item_env(settings: Settings, kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Iterator[h.Env]:
+    e = h.Env(settings=settings, tmp=tmp_path)
+    e.create(with_items=True)
     yield e
     e.cleanup()
 
@@ -89,3 +98,17 @@ def test_deleted_state_folder_restores_from_changelog(env: h.Env) -> None:
     logs = "".join(p.read_text(errors="replace") for p in env.tmp.glob("worker-*.log"))
     assert "restored from empty +" in logs
     assert "changelog records" in logs
+
+
+def test_item_view_through_repartition_is_exact_after_kill_9(item_env: h.Env) -> None:
+    env = item_env
+    h.produce(env.settings, 15_000, seed=16)
+    proc = env.start(max_poll=500)
+    wait_committed(env, 3_000)
+    os.kill(proc.pid, signal.SIGKILL)  # forwarded events of an uncommitted batch are sent again
+    proc.wait()
+    assert env.committed() < 15_000
+    assert wait(env.start(), 90) == 0
+    exp = h.expected(env.settings)
+    assert h.compare_online(env, exp) > 100
+    assert h.compare_items(env, exp) > 100

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.nearline.state import PartitionStore
@@ -45,7 +46,7 @@ def test_task_matches_reference_and_restores_from_its_store(tmp_path: Path) -> N
         else:
             assert em.malformed is not None
             recs.append(Rec(i, em.malformed.value, list(em.malformed.headers)))
-    specs = [compile_view(v) for v in h.test_views()]
+    specs = [compile_view(v) for v in h.nearline_views()]
     timing = SourceTiming(5_000, 60_000)
     task = PartitionTask(0, PartitionStore(tmp_path, 0), specs, timing, "sha256:x", codec)
     dead: list[Any] = []

@@ -1,0 +1,131 @@
+"""Views keyed by another field than the topic's key (``item_id``): a repartition through Kafka.
+
+``events`` is keyed by ``user_id``, so an item's events are spread over every partition. The
+events task of each source partition (stage A) forwards them to the internal topic
+``<group>-by-<field>`` and a :class:`RepartitionedTask` per partition of that topic (stage B)
+computes the views keyed by the field, with the same window code and commit protocol.
+
+Stage A, in step 1 of the commit protocol (with the changelog, before the RocksDB commit):
+
+- each accepted, first-seen event with the field set: key = the field's value, value = the event
+  as JSON, header ``hw-src`` = ``<source partition>:<source offset>``;
+- then a watermark marker to every partition of the topic: header ``hw-wm`` =
+  ``<source partition>:<watermark>`` (no key, no value).
+
+Stage B differs from the events task in three ways:
+
+1. **Exactly once across stage-A crashes.** A crash of stage A after step 1 re-forwards the
+   batch when it is replayed. Stage B keeps, per source partition, the next source offset it
+   expects (``src_hw``, committed in its meta record) and skips a record below it.
+2. **Watermark = minimum over the source partitions** of the last marker from each; until every
+   source partition has sent one, no boundary is published (an idle source partition holds the
+   boundary back: idle-source detection is not built).
+3. **Nothing is late here**: stage A applied the lateness rule; an event behind stage B's
+   boundary is folded and its entity re-published at that boundary, as an allowed late event is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from headwater.pipelines.events.codec import EventCodec, Reason, dead_letter
+from headwater.pipelines.nearline.state import PartitionStore
+from headwater.pipelines.nearline.task import BatchOutput, PartitionTask, SourceTiming
+from headwater.pipelines.windows import ViewSpec
+
+SOURCE_HEADER = "hw-src"
+MARKER_HEADER = "hw-wm"
+
+
+def repartition_topic(group: str, field: str) -> str:
+    """Return the internal topic that holds ``events`` keyed by ``field``."""
+    return f"{group}-by-{field}"
+
+
+def repartition_changelog(group: str, field: str) -> str:
+    """Return the changelog topic of the stage-B stores of ``field``."""
+    return f"{group}-by-{field}-changelog"
+
+
+def forwarded_record(event: dict[str, Any], source_partition: int, offset: int) -> tuple[bytes, list[Any]]:
+    """Return (value, headers) of one forwarded event."""
+    return orjson.dumps(event), [(SOURCE_HEADER, f"{source_partition}:{offset}".encode())]
+
+
+def marker_headers(source_partition: int, watermark: int) -> list[tuple[str, bytes]]:
+    """Return the headers of a watermark marker."""
+    return [(MARKER_HEADER, f"{source_partition}:{watermark}".encode())]
+
+
+class RepartitionedTask(PartitionTask):
+    """Stage B: the views keyed by one field, over one partition of its repartition topic."""
+
+    def __init__(
+        self,
+        partition: int,
+        store: PartitionStore,
+        views: Sequence[ViewSpec],
+        timing: SourceTiming,
+        registry_hash: str,
+        upstream_partitions: int,
+        refresh_all: bool = True,
+    ) -> None:
+        """Own ``store``; ``timing`` is the source's (it sets how long event ids are kept)."""
+        super().__init__(partition, store, views, timing, registry_hash, EventCodec(), refresh_all)
+        self.upstream_partitions = upstream_partitions
+        self.wm_src: dict[int, int] = {}
+        self.src_hw: dict[int, int] = {}
+
+    def load(self, loaded: Any) -> None:
+        """Rebuild the state, then the per-source watermarks and offsets of the meta record."""
+        super().load(loaded)
+        self.wm_src = {int(p): int(w) for p, w in loaded.meta.get("wm_src", {}).items()}
+        self.src_hw = {int(p): int(o) for p, o in loaded.meta.get("src_hw", {}).items()}
+
+    def _pre(self, records: Sequence[Any]) -> Sequence[Any]:
+        kept = []
+        for rec in records:
+            name, raw = rec.headers[0] if rec.headers else ("", b"")
+            src, _, num = raw.decode("ascii", "replace").partition(":")
+            if name == MARKER_HEADER:
+                p, wm = int(src), int(num)
+                if wm > self.wm_src.get(p, wm - 1):
+                    self.wm_src[p] = wm
+            elif name == SOURCE_HEADER:
+                p, offset = int(src), int(num)
+                if offset >= self.src_hw.get(p, 0):  # below: a re-forward after a stage-A crash
+                    self.src_hw[p] = offset + 1
+                    kept.append(rec)
+            else:
+                kept.append(rec)  # not ours: _accept sends it to the dead-letter topic
+        return kept
+
+    def _accept(self, rec: Any, now_ms: int, out: BatchOutput) -> dict[str, Any] | None:
+        if not rec.headers or rec.headers[0][0] != SOURCE_HEADER:
+            detail = f"a record on {rec.topic} without a {SOURCE_HEADER} header (not written by nearline)"
+            out.dead.append(dead_letter(rec, Reason.INVALID_HEADER, detail, now_ms))
+            return None
+        try:
+            event: dict[str, Any] = orjson.loads(rec.value)
+        except orjson.JSONDecodeError as exc:
+            out.dead.append(dead_letter(rec, Reason.CORRUPT_PAYLOAD, f"not a forwarded event: {exc}", now_ms))
+            return None
+        t = event["event_time"]
+        if self.max_t is None or t > self.max_t:
+            self.max_t = t
+        return event
+
+    def _watermark(self) -> int | None:
+        if len(self.wm_src) < self.upstream_partitions:
+            return None
+        return min(self.wm_src.values())
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            **super()._meta(),
+            "wm_src": {str(p): w for p, w in self.wm_src.items()},
+            "src_hw": {str(p): o for p, o in self.src_hw.items()},
+        }
