@@ -31,45 +31,17 @@ from headwater.pipelines.windows import (
     to_vectors,
     view_layout,
 )
-from headwater.registry.expr import parse, to_json
+from headwater.pipelines.windows.testing import plan_feature, plan_where
 from headwater.registry.plans import (
     SCHEMA_VERSION,
-    PlanFeature,
     PlanOperand,
     PlanSource,
     PlanView,
-    PlanWhere,
     TierPlan,
     plan_path,
 )
 
 OOO_S, LATENESS_S = 5.0, 60.0
-
-
-def _where(text: str | None) -> PlanWhere | None:
-    return None if text is None else PlanWhere(text=text, ast=to_json(parse(text)), sql={})
-
-
-def _f(
-    name: str,
-    agg: str,
-    window_min: int,
-    slide_min: int,
-    fld: str | None = None,
-    flt: str | None = None,
-    **kw: Any,
-) -> PlanFeature:
-    return PlanFeature(
-        name=name,
-        agg=agg,
-        dtype="float64",
-        window=f"{window_min}m",
-        window_s=window_min * 60,
-        slide_s=slide_min * 60,
-        field=fld,
-        where=_where(flt),
-        **kw,
-    )
 
 
 def nearline_views(slide_s: int | None = None) -> list[PlanView]:
@@ -89,27 +61,27 @@ def nearline_views(slide_s: int | None = None) -> list[PlanView]:
         defined_at="t.yaml:1",
     )
     ctr = dict(
-        numerator=PlanOperand(agg="count", field=None, where=_where("event_type = 'click'")),
-        denominator=PlanOperand(agg="count", field=None, where=_where("event_type = 'impression'")),
+        numerator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'click'")),
+        denominator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'impression'")),
     )
     a = PlanView(
         name="nl_activity",
         features=[
-            _f("clicks_10m", "count", 10, 1, flt="event_type = 'click'"),
-            _f("dwell_sum_30m", "sum", 30, 5, "dwell_ms", "event_type = 'dwell'"),
-            _f("price_avg_30m", "avg", 30, 5, "price"),
-            _f("price_min_10m", "min", 10, 1, "price"),
-            _f("position_max_10m", "max", 10, 1, "position"),
-            _f("ctr_30m", "ratio", 30, 5, **ctr),
+            plan_feature("clicks_10m", "count", 10, 1, flt="event_type = 'click'"),
+            plan_feature("dwell_sum_30m", "sum", 30, 5, "dwell_ms", "event_type = 'dwell'"),
+            plan_feature("price_avg_30m", "avg", 30, 5, "price"),
+            plan_feature("price_min_10m", "min", 10, 1, "price"),
+            plan_feature("position_max_10m", "max", 10, 1, "position"),
+            plan_feature("ctr_30m", "ratio", 30, 5, **ctr),
         ],
         **common,
     )
     b = PlanView(
         name="nl_taste",
         features=[
-            _f("last_query_10m", "last", 10, 1, "query", "event_type = 'search'"),
-            _f("categories_60m", "distinct_count", 60, 5, "category"),
-            _f("top_categories_60m", "top_k", 60, 5, "category", k=3),
+            plan_feature("last_query_10m", "last", 10, 1, "query", "event_type = 'search'"),
+            plan_feature("categories_60m", "distinct_count", 60, 5, "category"),
+            plan_feature("top_categories_60m", "top_k", 60, 5, "category", k=3),
         ],
         **common,
     )
@@ -124,8 +96,8 @@ def nearline_views(slide_s: int | None = None) -> list[PlanView]:
 def item_views() -> list[PlanView]:
     """One view keyed by item_id (events are keyed by user_id: computed behind a repartition)."""
     ctr = dict(
-        numerator=PlanOperand(agg="count", field=None, where=_where("event_type = 'click'")),
-        denominator=PlanOperand(agg="count", field=None, where=_where("event_type = 'impression'")),
+        numerator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'click'")),
+        denominator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'impression'")),
     )
     return [
         nearline_views()[0].model_copy(
@@ -134,10 +106,10 @@ def item_views() -> list[PlanView]:
                 "entity": "item",
                 "join_key": "item_id",
                 "features": [
-                    _f("item_impressions_10m", "count", 10, 1, flt="event_type = 'impression'"),
-                    _f("item_position_avg_30m", "avg", 30, 5, "position"),
-                    _f("item_users_30m", "distinct_count", 30, 5, "user_id"),
-                    _f("item_ctr_30m", "ratio", 30, 5, **ctr),
+                    plan_feature("item_impressions_10m", "count", 10, 1, flt="event_type = 'impression'"),
+                    plan_feature("item_position_avg_30m", "avg", 30, 5, "position"),
+                    plan_feature("item_users_30m", "distinct_count", 30, 5, "user_id"),
+                    plan_feature("item_ctr_30m", "ratio", 30, 5, **ctr),
                 ],
             }
         )

@@ -20,39 +20,11 @@ from headwater.pipelines.windows import (
     split_late,
     to_vectors,
 )
-from headwater.registry.expr import parse, to_json
-from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
+from headwater.pipelines.windows.testing import plan_feature, plan_where
+from headwater.registry.plans import PlanFeature, PlanOperand, PlanView
 
 MIN = 60_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a multiple of every slide used here
-
-
-def where(text: str | None) -> PlanWhere | None:
-    return None if text is None else PlanWhere(text=text, ast=to_json(parse(text)), sql={})
-
-
-def feat(
-    name: str,
-    agg: str,
-    window_min: int,
-    slide_min: int,
-    field: str | None = None,
-    flt: str | None = None,
-    k: int | None = None,
-    **kw: Any,
-) -> PlanFeature:
-    return PlanFeature(
-        name=name,
-        agg=agg,
-        dtype="float64",
-        window=f"{window_min}m",
-        window_s=window_min * 60,
-        slide_s=slide_min * 60,
-        field=field,
-        k=k,
-        where=where(flt),
-        **kw,
-    )
 
 
 def view(*features: PlanFeature) -> ViewSpec:
@@ -96,7 +68,7 @@ def ev(i: int, t: int, user: str = "u1", **fields: Any) -> dict[str, Any]:
 
 
 def test_count_window_boundaries_are_half_open_and_aligned() -> None:
-    v = view(feat("c", "count", 10, 5))
+    v = view(plan_feature("c", "count", 10, 5))
     events = [
         ev(1, T0 - 1),
         ev(2, T0),
@@ -116,8 +88,8 @@ def test_count_window_boundaries_are_half_open_and_aligned() -> None:
 
 def test_duplicates_count_once_and_filters_apply() -> None:
     v = view(
-        feat("clicks", "count", 10, 5, flt="event_type = 'click'"),
-        feat("likes", "count", 10, 5, flt="event_type = 'like'"),
+        plan_feature("clicks", "count", 10, 5, flt="event_type = 'click'"),
+        plan_feature("likes", "count", 10, 5, flt="event_type = 'like'"),
     )
     events = [ev(1, T0), ev(1, T0), ev(2, T0 + 1, event_type="like"), ev(3, T0 + 2)]
     got = reference_values(v, events, T0 + 5 * MIN)["u1"]
@@ -126,21 +98,21 @@ def test_duplicates_count_once_and_filters_apply() -> None:
 
 def test_empty_window_values() -> None:
     v = view(
-        feat("c", "count", 5, 5),
-        feat("s", "sum", 5, 5, "price"),
-        feat("a", "avg", 5, 5, "price"),
-        feat("mn", "min", 5, 5, "price"),
-        feat("mx", "max", 5, 5, "price"),
-        feat("l", "last", 5, 5, "query"),
-        feat("d", "distinct_count", 5, 5, "category"),
-        feat("t", "top_k", 5, 5, "category", k=2),
-        feat(
+        plan_feature("c", "count", 5, 5),
+        plan_feature("s", "sum", 5, 5, "price"),
+        plan_feature("a", "avg", 5, 5, "price"),
+        plan_feature("mn", "min", 5, 5, "price"),
+        plan_feature("mx", "max", 5, 5, "price"),
+        plan_feature("l", "last", 5, 5, "query"),
+        plan_feature("d", "distinct_count", 5, 5, "category"),
+        plan_feature("t", "top_k", 5, 5, "category", k=2),
+        plan_feature(
             "r",
             "ratio",
             5,
             5,
-            numerator=PlanOperand(agg="count", field=None, where=where("event_type = 'click'")),
-            denominator=PlanOperand(agg="count", field=None, where=where("event_type = 'impression'")),
+            numerator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'click'")),
+            denominator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'impression'")),
         ),
     )
     empty = empty_values(v)
@@ -163,11 +135,11 @@ def test_empty_window_values() -> None:
 
 def test_numeric_aggregations_skip_nulls() -> None:
     v = view(
-        feat("s", "sum", 5, 5, "price"),
-        feat("a", "avg", 5, 5, "price"),
-        feat("mn", "min", 5, 5, "price"),
-        feat("mx", "max", 5, 5, "price"),
-        feat("cp", "count", 5, 5, "price"),
+        plan_feature("s", "sum", 5, 5, "price"),
+        plan_feature("a", "avg", 5, 5, "price"),
+        plan_feature("mn", "min", 5, 5, "price"),
+        plan_feature("mx", "max", 5, 5, "price"),
+        plan_feature("cp", "count", 5, 5, "price"),
     )
     events = [
         ev(1, T0, price=2.0),
@@ -180,7 +152,7 @@ def test_numeric_aggregations_skip_nulls() -> None:
 
 
 def test_last_takes_greatest_time_then_greatest_event_id() -> None:
-    v = view(feat("l", "last", 5, 5, "query"))
+    v = view(plan_feature("l", "last", 5, 5, "query"))
     events = [
         ev(5, T0 + 10, query="b"),
         ev(9, T0 + 20, query="c"),
@@ -193,7 +165,10 @@ def test_last_takes_greatest_time_then_greatest_event_id() -> None:
 
 
 def test_distinct_count_and_top_k_order_and_share() -> None:
-    v = view(feat("d", "distinct_count", 5, 5, "category"), feat("t", "top_k", 5, 5, "category", k=2))
+    v = view(
+        plan_feature("d", "distinct_count", 5, 5, "category"),
+        plan_feature("t", "top_k", 5, 5, "category", k=2),
+    )
     cats = ["b", "a", "c", "b", "a", None, "c", "d"]
     events = [ev(i, T0 + i, category=c) for i, c in enumerate(cats)]
     got = reference_values(v, events, T0 + 5 * MIN)["u1"]
@@ -203,9 +178,9 @@ def test_distinct_count_and_top_k_order_and_share() -> None:
 
 
 def test_ratio_and_zero_denominator() -> None:
-    num = PlanOperand(agg="count", field=None, where=where("event_type = 'click'"))
-    den = PlanOperand(agg="count", field=None, where=where("event_type = 'impression'"))
-    v = view(feat("ctr", "ratio", 5, 5, numerator=num, denominator=den))
+    num = PlanOperand(agg="count", field=None, where=plan_where("event_type = 'click'"))
+    den = PlanOperand(agg="count", field=None, where=plan_where("event_type = 'impression'"))
+    v = view(plan_feature("ctr", "ratio", 5, 5, numerator=num, denominator=den))
     events = [
         ev(1, T0, event_type="impression"),
         ev(2, T0 + 1, event_type="impression"),
@@ -225,22 +200,22 @@ def test_split_late_uses_watermark_minus_lateness() -> None:
 
 
 ALL = view(
-    feat("c1", "count", 60, 1),
-    feat("c24", "count", 240, 10, flt="event_type = 'click'"),
-    feat("s", "sum", 30, 5, "dwell_ms"),
-    feat("a", "avg", 60, 5, "price"),
-    feat("mn", "min", 20, 5, "price"),
-    feat("mx", "max", 20, 1, "position"),
-    feat("l", "last", 60, 1, "query", flt="event_type = 'search'"),
-    feat("d", "distinct_count", 120, 10, "category"),
-    feat("t", "top_k", 120, 10, "category", k=3),
-    feat(
+    plan_feature("c1", "count", 60, 1),
+    plan_feature("c24", "count", 240, 10, flt="event_type = 'click'"),
+    plan_feature("s", "sum", 30, 5, "dwell_ms"),
+    plan_feature("a", "avg", 60, 5, "price"),
+    plan_feature("mn", "min", 20, 5, "price"),
+    plan_feature("mx", "max", 20, 1, "position"),
+    plan_feature("l", "last", 60, 1, "query", flt="event_type = 'search'"),
+    plan_feature("d", "distinct_count", 120, 10, "category"),
+    plan_feature("t", "top_k", 120, 10, "category", k=3),
+    plan_feature(
         "r",
         "ratio",
         60,
         5,
-        numerator=PlanOperand(agg="count", field=None, where=where("event_type = 'click'")),
-        denominator=PlanOperand(agg="count", field=None, where=where("event_type = 'impression'")),
+        numerator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'click'")),
+        denominator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'impression'")),
     ),
 )
 
