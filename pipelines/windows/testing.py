@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from headwater.registry.expr import parse, to_json
-from headwater.registry.plans import PlanFeature, PlanWhere
+from headwater.registry.plans import PlanFeature, PlanView, PlanWhere
 
 
 def plan_where(text: str | None) -> PlanWhere | None:
@@ -38,3 +38,22 @@ def plan_feature(
         where=plan_where(flt),
         **kw,
     )
+
+
+def plan_view(name: str, features: list[PlanFeature], **overrides: Any) -> PlanView:
+    """Return a nearline view keyed by user (``overrides`` replace any other field)."""
+    fields: dict[str, Any] = {
+        "entity": "user",
+        "join_key": "user_id",
+        "source": "events",
+        "tier": "nearline",
+        "freshness_sla": "PT5M",
+        "freshness_sla_s": 300,
+        "compute_cost": 1,
+        "estimated_cost": 1,
+        "owner": "tests",
+        "description": "",
+        "tags": {},
+        "defined_at": "tests.yaml:1",
+    }
+    return PlanView(name=name, features=features, **{**fields, **overrides})

@@ -31,7 +31,7 @@ from headwater.pipelines.windows import (
     to_vectors,
     view_layout,
 )
-from headwater.pipelines.windows.testing import plan_feature, plan_where
+from headwater.pipelines.windows.testing import plan_feature, plan_view, plan_where
 from headwater.registry.plans import (
     SCHEMA_VERSION,
     PlanOperand,
@@ -46,27 +46,13 @@ OOO_S, LATENESS_S = 5.0, 60.0
 
 def nearline_views(slide_s: int | None = None) -> list[PlanView]:
     """Two user views covering every aggregation kind (``slide_s``: every feature's slide instead)."""
-    common: dict[str, Any] = dict(
-        entity="user",
-        join_key="user_id",
-        source="events",
-        tier="nearline",
-        freshness_sla="PT5M",
-        freshness_sla_s=300,
-        compute_cost=1,
-        estimated_cost=1,
-        owner="t",
-        description="",
-        tags={},
-        defined_at="t.yaml:1",
-    )
     ctr = dict(
         numerator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'click'")),
         denominator=PlanOperand(agg="count", field=None, where=plan_where("event_type = 'impression'")),
     )
-    a = PlanView(
-        name="nl_activity",
-        features=[
+    a = plan_view(
+        "nl_activity",
+        [
             plan_feature("clicks_10m", "count", 10, 1, flt="event_type = 'click'"),
             plan_feature("dwell_sum_30m", "sum", 30, 5, "dwell_ms", "event_type = 'dwell'"),
             plan_feature("price_avg_30m", "avg", 30, 5, "price"),
@@ -74,16 +60,14 @@ def nearline_views(slide_s: int | None = None) -> list[PlanView]:
             plan_feature("position_max_10m", "max", 10, 1, "position"),
             plan_feature("ctr_30m", "ratio", 30, 5, **ctr),
         ],
-        **common,
     )
-    b = PlanView(
-        name="nl_taste",
-        features=[
+    b = plan_view(
+        "nl_taste",
+        [
             plan_feature("last_query_10m", "last", 10, 1, "query", "event_type = 'search'"),
             plan_feature("categories_60m", "distinct_count", 60, 5, "category"),
             plan_feature("top_categories_60m", "top_k", 60, 5, "category", k=3),
         ],
-        **common,
     )
     if slide_s is not None:
         return [

@@ -20,32 +20,15 @@ from headwater.pipelines.windows import (
     split_late,
     to_vectors,
 )
-from headwater.pipelines.windows.testing import plan_feature, plan_where
-from headwater.registry.plans import PlanFeature, PlanOperand, PlanView
+from headwater.pipelines.windows.testing import plan_feature, plan_view, plan_where
+from headwater.registry.plans import PlanFeature, PlanOperand
 
 MIN = 60_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a multiple of every slide used here
 
 
 def view(*features: PlanFeature) -> ViewSpec:
-    return compile_view(
-        PlanView(
-            name="v",
-            entity="user",
-            join_key="user_id",
-            source="events",
-            tier="nearline",
-            freshness_sla="PT5M",
-            freshness_sla_s=300,
-            compute_cost=1,
-            estimated_cost=1,
-            owner="o",
-            description="",
-            tags={},
-            features=list(features),
-            defined_at="x.yaml:1",
-        )
-    )
+    return compile_view(plan_view("v", list(features)))
 
 
 def ev(i: int, t: int, user: str = "u1", **fields: Any) -> dict[str, Any]:
