@@ -20,6 +20,7 @@ from headwater.pipelines.events.producer import (
 )
 from headwater.pipelines.events.tail import TailedRecord, TailError, TailSummary, tail
 from headwater.pipelines.settings import Settings
+from headwater.registry.durations import parse_duration
 
 _SHARE = click.FloatRange(0.0, 1.0)
 
@@ -45,6 +46,12 @@ def events() -> None:
     "--duration", type=click.FloatRange(min=0.0), default=10.0, show_default=True, help="Seconds to run."
 )
 @click.option("--max-events", type=click.IntRange(min=1), default=None, help="Stop after this many records.")
+@click.option(
+    "--history",
+    default=None,
+    metavar="DURATION",
+    help="Backfill: spread --max-events over this span before now (e.g. 2d), sent as fast as possible.",
+)
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the catalog, users and stream.")
 @click.option("--topic", default=None, help="Target topic [default: $HEADWATER_EVENTS_TOPIC or 'events'].")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap [default: from HEADWATER_* settings].")
@@ -116,6 +123,7 @@ def produce_cmd(
     rate: float,
     duration: float,
     max_events: int | None,
+    history: str | None,
     seed: int,
     topic: str | None,
     bootstrap: str | None,
@@ -147,17 +155,21 @@ def produce_cmd(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    target = ProducerSettings(
-        bootstrap=bootstrap or settings.kafka_bootstrap,
-        topic=topic or settings.events_topic,
-        rate=rate,
-        duration_s=duration,
-        max_events=max_events,
-        linger_ms=linger_ms,
-        batch_size=batch_size,
-        compression=compression,
-        acks=acks,
-    )
+    try:
+        target = ProducerSettings(
+            bootstrap=bootstrap or settings.kafka_bootstrap,
+            topic=topic or settings.events_topic,
+            rate=rate,
+            duration_s=duration,
+            max_events=max_events,
+            linger_ms=linger_ms,
+            batch_size=batch_size,
+            compression=compression,
+            acks=acks,
+            history_s=parse_duration(history).seconds if history else None,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     progress = None if quiet else _print_progress
     try:
         stats = produce(target, config, progress=progress)

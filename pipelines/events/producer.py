@@ -7,6 +7,11 @@ interleave). Either way, an event's time is rebased on the wall clock when it is
 the generator's intended lag for late and out-of-order events; a duplicate keeps the time of
 the event it repeats. So event time matches the ``produce-ts`` header even when the producer
 cannot keep up with ``rate``.
+
+History mode (``history_s``) is for backfills and demos of the offline tier: the simulated clock
+starts ``history_s`` before now and spreads ``max_events`` evenly over that span; events are
+sent as fast as possible and keep their simulated (past) event times, so the last one is near
+the wall clock and a streaming tier that reads them afterwards sees an ordinary ordered stream.
 """
 
 from __future__ import annotations
@@ -55,6 +60,14 @@ class ProducerSettings:
     compression: Compression = "zstd"
     acks: Acks = "all"
     connect_timeout_s: float = 10.0
+    history_s: float | None = None
+    """Backfill mode: event times span the ``history_s`` seconds before now (needs ``max_events``)."""
+
+    def __post_init__(self) -> None:
+        """Reject a history without an event budget (its simulated rate would be undefined)."""
+        if self.history_s is not None and (self.history_s <= 0 or not self.max_events):
+            msg = "history mode needs a positive history and --max-events (events spread over the history)"
+            raise ValueError(msg)
 
     def kafka_config(self) -> dict[str, Any]:
         """Keyword arguments for ``kafka.KafkaProducer``."""
@@ -152,7 +165,11 @@ def produce(
     """
     now_ms = time.time_ns() // 1_000_000
     sim_rate = settings.rate if settings.rate > 0 else MAX_MODE_SIM_RATE
-    config = replace(config or GeneratorConfig(), start_ms=now_ms, rate=sim_rate)
+    start_ms = now_ms
+    if settings.history_s is not None and settings.max_events:
+        sim_rate = settings.max_events / settings.history_s
+        start_ms = now_ms - int(settings.history_s * 1000)
+    config = replace(config or GeneratorConfig(), start_ms=start_ms, rate=sim_rate)
     codec = EventCodec()
     generator = EventGenerator(config, codec)
     own = producer is None
@@ -184,7 +201,8 @@ def _send_loop(
 
     Returns the monotonic start time, so the caller can include the final flush in the rate.
     """
-    topic, paced = settings.topic, settings.rate > 0
+    history = settings.history_s is not None
+    topic, paced = settings.topic, settings.rate > 0 and not history
     limit = settings.max_events if settings.max_events is not None else -1
     sim_start = generator.config.start_ms
     fp_header = codec.headers()[0]
@@ -193,7 +211,8 @@ def _send_loop(
         stats.failed += 1
 
     started = time.monotonic()
-    deadline, next_report = started + settings.duration_s, started + PROGRESS_EVERY_S
+    deadline = started + (float("inf") if history else settings.duration_s)
+    next_report = started + PROGRESS_EVERY_S
     for emission in generator:
         now = time.monotonic()
         if paced:
@@ -207,7 +226,7 @@ def _send_loop(
         produce_ts = (HEADER_PRODUCE_TS, str(wall_ms).encode("ascii"))
         event, bad = emission.event, emission.malformed
         if event is not None:
-            if not emission.duplicate:  # rebase on the wall clock, in place: later duplicates copy it
+            if not (emission.duplicate or history):  # rebase on the wall clock, in place: duplicates copy it
                 event["event_time"] += wall_ms - emission.sim_time_ms
             value = codec.encode(event)
             future = kafka.send(

@@ -245,3 +245,35 @@ def test_cli_produce_then_tail(kafka_bootstrap: str, new_topic: Callable[[int], 
     assert all(set(line) >= {"event_id", "user_id", "event_type", "event_time", "device"} for line in lines)
     assert f"records {counts['sent']:,}" in tailed.stderr
     assert "invalid:" in tailed.stderr
+
+
+def test_history_mode_spreads_event_times_over_the_span_before_now(
+    kafka_bootstrap: str, new_topic: Callable[[int], str]
+) -> None:
+    topic = new_topic(2)
+    config = GeneratorConfig(seed=3, late_share=0, out_of_order_share=0, duplicate_share=0, malformed_share=0)
+    settings = ProducerSettings(
+        bootstrap=kafka_bootstrap, topic=topic, rate=0, max_events=2_000, history_s=2 * 86_400
+    )
+    before_ms = time.time_ns() // 1_000_000
+    stats = produce(settings, config)
+    after_ms = time.time_ns() // 1_000_000
+    assert (stats.sent, stats.failed) == (2_000, 0)
+
+    codec = EventCodec()
+    times = sorted(
+        result.event["event_time"]
+        for record in read_all(kafka_bootstrap, topic, 2_000)
+        if isinstance(result := codec.decode(record.value, record.headers), DecodedEvent)
+    )
+    assert len(times) == 2_000
+    # 2,000 events over 2 days: the first near the start of the span, the last near now, none in the future.
+    assert before_ms - 2 * 86_400_000 <= times[0] < before_ms - 2 * 86_400_000 + 3_600_000
+    assert before_ms - 3 * 3_600_000 < times[-1] <= after_ms
+    days = {t // 86_400_000 for t in times}
+    assert len(days) >= 2
+
+
+def test_history_mode_needs_an_event_budget(kafka_bootstrap: str) -> None:
+    with pytest.raises(ValueError, match="--max-events"):
+        ProducerSettings(bootstrap=kafka_bootstrap, topic="events", history_s=3600)
