@@ -1,5 +1,5 @@
 # headwater: the two commands a newcomer needs are `make demo` and `make test`.
-# Both install what is missing first (Python packages, JVM artifacts, redis-server) and start
+# Both install what is missing first (Python packages, JVM artifacts, redis-server, chromium) and start
 # the services they use, then stop only what they started.
 
 PYTHON ?= python3
@@ -9,12 +9,12 @@ HW := $(VENV)/bin/headwater
 SHELL := /bin/bash
 
 .DEFAULT_GOAL := help
-.PHONY: help setup services-up services-down demo test test-unit lint check bench clean
+.PHONY: help setup redis-server chromium services-up services-down demo test test-unit lint check bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed infra/lib/.resolved redis-server build/typing  ## Install everything (idempotent)
+setup: $(VENV)/.installed infra/lib/.resolved redis-server chromium build/typing  ## Install everything (idempotent)
 
 # Python packages: one venv, the project installed editable with its dev tools.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -33,6 +33,13 @@ redis-server:
 	  echo "installing redis-server (Debian)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+# A real headless browser for the test of the HTML freshness report (the test skips without one).
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo "installing chromium + chromium-driver (Debian)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 # mypy cannot follow the editable install's import hook, so it reads the code through a
 # tree of links that spells the package names (headwater.registry -> registry/, ...).

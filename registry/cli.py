@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from headwater.pipelines.events.cli import events
+from headwater.pipelines.freshness.cli import freshness
 from headwater.pipelines.nearline.cli import run_nearline
 from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
 from headwater.pipelines.realtime.cli import realtime
@@ -51,3 +52,4 @@ main.add_command(serve)
 main.add_command(training_set)
 main.add_command(materialize)
 main.add_command(consistency)
+main.add_command(freshness)

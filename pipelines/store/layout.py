@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from redis.crc import key_slot
 
 DEFAULT_NAMESPACE = "hw"
+FRESHNESS_MAXLEN = 20_000  # entries kept per view in the freshness log; write.lua uses the same cap
 MAX_VERSION_BYTES = 32
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -120,6 +121,14 @@ def entity_keys(view: str, entity_ids: Sequence[str], namespace: str = DEFAULT_N
     """Return the Redis keys of many entities of one view, in order."""
     prefix = key_prefix(view, namespace)
     return [prefix + e for e in entity_ids]
+
+
+def freshness_key(view: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Return the key of ``view``'s freshness log, a capped stream written by ``write.lua``.
+
+    ``<namespace>:fresh:{<view>}``: the same hash tag as the view's values, hence the same slot.
+    """
+    return f"{namespace}:fresh:{{{view}}}"
 
 
 def view_slot(view: str, namespace: str = DEFAULT_NAMESPACE) -> int:

@@ -29,7 +29,13 @@ import redis
 from redis.exceptions import NoScriptError
 
 from headwater.pipelines.store import codec
-from headwater.pipelines.store.layout import DEFAULT_NAMESPACE, ViewLayout, key_prefix
+from headwater.pipelines.store.layout import (
+    DEFAULT_NAMESPACE,
+    FRESHNESS_MAXLEN,
+    ViewLayout,
+    freshness_key,
+    key_prefix,
+)
 from headwater.pipelines.store.transport import Command, StoreError, Transport
 
 WRITE_SCRIPT = resources.files("headwater.pipelines.store").joinpath("write.lua").read_text("utf-8")
@@ -225,8 +231,33 @@ class OnlineStore:
                 raise StoreError(msg)
         return [bytes(reply) for reply in replies]
 
+    def publish_progress(
+        self, layout: ViewLayout, boundary_ms: int, write_time_ms: int | None = None
+    ) -> None:
+        """Record that ``layout``'s tier has published every value up to window boundary ``boundary_ms``.
+
+        ``write.lua`` records progress with every write; a tier calls this when it passed a boundary
+        without changing any row (no write), so the view's read-time age stays true. One ``XADD`` of a
+        freshness entry with no rows (format: ``write.lua``'s header).
+        """
+        wt = epoch_ms() if write_time_ms is None else int(write_time_ms)
+        entry: Command = ("w", wt, "n", 0, "r", 0, "lo", 0, "hi", int(boundary_ms), "s", "")
+        command: Command = (
+            "XADD",
+            freshness_key(layout.view, self.namespace),
+            "MAXLEN",
+            "~",
+            FRESHNESS_MAXLEN,
+        )
+        replies = self._transport.execute(
+            [(*command, "*", *entry)], f"publishing progress of {layout.view!r}"
+        )
+        if isinstance(replies[0], Exception):
+            msg = f"online store at {self._transport.address}: publishing progress failed: {replies[0]}"
+            raise StoreError(msg)
+
     def delete_view(self, view: str, batch: int = 1000) -> int:
-        """Delete every key of ``view`` (SCAN + UNLINK); returns the number deleted."""
+        """Delete every key of ``view`` (SCAN + UNLINK) and its freshness log; returns the keys deleted."""
         pattern = key_prefix(view, self.namespace).replace("{", "\\{").replace("}", "\\}") + "*"
         deleted = 0
         pending: list[bytes] = []
@@ -237,6 +268,7 @@ class OnlineStore:
                 pending = []
         if pending:
             deleted += int(self.client.unlink(*pending))
+        self.client.unlink(freshness_key(view, self.namespace))
         return deleted
 
 

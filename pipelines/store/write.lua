@@ -11,6 +11,16 @@
 -- version and payload: a replay, the stored value, its write time and expiry are kept).
 -- Same event time with a different payload or version is written: a recomputation wins.
 --
+-- Freshness log (one extra command per call, whoever calls the script): one XADD to the capped stream
+-- <namespace>:fresh:{<view>} (same hash tag, so same slot as the rows; derived from KEYS[1]) with
+--   w   write time of the call (ms, from the first record's header, offset 16)
+--   n   rows written (status "1");  r  rows in the call
+--   lo  smallest event time (window boundary B) of the written rows (0 when n = 0)
+--   hi  greatest event time of all rows of the call: the tier's progress (boundary published up to)
+--   s   event times of the written rows as "B:count,...": exact when at most 8 distinct B, otherwise
+--       8 quantile points of the sorted event times, the counts summing to n.
+-- Readers: headwater.pipelines.freshness.samples. Keep both in sync.
+--
 -- Common case in one call per key: SET ... PXAT ... GET stores the new value and returns the old one.
 -- When the old one must win, it is put back with its own absolute expiry (expire_at_ms at
 -- offset 24), inside this script, so no reader ever sees the rejected value.
@@ -22,6 +32,7 @@ if #blob ~= size * #KEYS then
 end
 local sub, unpack = string.sub, struct.unpack
 local out = {}
+local counts, distinct, written, hi = {}, {}, 0, nil
 for i = 1, #KEYS do
   local key = KEYS[i]
   local off = (i - 1) * size
@@ -33,8 +44,11 @@ for i = 1, #KEYS do
     old = redis.call('SET', key, rec, 'PXAT', expire_at_all, 'GET')
   end
   local code = '1'
+  local new_et = unpack('<i8', rec, 9)
+  if hi == nil or new_et > hi then
+    hi = new_et
+  end
   if old and #old >= 72 and sub(old, 1, 2) == 'HW' then
-    local new_et = unpack('<i8', rec, 9)
     local old_et = unpack('<i8', old, 9)
     if old_et > new_et then
       code = '0'
@@ -51,5 +65,42 @@ for i = 1, #KEYS do
     end
   end
   out[i] = code
+  if code == '1' then
+    written = written + 1
+    local c = counts[new_et]
+    if c == nil then
+      distinct[#distinct + 1] = new_et
+      counts[new_et] = 1
+    else
+      counts[new_et] = c + 1
+    end
+  end
+end
+local ns, view = string.match(KEYS[1] or '', '^(.-):{([^}]+)}:')
+if ns then
+  local fmt = string.format
+  table.sort(distinct)
+  local parts = {}
+  local k = 8
+  if #distinct <= k then
+    for j = 1, #distinct do
+      parts[j] = fmt('%.0f:%d', distinct[j], counts[distinct[j]])
+    end
+  else
+    -- k quantile points: point j stands for the rows of rank floor((j-1)n/k)+1 .. floor(jn/k).
+    local idx, cum = 1, counts[distinct[1]]
+    for j = 1, k do
+      local first, last = math.floor((j - 1) * written / k), math.floor(j * written / k)
+      local mid = math.floor((first + last + 1) / 2)
+      while cum < mid do
+        idx = idx + 1
+        cum = cum + counts[distinct[idx]]
+      end
+      parts[j] = fmt('%.0f:%d', distinct[idx], last - first)
+    end
+  end
+  redis.call('XADD', ns .. ':fresh:{' .. view .. '}', 'MAXLEN', '~', 20000, '*',
+    'w', fmt('%.0f', unpack('<i8', blob, 17)), 'n', written, 'r', #KEYS,
+    'lo', fmt('%.0f', distinct[1] or 0), 'hi', fmt('%.0f', hi), 's', table.concat(parts, ','))
 end
 return table.concat(out)

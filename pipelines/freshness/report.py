@@ -1,0 +1,215 @@
+"""The freshness report: every applied view's pipeline lag and read-time age against its SLA.
+
+Views come from the applied tier plans (``registry/plans.py``); figures from the views' write logs
+(:mod:`~headwater.pipelines.freshness.samples`). A view's verdict is about read-time age, the
+quantity its ``freshness_sla`` bounds ("max age of a value when it is read"):
+
+- ``breach``: the age now, or the p99 age over the window, is above the SLA;
+- ``no data``: nothing was ever published for the view (no write log);
+- ``ok``: otherwise. Pipeline lag is reported beside it (a lag above the SLA shows as ``lag>sla``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from headwater.pipelines.freshness.samples import Entry, read_since
+from headwater.pipelines.freshness.stats import Progress, lag_samples, weighted_quantiles
+from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
+
+TIERS = ("realtime", "nearline", "offline")
+OK, BREACH, NO_DATA = "ok", "breach", "no data"
+
+
+class NoPlansError(RuntimeError):
+    """No tier plan was applied: there are no views to report on."""
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """What the report needs of a plan view."""
+
+    view: str
+    tier: str
+    sla_s: float
+
+
+@dataclass(frozen=True)
+class Pair:
+    """p50 and p99 in seconds (None: no data)."""
+
+    p50: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, q: tuple[float, ...] | None) -> Pair:
+        """Build from a (p50, p99) tuple or None."""
+        return cls() if q is None else cls(q[0], q[1])
+
+
+@dataclass(frozen=True)
+class ViewFreshness:
+    """Freshness figures of one view over a window ending at ``now_ms``."""
+
+    view: str
+    tier: str
+    sla_s: float
+    verdict: str
+    lag_now: Pair
+    lag_window: Pair
+    age_now_s: float | None
+    age_window: Pair
+    rows_window: int
+    writes_window: int
+    progress_ms: int | None
+    last_write_ms: int | None
+    log_start_ms: int | None
+    age_series: list[tuple[int, float]] = field(repr=False)
+    lag_series: list[tuple[int, float, float]] = field(repr=False)
+
+    @property
+    def lag_over_sla(self) -> bool:
+        """Whether the p99 pipeline lag over the window is above the SLA."""
+        return self.lag_window.p99 is not None and self.lag_window.p99 > self.sla_s
+
+
+@dataclass(frozen=True)
+class Report:
+    """The whole report: one :class:`ViewFreshness` per applied view, tiers in order."""
+
+    now_ms: int
+    window_s: float
+    views: list[ViewFreshness]
+
+    @property
+    def breached(self) -> list[ViewFreshness]:
+        """Views whose verdict is breach."""
+        return [v for v in self.views if v.verdict == BREACH]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON: figures in seconds, times in epoch ms and ISO-8601 UTC; no plot series."""
+        views = []
+        for v in self.views:
+            d = asdict(v)
+            d.pop("age_series")
+            d.pop("lag_series")
+            d["lag_over_sla"] = v.lag_over_sla
+            d["progress"] = _iso(v.progress_ms)
+            views.append(d)
+        return {
+            "generated_at": _iso(self.now_ms),
+            "now_ms": self.now_ms,
+            "window_s": self.window_s,
+            "ok": not self.breached,
+            "breached": [v.view for v in self.breached],
+            "views": views,
+        }
+
+
+def _iso(ms: int | None) -> str | None:
+    return (
+        None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+    )
+
+
+def view_freshness(spec: ViewSpec, entries: Sequence[Entry], now_ms: int, window_ms: int) -> ViewFreshness:
+    """Compute one view's figures from its write log over ``(now_ms - window_ms, now_ms]``."""
+    start = now_ms - window_ms
+    progress = Progress.from_entries(entries)
+    lags, weights = lag_samples(entries, start, now_ms)
+    written = [e for e in entries if e.rows > 0 and e.write_ms <= now_ms]
+    last = max(written, key=lambda e: e.write_ms) if written else None
+    lag_now = Pair()
+    if last is not None:
+        lag_now = Pair.of(
+            weighted_quantiles(
+                [(last.write_ms - b) / 1000 for b, _ in last.samples], [c for _, c in last.samples]
+            )
+        )
+    age_now = progress.age_s(now_ms)
+    age_window = Pair.of(progress.age_quantiles(start, now_ms))
+    if age_now is None:
+        verdict = NO_DATA
+    elif age_now > spec.sla_s or (age_window.p99 is not None and age_window.p99 > spec.sla_s):
+        verdict = BREACH
+    else:
+        verdict = OK
+    in_window = [e for e in entries if start < e.write_ms <= now_ms]
+    return ViewFreshness(
+        view=spec.view,
+        tier=spec.tier,
+        sla_s=spec.sla_s,
+        verdict=verdict,
+        lag_now=lag_now,
+        lag_window=Pair.of(weighted_quantiles(lags, weights)),
+        age_now_s=age_now,
+        age_window=age_window,
+        rows_window=int(weights.sum()),
+        writes_window=len(in_window),
+        progress_ms=progress.at(now_ms),
+        last_write_ms=max((e.write_ms for e in entries), default=None),
+        log_start_ms=min((e.write_ms for e in entries), default=None),
+        age_series=progress.age_series(start, now_ms),
+        lag_series=_lag_points(in_window),
+    )
+
+
+def _lag_points(entries: Sequence[Entry], max_points: int = 1500) -> list[tuple[int, float, float]]:
+    """(write time ms, p50 lag s, max lag s) per write with rows, thinned to at most ``max_points``."""
+    pts = []
+    for e in entries:
+        if e.samples:
+            ordered = sorted(e.samples)  # by boundary: the lag falls as the boundary rises
+            half, seen, median_b = e.rows / 2, 0, ordered[-1][0]
+            for b, count in reversed(ordered):
+                seen += count
+                if seen >= half:
+                    median_b = b
+                    break
+            pts.append((e.write_ms, (e.write_ms - median_b) / 1000, (e.write_ms - ordered[0][0]) / 1000))
+    if len(pts) > max_points:
+        step = len(pts) / max_points
+        pts = [pts[int(i * step)] for i in range(max_points)]
+    return pts
+
+
+def plan_views(state_dir: Path) -> list[ViewSpec]:
+    """Every view of the applied tier plans, tiers in order realtime, nearline, offline.
+
+    Raises:
+        NoPlansError: no plan file exists under ``state_dir/plans``.
+    """
+    from headwater.registry.plans import read_plan
+
+    specs: list[ViewSpec] = []
+    found = False
+    for tier in TIERS:
+        try:
+            plan = read_plan(state_dir, tier)
+        except FileNotFoundError:
+            continue
+        found = True
+        specs.extend(ViewSpec(v.name, tier, v.freshness_sla_s) for v in plan.views)
+    if not found:
+        msg = (
+            f"no applied plans under {state_dir / 'plans'}: run `headwater apply features/` first"
+            " (or pass --state-dir)"
+        )
+        raise NoPlansError(msg)
+    return specs
+
+
+def build_report(
+    client: Any, specs: Sequence[ViewSpec], now_ms: int, window_s: float, namespace: str = DEFAULT_NAMESPACE
+) -> Report:
+    """Read every view's write log from Redis and compute its figures."""
+    window_ms = int(window_s * 1000)
+    views = [
+        view_freshness(s, read_since(client, s.view, now_ms - window_ms, namespace), now_ms, window_ms)
+        for s in specs
+    ]
+    return Report(now_ms, window_s, views)

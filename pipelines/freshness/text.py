@@ -1,0 +1,76 @@
+"""The freshness report as a text table for people, one row per view, tiers in order."""
+
+from __future__ import annotations
+
+from headwater.pipelines.freshness.report import BREACH, Pair, Report, ViewFreshness
+
+
+def fmt_s(seconds: float | None) -> str:
+    """Format a duration for people: ``850ms``, ``4.2s``, ``3m05s``, ``2h10m``, ``1d03h``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 1:
+        return f"{sign}{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{sign}{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def _pair(p: Pair) -> str:
+    return f"{fmt_s(p.p50)} / {fmt_s(p.p99)}"
+
+
+HEADER = (
+    "tier",
+    "view",
+    "SLA",
+    "lag now p50/p99",
+    "lag win p50/p99",
+    "age now",
+    "age win p50/p99",
+    "rows",
+    "verdict",
+)
+
+
+def row_cells(v: ViewFreshness) -> tuple[str, ...]:
+    """Cells of one view's row of the table, in :data:`HEADER` order."""
+    verdict = v.verdict.upper() if v.verdict == BREACH else v.verdict
+    if v.lag_over_sla:
+        verdict += " (lag>sla)"
+    return (
+        v.tier,
+        v.view,
+        fmt_s(v.sla_s),
+        _pair(v.lag_now),
+        _pair(v.lag_window),
+        fmt_s(v.age_now_s),
+        _pair(v.age_window),
+        str(v.rows_window),
+        verdict,
+    )
+
+
+def render_text(report: Report) -> str:
+    """Render the report as an aligned table with a closing summary line."""
+    rows = [HEADER, *(row_cells(v) for v in report.views)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    breached = report.breached
+    with_data = sum(1 for v in report.views if v.age_now_s is not None)
+    summary = (
+        f"window {fmt_s(report.window_s)}: {len(report.views)} views, {with_data} with data,"
+        f" {len(breached)} in breach"
+    )
+    if breached:
+        summary += ": " + ", ".join(v.view for v in breached)
+    lines.append("")
+    lines.append(summary)
+    return "\n".join(lines) + "\n"
