@@ -2,10 +2,14 @@
 
 One command: ``.venv/bin/python bench/bench_serve.py``. It
 
-1. trains a small model into a temporary directory (unless ``--model`` is given),
-2. writes features for ``--users`` users and ``--items`` items into Redis under a key
-   namespace of its own (removed at the end),
-3. starts ``headwater serve`` as a subprocess on a free loopback port,
+1. applies ``features/`` to a temporary state directory (the registry the service binds to),
+   writes a synthetic training set in the ``headwater training-set`` format for it and trains
+   a small model with ``headwater model train --training-set`` (unless ``--model`` is given),
+2. writes vectors of every user and item view for ``--users`` users and ``--items`` items into
+   Redis under a key namespace of its own (removed at the end),
+3. starts ``headwater serve`` as a subprocess on a free loopback port; the impressions it serves
+   go to a Kafka topic of the benchmark's own (deleted at the end; ``--no-feedback`` turns the
+   loop off),
 4. runs a closed loop (each of C connections sends its next request when the previous answer
    arrived) at each concurrency C for ``--seconds`` after a warm-up, with a minimal asyncio
    HTTP/1.1 client (keep-alive, pre-encoded bodies) so the client costs little CPU,
@@ -43,9 +47,11 @@ import numpy as np
 import redis
 
 from headwater.pipelines.settings import Settings
-from headwater.serving.config import ServingConfig, load_config
-from headwater.serving.demo import demo_rows
+from headwater.serving.config import load_config
+from headwater.serving.registry import BoundRegistry, load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
+from headwater.serving.synthetic import make_world, training_set, write_world
+from headwater.serving.trainset import write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "serve.json"
@@ -62,29 +68,59 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def train_model(out: Path) -> None:
-    """Train a small model with ``headwater model train`` (CUDA when present)."""
-    cmd = [HEADWATER, "model", "train", "--out", str(out), "--events", "150000", "--epochs", "2"]
+def apply_registry(state_dir: Path, repo: Path = ROOT / "features") -> None:
+    """Apply ``repo`` to ``state_dir`` (plans only, no Feast): the registry the service binds to."""
+    cmd = [HEADWATER, "apply", str(repo), "--state-dir", str(state_dir), "--no-feast"]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def train_model(out: Path, registry: BoundRegistry, seed: int = 11) -> None:
+    """Train a small model from a synthetic training set in the registry's shape (CUDA when present)."""
+    data = out.parent / "train.parquet"
+    world = make_world(registry, users=2_000, items=2_000, seed=seed)
+    write_parquet(training_set(registry, world, slates=8_000, seed=seed), data)
+    cmd = [HEADWATER, "model", "train", "--training-set", str(data), "--out", str(out), "--epochs", "2"]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
 def write_features(
-    reader: OnlineStoreReader, config: ServingConfig, users: int, items: int, seed: int
+    reader: OnlineStoreReader, registry: BoundRegistry, users: int, items: int, seed: int
 ) -> None:
-    """Write ``users`` and ``items`` vectors resampled from the demo world (ids b-u*/b-i*)."""
-    base = demo_rows(events=100_000, seed=seed)
-    rng = np.random.default_rng(seed)
-    t = now_ms()
-    user_ids = [f"b-u{i}" for i in range(users)]
-    item_ids = [f"b-i{i}" for i in range(items)]
-    u = base.users[rng.integers(0, len(base.users), users)]
-    i_rows = rng.integers(0, len(base.items), items)
-    for start in range(0, users, 5000):
-        reader.write(config.user_view, user_ids[start : start + 5000], u[start : start + 5000], t)
-    for start in range(0, items, 5000):
-        sl = slice(start, start + 5000)
-        reader.write(config.item_view, item_ids[sl], base.items[i_rows][sl], t)
-        reader.write(config.popularity_view, item_ids[sl], base.popularity[i_rows][sl], t)
+    """Write every user and item view for ``users`` and ``items`` (ids b-u*/b-i*, 6 digits)."""
+    world = make_world(registry, users=users, items=items, seed=seed, prefixes=("b-u", "b-i"))
+    write_world(reader, registry, world, now_ms())
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> bool:
+    """Create ``topic`` (and wait for it); False when Kafka cannot be reached."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    except KafkaError as exc:
+        print(f"Kafka at {bootstrap} unreachable ({exc})", flush=True)
+        return False
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+    return True
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete the benchmark's topics (best effort: a failure is printed)."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        admin.delete_topics(topics)
+        admin.close()
+    except KafkaError as exc:
+        print(f"could not delete topics {topics}: {exc}", flush=True)
 
 
 def encode(body: dict[str, Any]) -> bytes:
@@ -231,6 +267,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--config", type=Path, default=None, help="Serving config YAML passed to the service.")
     ap.add_argument("--redis-url", default=Settings.from_env().redis_url)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--bootstrap", default=Settings.from_env().kafka_bootstrap)
+    ap.add_argument("--no-feedback", action="store_true", help="Serve without sending impressions to Kafka.")
+    ap.add_argument(
+        "--quick", action="store_true", help="One short sweep at concurrency 1,2,4 (a smoke run)."
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="Where to write the JSON report.")
     return ap.parse_args()
 
@@ -259,22 +300,30 @@ def drop_namespace(url: str, namespace: str) -> None:
 def main() -> None:
     """Set up, run the sweeps, print and write the report."""
     args = parse_args()
+    if args.quick:
+        args.concurrency, args.seconds, args.runs, args.warmup = "1,2,4", 3.0, 1, 1.0
     config = load_config(args.config)
     namespace = f"hwbench-serve-{uuid.uuid4().hex[:6]}"
+    work = Path(tempfile.mkdtemp(prefix="headwater-bench-serve-"))
+    state_dir = work / "state"
+    apply_registry(state_dir)
+    registry = load_registry(state_dir, config.popularity)
     model = args.model
     if model is None:
-        print("training a small model ...", flush=True)
-        model = Path(tempfile.mkdtemp(prefix="headwater-bench-serve-")) / "models"
-        train_model(model)
+        print(f"training a small model for registry {registry.registry_version} ...", flush=True)
+        model = work / "models"
+        train_model(model, registry, args.seed)
     reader = OnlineStoreReader.from_url(args.redis_url, namespace=namespace, timeout_s=5.0)
     print(f"writing {args.users} users and {args.items} items under namespace {namespace} ...", flush=True)
-    write_features(reader, config, args.users, args.items, args.seed)
+    write_features(reader, registry, args.users, args.items, args.seed)
+    topic = f"hwbench-serve-{namespace[-6:]}"
+    feedback = not args.no_feedback and create_topic(args.bootstrap, topic)
     rng = random.Random(args.seed)
-    items = [f"b-i{i}" for i in range(args.items)]
+    items = [f"b-i{i:06d}" for i in range(args.items)]
     bodies = [
         encode(
             {
-                "user_id": f"b-u{rng.randrange(args.users)}",
+                "user_id": f"b-u{rng.randrange(args.users):06d}",
                 "candidates": rng.sample(items, args.candidates),
                 "k": K,
                 "priority": "normal",
@@ -294,9 +343,12 @@ def main() -> None:
         args.redis_url,
         "--namespace",
         namespace,
+        "--state-dir",
+        str(state_dir),
         "--log-level",
         "warning",
     ]
+    cmd += ["--bootstrap", args.bootstrap, "--feedback-topic", topic] if feedback else ["--no-feedback"]
     if args.config is not None:
         cmd += ["--config", str(args.config)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -309,6 +361,8 @@ def main() -> None:
         proc.wait(20)
         drop_namespace(args.redis_url, namespace)
         reader.close()
+        if feedback:
+            delete_topics(args.bootstrap, [topic])
     report(args, health, per_level)
 
 
@@ -327,6 +381,8 @@ def report(args: argparse.Namespace, health: dict[str, Any], per_level: list[lis
         "seconds_per_level": args.seconds,
         "runs": args.runs,
         "device": health["device"],
+        "registry_version": health["registry_version"],
+        "feedback": health["feedback"],
         "model_version": health["model_version"],
         "inference_latency_p99_ms": health["inference_latency_p99_ms"],
         "gpu_memory_used_percent": health["gpu_memory_used_percent"],

@@ -6,8 +6,9 @@ of the metadata (without ``model_version`` and ``created_at``) and of every tens
 dtype, shape and bytes, 12 hex digits. Training the same data with the same seed gives the
 same version; loading recomputes it and refuses a file whose content does not match.
 
-Metadata binds the model to what it was trained on: ``registry_version``, ``user_view``,
-``user_features``, ``item_view``, ``item_features`` (see :func:`check_binding`).
+Metadata binds the model to what it was trained on: ``registry_version`` and the slot lists
+``user_features`` and ``item_features`` (the training set's ``user.<slot>``/``item.<slot>``
+columns; see :func:`check_binding`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from headwater.serving.config import ViewSpec
+from headwater.serving.registry import BoundRegistry
 
 FORMAT = "headwater.ranker/1"
 KINDS = ("dcn", "linear")
@@ -114,21 +117,61 @@ def load_artifact(path: Path) -> Artifact:
     return Artifact(path, meta, state)
 
 
-def check_binding(metadata: Mapping[str, Any], user_view: ViewSpec, item_view: ViewSpec) -> None:
-    """Raise :class:`ArtifactError` unless the model was trained on exactly these views' features."""
-    for side, spec in (("user", user_view), ("item", item_view)):
-        trained = tuple(metadata.get(f"{side}_features", ()))
-        if trained != spec.features:
-            missing = [f for f in trained if f not in spec.features]
-            extra = [f for f in spec.features if f not in trained]
+@dataclass(frozen=True)
+class Binding:
+    """How a model's inputs map onto the registry's vectors.
+
+    ``user_columns``/``item_columns``: for each model input, its column in the registry's vector
+    (None when the orders are the same). ``warning``: a registry-version difference worth logging.
+    """
+
+    user_columns: npt.NDArray[np.intp] | None
+    item_columns: npt.NDArray[np.intp] | None
+    warning: str | None = None
+
+
+def check_binding(metadata: Mapping[str, Any], registry: BoundRegistry) -> Binding:
+    """Bind a model to the applied registry; raise :class:`ArtifactError` unless the slots match.
+
+    The slots (names) must be the same set on each side; an other order is mapped. A different
+    registry version with the same slots is accepted with a warning: the version changes with any
+    edit of the registry (owner, cost, another view), not only with a feature's meaning.
+    """
+    model, trained_on = metadata.get("model_version"), metadata.get("registry_version")
+    columns: list[npt.NDArray[np.intp] | None] = []
+    for side in ("user", "item"):
+        trained = tuple(str(s) for s in metadata.get(f"{side}_features", ()))
+        current = registry.side(side).slots
+        if trained == current:
+            columns.append(None)
+            continue
+        missing = [f for f in trained if f not in current]
+        extra = [f for f in current if f not in trained]
+        if missing or extra or len(trained) != len(current):
             msg = (
-                f"model {metadata.get('model_version')} was trained on {side} view"
-                f" {metadata.get(f'{side}_view')!r} with {len(trained)} features, the service reads"
-                f" {spec.view!r} with {len(spec.features)}: missing from the view {missing}, not in the"
-                f" model {extra}{' (same names, other order)' if not missing and not extra else ''};"
-                " retrain the model on the current registry version"
+                f"model {model} (registry {trained_on}) does not"
+                f" match the applied registry {registry.registry_version}: {side} slots the model needs but"
+                f" the registry lacks: {_few(missing)}; registry {side} slots the model was not trained on:"
+                f" {_few(extra)}. Build a training set from the applied registry (`headwater training-set`)"
+                " and retrain (`headwater model train --training-set FILE`)"
             )
             raise ArtifactError(msg)
+        columns.append(np.asarray([current.index(f) for f in trained], dtype=np.intp))
+    warning = None
+    if trained_on != registry.registry_version:
+        warning = (
+            f"model {model} was trained on registry {trained_on},"
+            f" the applied registry is {registry.registry_version}; the slots are the same, so it is used:"
+            " retrain if a feature's definition changed"
+        )
+    return Binding(columns[0], columns[1], warning)
+
+
+def _few(names: list[str], shown: int = 6) -> str:
+    if not names:
+        return "none"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def resolve_model_path(path: Path) -> Path:

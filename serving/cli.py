@@ -1,11 +1,10 @@
-"""``headwater model train|seed-features`` and ``headwater serve``.
+"""``headwater model train`` and ``headwater serve``.
 
 torch, FastAPI and uvicorn are imported inside the commands so ``headwater --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -16,10 +15,16 @@ DEFAULT_MODEL_DIR = Path(".headwater/models")
 
 @click.group()
 def model() -> None:
-    """Train the ranking model and fill the demo features it reads."""
+    """Train the ranking model from a point-in-time training set."""
 
 
 @model.command()
+@click.option(
+    "--training-set",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Parquet training set from `headwater training-set` (user.<slot>, item.<slot> columns).",
+)
 @click.option(
     "--out",
     "out_dir",
@@ -28,87 +33,50 @@ def model() -> None:
     show_default=True,
     help="Directory for the artifacts, the metrics JSON and latest.json.",
 )
-@click.option(
-    "--training-set",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Parquet training set (see headwater.serving.trainset); default: built from the event generator.",
-)
-@click.option(
-    "--events",
-    type=click.IntRange(min=1000),
-    default=400_000,
-    show_default=True,
-    help="Generator events to build the training set from (without --training-set).",
-)
-@click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the training run (and generator)."
-)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
 @click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--holdout", type=click.FloatRange(0.05, 0.5), default=0.2, show_default=True,
+    help="Share of the latest slates held out (split by time) for AUC and NDCG@10.",
+)  # fmt: skip
 @click.option(
     "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Default: cuda when present."
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Serving config YAML (the views the model is bound to).",
-)
 def train(
-    out_dir: Path,
-    training_set: Path | None,
-    events: int,
-    seed: int,
-    epochs: int,
-    device: str | None,
-    config_path: Path | None,
+    training_set: Path, out_dir: Path, seed: int, epochs: int, holdout: float, device: str | None
 ) -> None:
-    """Train the DCN ranker and its linear fallback; print holdout AUC and NDCG@10 next to popularity."""
-    from headwater.serving.config import load_config
-    from headwater.serving.train import TrainOptions, train_and_save
-    from headwater.serving.trainset import from_events, generated_events, read_parquet
+    """Train the DCN ranker and its linear fallback from a point-in-time training set.
 
-    config = load_config(config_path)
-    if training_set is not None:
+    Prints holdout AUC and NDCG@10 (the latest slates, split by time) next to popularity.
+    """
+    from headwater.serving.train import TrainOptions, train_and_save
+    from headwater.serving.trainset import TrainingSetError, read_parquet
+
+    try:
         ts = read_parquet(training_set)
-        click.echo(f"training set {training_set}: {len(ts)} rows")
-    else:
-        click.echo(f"building a training set from {events} generator events (seed {seed + 7}) ...")
-        ts = from_events(generated_events(events, seed + 7), config.item_view.version)
-    click.echo(f"training on {len(ts)} impressions, positive rate {float(ts.label.mean()):.4f} ...")
-    report = train_and_save(ts, out_dir, TrainOptions(seed=seed, epochs=epochs, device=device), config)
+    except TrainingSetError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"training set {training_set}: {len(ts)} rows, {len(ts.user_features)} user and"
+        f" {len(ts.item_features)} item slots, registry {ts.registry_version},"
+        f" positive rate {float(ts.label.mean()):.4f}"
+    )
+    opts = TrainOptions(seed=seed, epochs=epochs, holdout=holdout, device=device)
+    try:
+        report = train_and_save(ts, out_dir, opts)
+    except TrainingSetError as exc:
+        raise click.ClickException(str(exc)) from exc
     m = report.metrics
-    click.echo(f"device {m['device']}, {m['seconds']} s; holdout {m['rows']['holdout']} rows")
+    click.echo(
+        f"device {m['device']}, {m['seconds']} s;"
+        f" train {m['rows']['train']}, holdout {m['rows']['holdout']} rows"
+    )
     click.echo(f"{'model':<12}{'AUC':>8}{'NDCG@10':>10}")
     for name, values in m["holdout"].items():
         click.echo(f"{name:<12}{values['auc']:>8.4f}{values['ndcg@10']:>10.4f}")
     click.echo(f"wrote {report.dcn.path} (model_version {report.dcn.version})")
     click.echo(f"wrote {report.linear.path} (linear fallback {report.linear.version})")
     click.echo(f"wrote {report.metrics_path}")
-
-
-@model.command("seed-features")
-@click.option("--redis-url", default=None, help="Default: HEADWATER_REDIS_URL or the local Redis.")
-@click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True)
-@click.option("--seed", type=int, default=7, show_default=True)
-@click.option(
-    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None
-)
-def seed_features(redis_url: str | None, events: int, seed: int, config_path: Path | None) -> None:
-    """Write demo user, item and popularity features (counted from generator events) to the store."""
-    from headwater.pipelines.settings import Settings
-    from headwater.serving.config import load_config
-    from headwater.serving.demo import demo_rows, write_demo
-    from headwater.serving.store import OnlineStoreReader
-
-    config = load_config(config_path)
-    store = OnlineStoreReader.from_url(redis_url or Settings.from_env().redis_url, timeout_s=5.0)
-    rows = demo_rows(events, seed)
-    written = write_demo(store, config, rows)
-    click.echo(
-        json.dumps({"rows_written": written, "users": len(rows.user_ids), "items": len(rows.item_ids)})
-    )
 
 
 @click.command()
@@ -126,9 +94,18 @@ def seed_features(redis_url: str | None, events: int, seed: int, config_path: Pa
     "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None
 )
 @click.option(
+    "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Where `headwater apply` wrote the plans (default: the config's, $HEADWATER_STATE_DIR, .headwater).",
+)  # fmt: skip
+@click.option(
     "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Default: cuda when present."
 )
 @click.option("--namespace", default=None, help="Key namespace of the online store (default: the store's).")
+@click.option(
+    "--bootstrap", default=None, help="Kafka for the feedback loop (default: HEADWATER_* settings)."
+)
+@click.option("--feedback-topic", default=None, help="Topic of impressions and feedback (default: events).")
+@click.option("--no-feedback", is_flag=True, help="Do not send impressions and feedback to Kafka.")
 @click.option("--log-level", default="info", show_default=True)
 def serve(
     host: str,
@@ -136,8 +113,12 @@ def serve(
     model_path: Path | None,
     redis_url: str | None,
     config_path: Path | None,
+    state_dir: Path | None,
     device: str | None,
     namespace: str | None,
+    bootstrap: str | None,
+    feedback_topic: str | None,
+    no_feedback: bool,
     log_level: str,
 ) -> None:
     """Run the ranking service: POST /v1/rank, GET /health, GET /metrics, GET /openapi.json."""
@@ -146,23 +127,38 @@ def serve(
     from headwater.pipelines.settings import Settings
     from headwater.serving.app import create_app
     from headwater.serving.config import load_config
+    from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
+    from headwater.serving.registry import RegistryBindingError, load_registry
     from headwater.serving.runtime import configure_switch_interval, configure_torch_threads, load_models
     from headwater.serving.store import OnlineStoreReader
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(config_path)
+    try:
+        registry = load_registry(state_dir or config.plans_dir(), config.popularity)
+    except RegistryBindingError as exc:
+        raise click.ClickException(str(exc)) from exc
     if model_path is None and DEFAULT_MODEL_DIR.is_dir():
         model_path = DEFAULT_MODEL_DIR
     threads = configure_torch_threads(config.torch_threads)
     switch_ms = configure_switch_interval(config.gil_switch_interval_ms)
-    loaded = load_models(model_path, config, device)
-    reader = OnlineStoreReader.from_url(redis_url or Settings.from_env().redis_url, namespace=namespace)
+    loaded = load_models(model_path, registry, device)
+    settings = Settings.from_env()
+    reader = OnlineStoreReader.from_url(redis_url or settings.redis_url, namespace=namespace)
+    feedback = None
+    if config.feedback.enabled and not no_feedback:
+        topic = feedback_topic or config.feedback.topic or settings.events_topic
+        connect = kafka_sink_factory(bootstrap or settings.kafka_bootstrap, config.feedback.linger_ms)
+        feedback = FeedbackProducer(
+            topic, connect, config.feedback.max_buffer_events, config.feedback.reconnect_s
+        )
     versions = loaded.models()
     click.echo(
         f"serving on http://{host}:{port} device={loaded.device} torch_threads={threads}"
         f" batch_rows={config.batcher.rows_for(loaded.device)} switch_interval_ms={switch_ms:g}"
+        f" registry={registry.registry_version} user_slots={registry.user.dim} item_slots={registry.item.dim}"
         f" model={versions.neural_version} linear={versions.linear_version}"
+        f" feedback={feedback.topic if feedback else 'off'}"
     )
-    uvicorn.run(
-        create_app(config, reader, loaded), host=host, port=port, log_level=log_level, access_log=False
-    )
+    app = create_app(config, registry, reader, loaded, feedback)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -1,71 +1,26 @@
-"""Serving configuration: which views the ranker reads, and the service's bounds.
+"""Serving configuration: where the applied registry is, the popularity slot, the service's bounds.
 
-The registry's tier plans (``.headwater/plans/``) are not final yet, so the serving side names
-its user, item and popularity views here, with defaults that match the demo feature set written
-by :mod:`headwater.serving.featurize`. A YAML file can override any field
+The views the ranker reads are not configured here: they are every user and item view of the
+applied registry (:mod:`headwater.serving.registry`). A YAML file can override any field
 (``headwater serve --config FILE``); unknown keys are errors that name the file.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-CATEGORIES: tuple[str, ...] = (
-    "sports",
-    "music",
-    "cooking",
-    "travel",
-    "tech",
-    "fashion",
-    "books",
-    "gaming",
-    "home",
-    "beauty",
-    "garden",
-    "pets",
-    "kids",
-    "auto",
-    "art",
-    "health",
-)
-"""Item categories of the demo world; one click-share feature per category on the user side."""
-
-USER_FEATURES: tuple[str, ...] = (
-    "impressions_7d",
-    "clicks_7d",
-    "ctr_7d",
-    *(f"click_share_{c}" for c in CATEGORIES),
-)
-ITEM_FEATURES: tuple[str, ...] = (
-    "impressions_7d",
-    "clicks_7d",
-    "ctr_7d",
-    "price",
-    *(f"is_{c}" for c in CATEGORIES),
-)
-POPULARITY_FEATURES: tuple[str, ...] = ("clicks_24h",)
-DEFAULT_REGISTRY_VERSION = "demo-v1"
+DEFAULT_STATE_DIR = Path(".headwater")
+DEFAULT_POPULARITY = "item_popularity_offline.item_clicks_1d"
 CPU_BATCH_ROWS = 1024
 CUDA_BATCH_ROWS = 8192
 
 
 class ConfigError(ValueError):
     """The serving configuration file is missing or not valid."""
-
-
-class ViewSpec(BaseModel):
-    """One feature view as the service reads it: the fields of the store's ``ViewLayout``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    view: str
-    entity: str
-    features: tuple[str, ...] = Field(min_length=1)
-    ttl_s: int = Field(default=7 * 86400, ge=0)
-    version: str = DEFAULT_REGISTRY_VERSION
 
 
 class BatcherConfig(BaseModel):
@@ -93,18 +48,33 @@ class BatcherConfig(BaseModel):
         return CUDA_BATCH_ROWS if device.startswith("cuda") else CPU_BATCH_ROWS
 
 
+class FeedbackConfig(BaseModel):
+    """The loop back to Kafka: impressions served and posted feedback become behaviour events."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    topic: str | None = None
+    """Target topic; None = the settings' events topic (``HEADWATER_EVENTS_TOPIC`` or ``events``)."""
+    max_buffer_events: int = Field(default=50_000, ge=1)
+    """Events waiting for Kafka; when full, new events are dropped (and counted), requests never wait."""
+    linger_ms: int = Field(default=5, ge=0, le=1000)
+    reconnect_s: float = Field(default=2.0, gt=0.0)
+    """Pause between attempts to reach a Kafka that is down."""
+
+
 class ServingConfig(BaseModel):
     """Everything ``headwater serve`` needs besides the model and the store address."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    user_view: ViewSpec = ViewSpec(view="user_profile", entity="user", features=USER_FEATURES)
-    item_view: ViewSpec = ViewSpec(view="item_stats", entity="item", features=ITEM_FEATURES)
-    popularity_view: ViewSpec = ViewSpec(
-        view="item_popularity", entity="item", features=POPULARITY_FEATURES, ttl_s=2 * 86400
-    )
-    categories: tuple[str, ...] = CATEGORIES
+    state_dir: Path | None = None
+    """Where ``headwater apply`` wrote the plans; None: ``$HEADWATER_STATE_DIR``, else ``.headwater``."""
+
+    popularity: str = DEFAULT_POPULARITY
+    """``<item view>.<slot>`` the popularity fallback ranks by."""
     batcher: BatcherConfig = BatcherConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     default_deadline_ms: float = Field(default=100.0, gt=0.0)
     max_deadline_ms: float = Field(default=10_000.0, gt=0.0)
     fallback_reserve_ms: float = Field(default=2.0, ge=0.0)
@@ -137,6 +107,12 @@ class ServingConfig(BaseModel):
             )
             raise ValueError(msg)
         return self
+
+    def plans_dir(self) -> Path:
+        """Return the state directory whose plans the service binds to."""
+        if self.state_dir is not None:
+            return self.state_dir
+        return Path(os.environ.get("HEADWATER_STATE_DIR") or DEFAULT_STATE_DIR)
 
 
 def load_config(path: str | Path | None) -> ServingConfig:

@@ -6,7 +6,7 @@ Each step says what it needs; the first step whose needs are met and that succee
    DCN model, and an answer from the micro-batcher before the deadline (less a reserve kept
    for the fallbacks).
 2. ``linear``: the same vectors and the logistic-regression model (numpy, microseconds).
-3. ``popularity``: the candidates' popularity from the store's popularity view.
+3. ``popularity``: the candidates' popularity slot (config ``popularity``, an item view's slot).
 4. ``editorial``: always; the configured editorial items first, then the candidates as given.
 
 What sends a request down the chain is reported as ``fallback_reason``: ``no_model``,
@@ -32,6 +32,7 @@ from headwater.serving.batcher import DeadlineExceededError, MicroBatcher, Queue
 from headwater.serving.config import ServingConfig
 from headwater.serving.fetch import FeatureAges, FeatureFetcher, RequestFeatures
 from headwater.serving.model import LinearRanker
+from headwater.serving.registry import BoundRegistry
 from headwater.serving.store import FeatureReader, FeatureReadError, now_ms
 from headwater.serving.telemetry import Telemetry
 
@@ -61,6 +62,8 @@ class Ranked:
     fallback_reason: str | None
     ages: FeatureAges
     latency_ms: float
+    user_event_ms: dict[str, int]
+    """Event time (window boundary, ms) of each user view read for this answer."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class RankingEngine:
     def __init__(
         self,
         config: ServingConfig,
+        registry: BoundRegistry,
         fetcher: FeatureFetcher,
         reader: FeatureReader,
         models: Models,
@@ -105,6 +109,7 @@ class RankingEngine:
         io: Executor,
     ) -> None:
         self.config = config
+        self.registry = registry
         self.fetcher = fetcher
         self.reader = reader
         self.models = models
@@ -136,7 +141,13 @@ class RankingEngine:
         if fallback is not None:
             self.telemetry.fallbacks.labels(fallback, reason or "unknown").inc()
         return Ranked(
-            items, version, fallback, reason if fallback else None, ages, round(latency * 1000.0, 3)
+            items,
+            version,
+            fallback,
+            reason if fallback else None,
+            ages,
+            round(latency * 1000.0, 3),
+            feats.user_event_ms if feats is not None else {},
         )
 
     async def _features(self, query: RankQuery, deadline: float) -> tuple[RequestFeatures | None, str | None]:
@@ -195,7 +206,7 @@ class RankingEngine:
         self, query: RankQuery, deadline: float, feats: RequestFeatures | None
     ) -> tuple[tuple[list[tuple[str, float]], str | None, str | None, FeatureAges] | None, str]:
         loop = asyncio.get_running_loop()
-        spec = self.config.popularity_view
+        spec, slot = self.registry.popularity, self.registry.popularity_slot
         budget = max(deadline - loop.time(), self._reserve_s)
         try:
             rows = (
@@ -209,7 +220,7 @@ class RankingEngine:
             return None, "store_error"
         if not rows.found.any():
             return None, "no_popularity"
-        scores = np.where(rows.found, np.nan_to_num(rows.values[:, 0], nan=0.0), -1.0)
+        scores = np.where(rows.found, np.nan_to_num(rows.values[:, slot], nan=0.0), -1.0)
         now = now_ms()
         ages = np.maximum(0.0, (now - rows.event_time_ms[rows.found]) / 1000.0)
         user_age = feats.ages(now).user if feats is not None else None

@@ -1,5 +1,9 @@
 """Feature vectors for one ranking request: the user's row and the candidates' rows.
 
+Both sides are read from every view of the applied registry (:mod:`headwater.serving.registry`)
+in one round trip to the store (one ``MGET`` per view); a view without a row for an entity gives
+its empty-window vector, as in a training set.
+
 Item vectors are kept in an in-process cache (:class:`ItemVectorCache`) keyed by item id for
 one registry version, each entry valid for ``ttl_s``; when the item view's registry version
 changes, the cache is emptied. The cache is a numpy slab (one row per cached item) and a dict
@@ -20,8 +24,9 @@ from itertools import repeat
 import numpy as np
 import numpy.typing as npt
 
-from headwater.serving.config import ViewSpec
-from headwater.serving.store import FeatureReader, FeatureReadError, now_ms
+from headwater.pipelines.store import ViewLayout
+from headwater.serving.registry import BoundRegistry, SideViews
+from headwater.serving.store import FeatureReader, FeatureReadError, ViewRows, now_ms
 
 
 @dataclass(frozen=True)
@@ -35,18 +40,25 @@ class FeatureAges:
 
 @dataclass(frozen=True)
 class RequestFeatures:
-    """The vectors of one request. ``user`` is None when the user has no row in the store."""
+    """The vectors of one request, in the model's column order.
+
+    ``user`` is None when no user view has a row for the user (an unknown user);
+    ``user_event_ms`` holds the event time (window boundary) of each user view that has one.
+    An item is found when any item view has a row for it; its event time is the oldest of them.
+    """
 
     user: npt.NDArray[np.float32] | None
-    user_event_ms: int
+    user_event_ms: dict[str, int]
     items: npt.NDArray[np.float32]
     items_found: npt.NDArray[np.bool_]
     items_event_ms: npt.NDArray[np.int64]
 
     def ages(self, at_ms: int | None = None) -> FeatureAges:
-        """Return the feature ages at ``at_ms`` (default now)."""
+        """Return the feature ages at ``at_ms`` (default now); the user's is its oldest view's."""
         now = now_ms() if at_ms is None else at_ms
-        user = None if self.user is None else max(0.0, (now - self.user_event_ms) / 1000.0)
+        user = None
+        if self.user is not None and self.user_event_ms:
+            user = max(0.0, (now - min(self.user_event_ms.values())) / 1000.0)
         if not self.items_found.any():
             return FeatureAges(user, None, None)
         ages = np.maximum(0.0, (now - self.items_event_ms[self.items_found]) / 1000.0)
@@ -57,6 +69,27 @@ class RequestFeatures:
         """Share of candidates without item features."""
         n = len(self.items_found)
         return 0.0 if n == 0 else 1.0 - float(np.count_nonzero(self.items_found)) / n
+
+
+def assemble(
+    side: SideViews, rows: Sequence[ViewRows]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Concatenate one side's per-view rows: (vectors, found in any view, oldest event time or 0).
+
+    A view without a row for an entity contributes its empty-window vector, as in a training set.
+    """
+    n = len(rows[0].found)
+    out = np.empty((n, side.dim), dtype=np.float32)
+    found = np.zeros(n, dtype=bool)
+    oldest = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    offsets = side.offsets
+    for j, (empty, got) in enumerate(zip(side.empty, rows, strict=True)):
+        block = got.values if got.found.all() else np.where(got.found[:, None], got.values, empty)
+        out[:, offsets[j] : offsets[j + 1]] = block
+        found |= got.found
+        np.minimum(oldest, np.where(got.found, got.event_time_ms, oldest), out=oldest)
+    oldest[~found] = 0
+    return out, found, oldest
 
 
 @dataclass(frozen=True)
@@ -195,31 +228,33 @@ class ItemVectorCache:
 
 
 class FeatureFetcher:
-    """Reads a request's vectors through the item cache and one store round trip."""
+    """Reads a request's vectors through the item cache: one round trip, one ``MGET`` per view."""
 
     def __init__(
         self,
         reader: FeatureReader,
-        user_view: ViewSpec,
-        item_view: ViewSpec,
+        registry: BoundRegistry,
         cache: ItemVectorCache,
         io: Executor,
+        columns: tuple[npt.NDArray[np.intp] | None, npt.NDArray[np.intp] | None] = (None, None),
     ) -> None:
+        """``columns``: the model's (user, item) column order as indexes into the registry's, or None."""
         self.reader = reader
-        self.user_view = user_view
-        self.item_view = item_view
+        self.registry = registry
         self.cache = cache
         self._io = io
+        self.user_columns, self.item_columns = columns
 
     async def fetch(self, user_id: str, candidates: Sequence[str], timeout_s: float) -> RequestFeatures:
         """Read the request's vectors; raise :class:`FeatureReadError` when the store fails or is slow."""
-        version = self.item_view.version
+        user_side, item_side = self.registry.user, self.registry.item
+        version = self.registry.registry_version
         look = self.cache.lookup(candidates, version)
         miss_idx = np.flatnonzero(~look.hit)
         miss_ids = [candidates[i] for i in miss_idx.tolist()]
-        requests: list[tuple[ViewSpec, Sequence[str]]] = [(self.user_view, [user_id])]
+        requests: list[tuple[ViewLayout, Sequence[str]]] = [(lay, [user_id]) for lay in user_side.layouts]
         if miss_ids:
-            requests.append((self.item_view, miss_ids))
+            requests += [(lay, miss_ids) for lay in item_side.layouts]
         loop = asyncio.get_running_loop()
         try:
             rows = await asyncio.wait_for(
@@ -230,26 +265,47 @@ class FeatureFetcher:
                 f"online store did not answer within the request's deadline ({timeout_s * 1000:.1f} ms left)"
             )
             raise FeatureReadError(msg) from exc
+        n_user = len(user_side.layouts)
+        user_rows = rows[:n_user]
+        user_matrix, user_found, _ = assemble(user_side, user_rows)
+        user_times = {
+            lay.view: int(r.event_time_ms[0])
+            for lay, r in zip(user_side.layouts, user_rows, strict=True)
+            if bool(r.found[0])
+        }
+        items, event_ms, found = self._items(candidates, look, miss_idx, miss_ids, rows[n_user:], version)
+        user = user_matrix[0] if bool(user_found[0]) else None
+        if user is not None and self.user_columns is not None:
+            user = user[self.user_columns]
+        if self.item_columns is not None:
+            items = items[:, self.item_columns]
+        return RequestFeatures(user, user_times, items, found, event_ms)
+
+    def _items(
+        self,
+        candidates: Sequence[str],
+        look: CacheLookup,
+        miss_idx: npt.NDArray[np.intp],
+        miss_ids: list[str],
+        rows: Sequence[ViewRows],
+        version: str,
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         n = len(candidates)
         if not miss_ids:
             items, event_ms = self.cache.rows(look.slots)
-            found = np.ones(n, dtype=bool)
-        else:
-            items = np.full((n, len(self.item_view.features)), np.nan, dtype=np.float32)
-            event_ms = np.zeros(n, dtype=np.int64)
-            found = look.hit.copy()
-            hit_idx = np.flatnonzero(look.hit)
-            if len(hit_idx):
-                items[hit_idx], event_ms[hit_idx] = self.cache.rows(look.slots[hit_idx])
-            got = rows[1]
-            items[miss_idx], found[miss_idx], event_ms[miss_idx] = got.values, got.found, got.event_time_ms
-            keep = np.flatnonzero(got.found)
-            self.cache.put(
-                [miss_ids[i] for i in keep.tolist()], got.values[keep], got.event_time_ms[keep], version
-            )
-        user_rows = rows[0]
-        user = user_rows.values[0] if bool(user_rows.found[0]) else None
-        return RequestFeatures(user, int(user_rows.event_time_ms[0]), items, found, event_ms)
+            return items, event_ms, np.ones(n, dtype=bool)
+        item_side = self.registry.item
+        items = np.empty((n, item_side.dim), dtype=np.float32)
+        event_ms = np.zeros(n, dtype=np.int64)
+        found = look.hit.copy()
+        hit_idx = np.flatnonzero(look.hit)
+        if len(hit_idx):
+            items[hit_idx], event_ms[hit_idx] = self.cache.rows(look.slots[hit_idx])
+        got, got_found, got_ms = assemble(item_side, rows)
+        items[miss_idx], found[miss_idx], event_ms[miss_idx] = got, got_found, got_ms
+        keep = np.flatnonzero(got_found)
+        self.cache.put([miss_ids[i] for i in keep.tolist()], got[keep], got_ms[keep], version)
+        return items, event_ms, found
 
 
 __all__ = [
@@ -259,4 +315,5 @@ __all__ = [
     "FeatureReadError",
     "ItemVectorCache",
     "RequestFeatures",
+    "assemble",
 ]

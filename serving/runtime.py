@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +19,15 @@ import torch
 from headwater.serving.artifact import (
     Artifact,
     ArtifactError,
+    Binding,
     check_binding,
     linear_sibling,
     load_artifact,
     resolve_model_path,
 )
-from headwater.serving.config import ServingConfig
 from headwater.serving.engine import Models
 from headwater.serving.model import DCNRanker, LinearRanker, NeuralScorer, pick_device
+from headwater.serving.registry import BoundRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class LoadedModels:
     linear: LinearRanker | None
     linear_artifact: Artifact | None
     device: str
+    binding: Binding = field(default_factory=lambda: Binding(None, None))
+    """How the models' inputs map onto the registry's vectors (both models share it)."""
 
     def models(self) -> Models:
         """Return the engine's view of them."""
@@ -93,26 +96,35 @@ def linear_from_artifact(artifact: Artifact) -> LinearRanker:
     return LinearRanker({k: v.numpy().astype(np.float32) for k, v in artifact.state.items()})
 
 
-def load_models(model_path: Path | None, config: ServingConfig, device: str | None = None) -> LoadedModels:
-    """Load the DCN and its linear sibling from ``model_path`` (file or training directory)."""
+def load_models(model_path: Path | None, registry: BoundRegistry, device: str | None = None) -> LoadedModels:
+    """Load the DCN and its linear sibling from ``model_path`` (file or training directory).
+
+    A model whose slots do not match the applied registry is refused (logged with the reason);
+    the service then answers from the next step of the fallback chain.
+    """
     dev = pick_device(device)
     if model_path is None:
         logger.warning("no model given: answering from popularity and the editorial list")
         return LoadedModels(None, None, None, None, dev)
     neural = neural_art = linear = linear_art = None
+    binding = Binding(None, None)
     try:
         neural_art = load_artifact(resolve_model_path(model_path))
-        check_binding(neural_art.metadata, config.user_view, config.item_view)
+        binding = check_binding(neural_art.metadata, registry)
         neural = neural_from_artifact(neural_art, dev)
     except ArtifactError as exc:
         logger.error("neural model not used: %s", exc)
+    if binding.warning:
+        logger.warning("%s", binding.warning)
     sibling = linear_sibling(neural_art) if neural_art is not None else None
     if sibling is not None:
         try:
             linear_art = load_artifact(sibling)
-            check_binding(linear_art.metadata, config.user_view, config.item_view)
+            linear_binding = check_binding(linear_art.metadata, registry)
+            if neural is None:
+                binding = linear_binding
             linear = linear_from_artifact(linear_art)
         except ArtifactError as exc:
             logger.error("linear fallback model not used: %s", exc)
             linear_art = None
-    return LoadedModels(neural, neural_art, linear, linear_art, dev)
+    return LoadedModels(neural, neural_art, linear, linear_art, dev, binding)

@@ -12,6 +12,10 @@ MAX_CANDIDATES = 2000
 MAX_ID_LENGTH = 128
 MAX_DEADLINE_MS = 10_000.0
 Priority = Literal["high", "normal", "low"]
+Device = Literal["ios", "android", "web"]
+FeedbackType = Literal["click", "like", "purchase", "dwell"]
+MAX_FEEDBACK_AGE_S = 60.0
+MAX_FEEDBACK_SKEW_S = 5.0
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
 
 
@@ -25,6 +29,11 @@ class RankRequest(BaseModel):
     k: int = Field(ge=1, le=MAX_CANDIDATES, examples=[10])
     priority: Priority = "normal"
     deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    """Session of the impressions sent back to Kafka (default: the request id)."""
+    device: Device = "web"
+    log_impressions: bool = True
+    """Send the returned top k back to Kafka as impression events (the feedback loop)."""
 
     @field_validator("candidates")
     @classmethod
@@ -49,6 +58,53 @@ class RankRequest(BaseModel):
             msg = f"k: must be between 1 and the number of candidates ({len(self.candidates)}); got {self.k}"
             raise ValueError(msg)
         return self
+
+
+class FeedbackRequest(BaseModel):
+    """A user's reaction to a served item; produced to Kafka as a behaviour event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["u000042"])
+    item_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["i000001"])
+    event_type: FeedbackType
+    request_id: str | None = Field(default=None, min_length=1, max_length=64)
+    """The ``request_id`` of the ranking that showed the item (links the event to its impression)."""
+    position: int | None = Field(default=None, ge=1, le=MAX_CANDIDATES)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    """Default: the request id, else ``fb-<user_id>``."""
+    device: Device = "web"
+    category: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    price: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    dwell_ms: int | None = Field(default=None, ge=0, le=86_400_000)
+    event_time_ms: int | None = Field(default=None, ge=0)
+    """Event time (UTC ms); default now. At most ``MAX_FEEDBACK_AGE_S`` old, ``MAX_FEEDBACK_SKEW_S`` ahead."""
+    event_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    """Idempotency key: a retry with the same id counts once (default: a fresh id)."""
+
+    @model_validator(mode="after")
+    def _fields_of_type(self) -> FeedbackRequest:
+        if self.event_type == "dwell" and self.dwell_ms is None:
+            msg = "dwell_ms: required for a dwell event (milliseconds the item was viewed)"
+            raise ValueError(msg)
+        if self.event_type != "dwell" and self.dwell_ms is not None:
+            msg = f"dwell_ms: only a dwell event has one; got {self.dwell_ms} for a {self.event_type}"
+            raise ValueError(msg)
+        if self.price is not None and self.event_type != "purchase":
+            msg = f"price: only a purchase has one; got {self.price} for a {self.event_type}"
+            raise ValueError(msg)
+        if self.position is not None and self.request_id is None and self.session_id is None:
+            msg = "position: needs the request_id (or session_id) of the ranking that showed the item"
+            raise ValueError(msg)
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    """The event produced for a feedback post."""
+
+    event_id: str
+    event_time_ms: int
+    queued: bool = Field(description="False when the buffer to Kafka was full and the event was dropped.")
 
 
 class ItemScore(BaseModel):
@@ -77,6 +133,20 @@ class RankResponse(BaseModel):
     fallback_reason: str | None
     feature_ages_s: FeatureAgesOut
     latency_ms: float
+    request_id: str = Field(description="Id of this ranking; post feedback on its items with it.")
+    user_feature_event_ms: dict[str, int] = Field(
+        description="Event time (window boundary, UTC ms) of each user view the answer read."
+    )
+
+
+class FeedbackStats(BaseModel):
+    """Events sent back to Kafka since start."""
+
+    connected: bool
+    sent: int
+    dropped: int
+    failed: int
+    buffered: int
 
 
 class HealthResponse(BaseModel):
@@ -89,6 +159,7 @@ class HealthResponse(BaseModel):
     device: str
     gpu_memory_used_percent: float | None
     inference_latency_p99_ms: float | None
+    feedback: FeedbackStats | None
 
 
 class ErrorResponse(BaseModel):
@@ -106,13 +177,13 @@ def _field(loc: Sequence[Any]) -> str:
     return out or "body"
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: dict[str, Any], fields: Sequence[str]) -> str:
     kind, ctx, given = err.get("type", ""), err.get("ctx") or {}, err.get("input")
     shown = repr(given) if len(repr(given)) <= 60 else repr(given)[:57] + "..."
     if kind == "missing":
         return "is required"
     if kind == "extra_forbidden":
-        return f"is not a known field (expected {', '.join(RankRequest.model_fields)})"
+        return f"is not a known field (expected {', '.join(fields)})"
     if kind == "too_long" and "max_length" in ctx:
         return f"must hold at most {ctx['max_length']} entries; got {ctx.get('actual_length')}"
     if kind == "too_short" and "min_length" in ctx:
@@ -132,11 +203,11 @@ def _message(err: dict[str, Any]) -> str:
     return f"{str(err['msg']).replace('Input should', 'must')}; got {shown}"
 
 
-def readable_errors(errors: Sequence[Any]) -> list[dict[str, str]]:
-    """One ``{"field", "message"}`` per pydantic/FastAPI validation error."""
+def readable_errors(errors: Sequence[Any], fields: Sequence[str] = ()) -> list[dict[str, str]]:
+    """One ``{"field", "message"}`` per pydantic/FastAPI validation error (``fields``: the known ones)."""
     out = []
     for err in errors:
-        field, message = _field(err.get("loc", ())), _message(err)
+        field, message = _field(err.get("loc", ())), _message(err, fields or tuple(RankRequest.model_fields))
         match = _FIELD_PREFIX.match(message)
         if field == "body" and match:
             field, message = match.group(1), match.group(2)

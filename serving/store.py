@@ -12,15 +12,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from headwater.serving.config import ViewSpec
-
-if TYPE_CHECKING:
-    from headwater.pipelines.store import OnlineStore, ViewLayout
+from headwater.pipelines.store import OnlineStore, StoreError, ViewLayout
 
 
 class FeatureReadError(RuntimeError):
@@ -45,7 +42,7 @@ class ViewRows:
 class FeatureReader(Protocol):
     """Batched reads of several views in one round trip."""
 
-    def read_many(self, requests: Sequence[tuple[ViewSpec, Sequence[str]]]) -> list[ViewRows]:
+    def read_many(self, requests: Sequence[tuple[ViewLayout, Sequence[str]]]) -> list[ViewRows]:
         """Read each (view, ids) pair; raise :class:`FeatureReadError` when the store fails."""
         ...
 
@@ -60,50 +57,29 @@ class OnlineStoreReader:
 
     def __init__(self, store: OnlineStore) -> None:
         self._store = store
-        self._layouts: dict[ViewSpec, ViewLayout] = {}
 
     @classmethod
     def from_url(cls, url: str, namespace: str | None = None, timeout_s: float = 1.0) -> OnlineStoreReader:
         """Connect to ``url``; reads give up after ``timeout_s`` so a hung Redis cannot stall serving."""
-        from headwater.pipelines.store import OnlineStore
-
         kwargs: dict[str, object] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         if namespace is not None:
             kwargs["namespace"] = namespace
         return cls(OnlineStore.from_url(url, **kwargs))  # type: ignore[arg-type]
 
-    def layout(self, spec: ViewSpec) -> ViewLayout:
-        """Return the store's layout object for ``spec`` (built once)."""
-        layout = self._layouts.get(spec)
-        if layout is None:
-            from headwater.pipelines.store import ViewLayout
-
-            layout = ViewLayout(
-                view=spec.view,
-                entity=spec.entity,
-                features=spec.features,
-                ttl_s=spec.ttl_s,
-                version=spec.version,
-            )
-            self._layouts[spec] = layout
-        return layout
-
-    def read_many(self, requests: Sequence[tuple[ViewSpec, Sequence[str]]]) -> list[ViewRows]:
+    def read_many(self, requests: Sequence[tuple[ViewLayout, Sequence[str]]]) -> list[ViewRows]:
         """Read all views in one round trip; store errors become :class:`FeatureReadError`."""
-        from headwater.pipelines.store import StoreError
-
         try:
-            results = self._store.read_many([(self.layout(spec), ids) for spec, ids in requests])
+            results = self._store.read_many(list(requests))
         except StoreError as exc:
             raise FeatureReadError(str(exc)) from exc
         return [ViewRows(r.values, r.found, r.event_time_ms) for r in results]
 
     def write(
-        self, spec: ViewSpec, ids: Sequence[str], values: npt.NDArray[np.float32], event_ms: int
+        self, spec: ViewLayout, ids: Sequence[str], values: npt.NDArray[np.float32], event_ms: int
     ) -> None:
-        """Write one batch of vectors with one event time (demo and benchmark data)."""
+        """Write one batch of vectors with one event time (tests and benchmarks)."""
         times = np.full(len(ids), event_ms, dtype=np.int64)
-        self._store.write_batch(self.layout(spec), list(ids), values, times)
+        self._store.write_batch(spec, list(ids), values, times)
 
     def close(self) -> None:
         """Close the store's connections."""
@@ -120,17 +96,17 @@ class InMemoryFeatureStore:
         self.reads = 0
 
     def write(
-        self, spec: ViewSpec, ids: Sequence[str], values: npt.NDArray[np.float32], event_ms: int
+        self, spec: ViewLayout, ids: Sequence[str], values: npt.NDArray[np.float32], event_ms: int
     ) -> None:
         """Store one vector per id; a row with an older event time than the stored one is ignored."""
-        matrix = np.asarray(values, dtype=np.float32).reshape(len(ids), len(spec.features))
+        matrix = np.asarray(values, dtype=np.float32).reshape(len(ids), spec.dim)
         with self._lock:
             for entity_id, row in zip(ids, matrix, strict=True):
                 old = self._rows.get((spec.view, entity_id))
                 if old is None or old[1] <= event_ms:
                     self._rows[(spec.view, entity_id)] = (row.copy(), event_ms)
 
-    def read_many(self, requests: Sequence[tuple[ViewSpec, Sequence[str]]]) -> list[ViewRows]:
+    def read_many(self, requests: Sequence[tuple[ViewLayout, Sequence[str]]]) -> list[ViewRows]:
         """Read each view; raise :class:`FeatureReadError` while ``fail`` is set."""
         if self.fail is not None:
             raise FeatureReadError(self.fail)
@@ -138,7 +114,7 @@ class InMemoryFeatureStore:
         with self._lock:
             self.reads += 1
             for spec, ids in requests:
-                values = np.full((len(ids), len(spec.features)), np.nan, dtype=np.float32)
+                values = np.full((len(ids), spec.dim), np.nan, dtype=np.float32)
                 found = np.zeros(len(ids), dtype=bool)
                 times = np.zeros(len(ids), dtype=np.int64)
                 for i, entity_id in enumerate(ids):

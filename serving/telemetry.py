@@ -10,6 +10,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from headwater.serving.batcher import PRIORITIES, BatchStats
+from headwater.serving.feedback import FeedbackProducer
 
 LATENCY_BUCKETS = (
     0.001,
@@ -87,7 +88,22 @@ class Telemetry:
             ["result"],
             registry=r,
         )
+        self.feedback_events = Gauge(
+            "headwater_feedback_events",
+            "Events sent back to Kafka since start (impressions and feedback), by result.",
+            ["result"],
+            registry=r,
+        )
         self._inference_s: deque[float] = deque(maxlen=window)
+
+    def watch_feedback(self, producer: FeedbackProducer) -> None:
+        """Report the feedback producer's counters (sent, dropped, failed, invalid, buffered)."""
+        counters = producer.counters
+        self.feedback_events.labels("sent").set_function(lambda: float(counters.sent))
+        self.feedback_events.labels("dropped").set_function(lambda: float(counters.dropped))
+        self.feedback_events.labels("failed").set_function(lambda: float(counters.failed))
+        self.feedback_events.labels("invalid").set_function(lambda: float(counters.invalid))
+        self.feedback_events.labels("buffered").set_function(lambda: float(producer.buffered))
 
     def watch_queues(self, depth: Callable[[str], int]) -> None:
         """Report queue depths by calling ``depth(priority)`` at scrape time."""

@@ -17,6 +17,7 @@ import json
 import math
 import platform
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +29,6 @@ import torch
 from torch import nn
 
 from headwater.serving.artifact import LATEST, Artifact, save_artifact
-from headwater.serving.config import ServingConfig
 from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
 from headwater.serving.model import DCNRanker, linear_logits, pick_device
 from headwater.serving.trainset import TrainingSet
@@ -74,8 +74,10 @@ def split_by_time(ts: TrainingSet, holdout: float) -> tuple[npt.NDArray[np.intp]
 
 
 def _moments(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    mean = np.nanmean(x, axis=0)
-    std = np.nanstd(x, axis=0)
+    with warnings.catch_warnings():  # an all-NaN column (a feature never set) gets mean 0, scale 1
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(x, axis=0)
+        std = np.nanstd(x, axis=0)
     mean = np.where(np.isfinite(mean), mean, 0.0)
     std = np.where(np.isfinite(std) & (std > 1e-6), std, 1.0)
     return mean.astype(np.float32), std.astype(np.float32)
@@ -169,7 +171,7 @@ def _score_dcn(model: DCNRanker, ts: TrainingSet) -> npt.NDArray[np.float32]:
     return scores
 
 
-def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions, config: ServingConfig) -> TrainReport:
+def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainReport:
     """Run the six steps of the module docstring; returns the artifacts and the metrics."""
     started = time.perf_counter()
     device = pick_device(opts.device)
@@ -190,9 +192,7 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions, config: S
     # Step 6
     base = {
         "registry_version": ts.registry_version,
-        "user_view": config.user_view.view,
         "user_features": list(ts.user_features),
-        "item_view": config.item_view.view,
         "item_features": list(ts.item_features),
         "training": {"rows": len(train), "holdout_rows": len(test), "seed": opts.seed, "holdout": holdout},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),

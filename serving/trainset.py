@@ -1,29 +1,21 @@
 """Training sets for the ranker: labelled impressions with point-in-time user and item features.
 
-Until the offline tier supplies point-in-time training sets, :func:`from_events` builds one
-from a behaviour-event stream (the generator's, in event-time order): each impression becomes
-a row whose features are the user's and the item's counters from the events strictly before
-it, and whose label says whether the same (session, item, position) was clicked afterwards.
-Counters cover the whole stream; the simulated span (minutes of event time) is far shorter
-than the 7-day and 24-hour windows the feature names promise, so the counts are the same.
-
+Training sets come from the offline tier (``headwater training-set``, see
+:mod:`headwater.pipelines.offline.training`): for each labelled impression, the online-vector
+slots of the registry's user and item views as they were at its time, never a later value.
 Rows of one slate (one page of a session) share a ``group``, the unit of NDCG.
 The on-disk format (``--training-set``) is Parquet: ``group``, ``user_id``, ``item_id``,
-``event_time``, ``label``, then ``user.<feature>`` and ``item.<feature>`` columns; the
+``event_time`` (ms), ``label``, then ``user.<slot>`` and ``item.<slot>`` float columns; the
 registry version is the file's ``headwater.registry_version`` metadata.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-
-from headwater.pipelines.events.schema import BehaviorEvent
-from headwater.serving.config import CATEGORIES, DEFAULT_REGISTRY_VERSION, ITEM_FEATURES, USER_FEATURES
 
 VERSION_KEY = b"headwater.registry_version"
 
@@ -64,144 +56,6 @@ class TrainingSet:
             self.user_ids[rows],
             self.item_ids[rows],
         )
-
-
-class FeatureState:
-    """Running counters per user and per item, turned into the demo views' feature vectors."""
-
-    def __init__(self, categories: tuple[str, ...] = CATEGORIES) -> None:
-        self.categories = {name: i for i, name in enumerate(categories)}
-        self.n_cat = len(categories)
-        self.users: dict[str, npt.NDArray[np.float64]] = {}  # [impressions, clicks, clicks per category...]
-        self.items: dict[str, npt.NDArray[np.float64]] = {}  # [impressions, clicks, price, category index]
-        self.last_ms: dict[str, int] = {}
-
-    def _user(self, user_id: str) -> npt.NDArray[np.float64]:
-        row = self.users.get(user_id)
-        if row is None:
-            row = self.users[user_id] = np.zeros(2 + self.n_cat)
-        return row
-
-    def _item(self, item_id: str) -> npt.NDArray[np.float64]:
-        row = self.items.get(item_id)
-        if row is None:
-            row = self.items[item_id] = np.array([0.0, 0.0, np.nan, -1.0])
-        return row
-
-    def apply(self, event: BehaviorEvent) -> None:
-        """Count one event (impressions and clicks; other kinds only refresh price/category)."""
-        item_id, kind = event["item_id"], event["event_type"]
-        if item_id is None:
-            return
-        user, item = self._user(event["user_id"]), self._item(item_id)
-        if event["price"] is not None:
-            item[2] = event["price"]
-        cat = self.categories.get(event["category"] or "", -1)
-        if cat >= 0:
-            item[3] = cat
-        if kind == "impression":
-            user[0] += 1
-            item[0] += 1
-        elif kind == "click":
-            user[1] += 1
-            item[1] += 1
-            if cat >= 0:
-                user[2 + cat] += 1
-        self.last_ms[event["user_id"]] = self.last_ms[item_id] = event["event_time"]
-
-    def user_vector(self, user_id: str) -> npt.NDArray[np.float32]:
-        """Return the ``user_profile`` vector (see ``config.USER_FEATURES``)."""
-        row = self._user(user_id)
-        imps, clicks = row[0], row[1]
-        shares = row[2:] / max(clicks, 1.0)
-        head = np.array([imps, clicks, clicks / max(imps, 1.0)])
-        vector: npt.NDArray[np.float32] = np.concatenate([head, shares]).astype(np.float32)
-        return vector
-
-    def item_vector(self, item_id: str) -> npt.NDArray[np.float32]:
-        """Return the ``item_stats`` vector (see ``config.ITEM_FEATURES``)."""
-        row = self._item(item_id)
-        onehot = np.zeros(self.n_cat)
-        if row[3] >= 0:
-            onehot[int(row[3])] = 1.0
-        return np.concatenate([[row[0], row[1], row[1] / max(row[0], 1.0), row[2]], onehot]).astype(
-            np.float32
-        )
-
-
-def from_events(
-    events: Iterable[BehaviorEvent], registry_version: str = DEFAULT_REGISTRY_VERSION
-) -> TrainingSet:
-    """Labelled impressions with point-in-time features from events in event-time order."""
-    state = FeatureState()
-    users: list[npt.NDArray[np.float32]] = []
-    items: list[npt.NDArray[np.float32]] = []
-    labels: list[float] = []
-    groups: list[int] = []
-    times: list[int] = []
-    uids: list[str] = []
-    iids: list[str] = []
-    shown: dict[tuple[str, str, int | None], int] = {}
-    pages: dict[str, int] = {}
-    slates: dict[tuple[str, int], int] = {}
-    for event in events:
-        item_id = event["item_id"]
-        if event["event_type"] == "impression" and item_id is not None:
-            session = event["session_id"]
-            if event["position"] == 1 or session not in pages:
-                pages[session] = pages.get(session, 0) + 1
-            slate = slates.setdefault((session, pages[session]), len(slates))
-            shown[(session, item_id, event["position"])] = len(labels)
-            users.append(state.user_vector(event["user_id"]))
-            items.append(state.item_vector(item_id))
-            labels.append(0.0)
-            groups.append(slate)
-            times.append(event["event_time"])
-            uids.append(event["user_id"])
-            iids.append(item_id)
-        elif event["event_type"] == "click" and item_id is not None:
-            row = shown.get((event["session_id"], item_id, event["position"]))
-            if row is not None:
-                labels[row] = 1.0
-        state.apply(event)
-    if not labels:
-        msg = "the event stream held no impressions: nothing to train on"
-        raise TrainingSetError(msg)
-    return TrainingSet(
-        USER_FEATURES,
-        ITEM_FEATURES,
-        registry_version,
-        np.stack(users),
-        np.stack(items),
-        np.asarray(labels, dtype=np.float32),
-        np.asarray(groups, dtype=np.int64),
-        np.asarray(times, dtype=np.int64),
-        np.asarray(uids),
-        np.asarray(iids),
-    )
-
-
-def generated_events(events: int, seed: int, users: int = 2_000, items: int = 2_000) -> list[BehaviorEvent]:
-    """``events`` clean events (no late, duplicate or malformed ones) from the pipeline's generator."""
-    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
-
-    config = GeneratorConfig(
-        seed=seed,
-        users=users,
-        items=items,
-        late_share=0.0,
-        out_of_order_share=0.0,
-        duplicate_share=0.0,
-        malformed_share=0.0,
-    )
-    generator = EventGenerator(config)
-    out: list[BehaviorEvent] = []
-    for emission in generator:
-        if emission.event is not None:
-            out.append(emission.event)
-            if len(out) >= events:
-                return out
-    return out  # pragma: no cover - the generator never ends
 
 
 def write_parquet(ts: TrainingSet, path: Path) -> None:

@@ -20,26 +20,41 @@ import torch
 
 from headwater.serving.app import create_app
 from headwater.serving.config import BatcherConfig, ServingConfig
-from headwater.serving.demo import DemoRows, demo_rows, write_demo
+from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.runtime import LoadedModels, load_models
-from headwater.serving.store import OnlineStoreReader
+from headwater.serving.store import OnlineStoreReader, now_ms
+from headwater.serving.synthetic import World, make_world, training_set, write_world
 from headwater.serving.train import TrainOptions, train_and_save
-from headwater.serving.trainset import from_events, generated_events
 
 CONFIG = ServingConfig()
+REGISTRY: BoundRegistry = registry_from_repo(
+    Path(__file__).resolve().parents[3] / "features", CONFIG.popularity
+)
+
+
+def write_demo(reader: OnlineStoreReader, _config: ServingConfig, rows: World) -> int:
+    return write_world(reader, REGISTRY, rows, now_ms())
+
+
+def create(config: ServingConfig, reader: Any, loaded: LoadedModels) -> Any:
+    return create_app(config, REGISTRY, reader, loaded)
+
+
+def load(model_dir: Path) -> LoadedModels:
+    return load_models(model_dir, REGISTRY, "cpu")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def rows() -> World:
+    return make_world(REGISTRY, users=400, items=600, seed=3)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, rows: World) -> Path:
     out = tmp_path_factory.mktemp("models")
-    ts = from_events(generated_events(40_000, seed=3), CONFIG.item_view.version)
-    train_and_save(ts, out, TrainOptions(epochs=1, linear_iterations=20, device="cpu"), CONFIG)
+    ts = training_set(REGISTRY, rows, slates=1_500, seed=3)
+    train_and_save(ts, out, TrainOptions(epochs=1, linear_iterations=20, device="cpu"))
     return out
-
-
-@pytest.fixture(scope="module")
-def rows() -> DemoRows:
-    return demo_rows(events=30_000, seed=3)
 
 
 def _drop(url: str, namespace: str) -> None:
@@ -51,7 +66,7 @@ def _drop(url: str, namespace: str) -> None:
 
 
 @pytest.fixture
-def seeded(redis_url: str, rows: DemoRows) -> Iterator[OnlineStoreReader]:
+def seeded(redis_url: str, rows: World) -> Iterator[OnlineStoreReader]:
     namespace = f"hwtest-serve-{uuid.uuid4().hex[:8]}"
     reader = OnlineStoreReader.from_url(redis_url, namespace=namespace)
     write_demo(reader, CONFIG, rows)
@@ -70,15 +85,15 @@ def _rank(app: Any, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
     return asyncio.run(main())
 
 
-def _body(rows: DemoRows, n: int = 300, k: int = 10, **extra: Any) -> dict[str, Any]:
+def _body(rows: World, n: int = 300, k: int = 10, **extra: Any) -> dict[str, Any]:
     return {"user_id": rows.user_ids[0], "candidates": rows.item_ids[:n], "k": k, **extra}
 
 
 def test_rank_returns_sorted_top_k_with_version_and_ages(
-    model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader
+    model_dir: Path, rows: World, seeded: OnlineStoreReader
 ) -> None:
-    loaded = load_models(model_dir, CONFIG, "cpu")
-    [response] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
+    loaded = load(model_dir)
+    [response] = _rank(create(CONFIG, seeded, loaded), [_body(rows)])
     out = response.json()
     assert response.status_code == 200
     assert out["fallback"] is None
@@ -106,27 +121,30 @@ def _break_neural(loaded: LoadedModels) -> None:
 
 
 def test_broken_model_falls_back_to_linear_then_popularity(
-    model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader
+    model_dir: Path, rows: World, seeded: OnlineStoreReader
 ) -> None:
-    loaded = load_models(model_dir, CONFIG, "cpu")
+    loaded = load(model_dir)
     _break_neural(loaded)
-    [first] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
+    [first] = _rank(create(CONFIG, seeded, loaded), [_body(rows)])
     assert (first.json()["fallback"], first.json()["fallback_reason"]) == ("linear", "model_error")
     assert first.json()["model_version"] == loaded.models().linear_version
     assert loaded.linear is not None
     loaded.linear.w_item[:] = np.nan
-    [second] = _rank(create_app(CONFIG, seeded, loaded), [_body(rows)])
+    [second] = _rank(create(CONFIG, seeded, loaded), [_body(rows)])
     out = second.json()
     assert (second.status_code, out["fallback"], out["fallback_reason"]) == (200, "popularity", "model_error")
-    popularity = dict(zip(rows.item_ids, rows.popularity[:, 0].tolist(), strict=True))
+    column = (
+        REGISTRY.item.offsets[REGISTRY.item.layouts.index(REGISTRY.popularity)] + REGISTRY.popularity_slot
+    )
+    popularity = dict(zip(rows.item_ids, rows.items[:, column].tolist(), strict=True))
     expected = sorted(rows.item_ids[:300], key=lambda i: -popularity[i])[:10]
     assert [x["score"] for x in out["items"]] == [popularity[i] for i in expected]
 
 
-def test_store_down_answers_editorial(model_dir: Path, rows: DemoRows) -> None:
+def test_store_down_answers_editorial(model_dir: Path, rows: World) -> None:
     config = CONFIG.model_copy(update={"editorial_items": (rows.item_ids[5], rows.item_ids[2])})
     reader = OnlineStoreReader.from_url(f"redis://127.0.0.1:{_free_port()}/0", timeout_s=0.2)
-    [response] = _rank(create_app(config, reader, load_models(model_dir, config, "cpu")), [_body(rows, k=3)])
+    [response] = _rank(create(config, reader, load(model_dir)), [_body(rows, k=3)])
     out = response.json()
     assert (response.status_code, out["fallback"], out["fallback_reason"]) == (
         200,
@@ -136,20 +154,16 @@ def test_store_down_answers_editorial(model_dir: Path, rows: DemoRows) -> None:
     assert [x["item_id"] for x in out["items"]] == [rows.item_ids[5], rows.item_ids[2], rows.item_ids[0]]
 
 
-def test_invalid_request_is_422(model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader) -> None:
-    [response] = _rank(
-        create_app(CONFIG, seeded, load_models(model_dir, CONFIG, "cpu")), [_body(rows, n=3, k=4)]
-    )
+def test_invalid_request_is_422(model_dir: Path, rows: World, seeded: OnlineStoreReader) -> None:
+    [response] = _rank(create(CONFIG, seeded, load(model_dir)), [_body(rows, n=3, k=4)])
     assert response.status_code == 422
     assert response.json()["errors"] == [
         {"field": "k", "message": "must be between 1 and the number of candidates (3); got 4"}
     ]
 
 
-def test_full_queue_is_429_with_retry_after(
-    model_dir: Path, rows: DemoRows, seeded: OnlineStoreReader
-) -> None:
-    loaded = load_models(model_dir, CONFIG, "cpu")
+def test_full_queue_is_429_with_retry_after(model_dir: Path, rows: World, seeded: OnlineStoreReader) -> None:
+    loaded = load(model_dir)
     assert loaded.neural is not None
     fast = loaded.neural.score_batch
 
@@ -164,7 +178,7 @@ def test_full_queue_is_429_with_retry_after(
             "default_deadline_ms": 5000.0,
         }
     )
-    responses = _rank(create_app(config, seeded, loaded), [_body(rows) for _ in range(12)])
+    responses = _rank(create(config, seeded, loaded), [_body(rows) for _ in range(12)])
     codes = sorted(r.status_code for r in responses)
     assert set(codes) == {200, 429}
     refused = next(r for r in responses if r.status_code == 429)
@@ -210,14 +224,14 @@ def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
     pytest.fail(f"own redis-server on port {port} did not answer PING within 5 s")
 
 
-def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: DemoRows, tmp_path: Path) -> None:
+def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: World, tmp_path: Path) -> None:
     port = _free_port()
     url = f"redis://127.0.0.1:{port}/0"
     proc = _start_redis(port, tmp_path)
     config = CONFIG.model_copy(update={"item_cache_ttl_s": 0.0})
     reader = OnlineStoreReader.from_url(url, timeout_s=0.3)
     write_demo(reader, config, rows)
-    app = create_app(config, reader, load_models(model_dir, config, "cpu"))
+    app = create(config, reader, load(model_dir))
     seen: list[tuple[int, str | None]] = []
 
     async def main() -> None:

@@ -12,19 +12,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from headwater.serving.app import create_app
-from headwater.serving.config import BatcherConfig, ServingConfig, ViewSpec
+from headwater.serving.config import BatcherConfig, ServingConfig
 from headwater.serving.engine import top_k
 from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
+from headwater.serving.synthetic import small_registry
 
-CONFIG = ServingConfig(
-    user_view=ViewSpec(view="u", entity="user", features=("a", "b")),
-    item_view=ViewSpec(view="i", entity="item", features=("x", "y")),
-    popularity_view=ViewSpec(view="p", entity="item", features=("clicks",)),
-    editorial_items=("i3", "i9"),
-    item_cache_ttl_s=0.0,
-)
+REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
+U, ITEM_VIEW, P = REGISTRY.user.layouts[0], *REGISTRY.item.layouts
+CONFIG = ServingConfig(editorial_items=("i3", "i9"), item_cache_ttl_s=0.0)
 ITEMS = ["i0", "i1", "i2", "i3"]
 
 
@@ -51,11 +48,11 @@ def linear(broken: bool = False) -> LinearRanker:
         {
             "user_mean": z,
             "user_scale": np.ones(2, np.float32),
-            "item_mean": z,
-            "item_scale": np.ones(2, np.float32),
+            "item_mean": np.zeros(3, np.float32),
+            "item_scale": np.ones(3, np.float32),
             "w_user": z,
-            "w_item": np.array([0.0, np.nan if broken else 1.0], np.float32),
-            "w_cross": np.zeros((2, 2), np.float32),
+            "w_item": np.array([0.0, np.nan if broken else 1.0, 0.0], np.float32),
+            "w_cross": np.zeros((2, 3), np.float32),
             "bias": np.zeros(1, np.float32),
         }
     )
@@ -64,10 +61,10 @@ def linear(broken: bool = False) -> LinearRanker:
 def store() -> InMemoryFeatureStore:
     s = InMemoryFeatureStore()
     now = int(time.time() * 1000)
-    s.write(CONFIG.user_view, ["u1"], np.array([[1.0, 2.0]], np.float32), now - 3000)
+    s.write(U, ["u1"], np.array([[1.0, 2.0]], np.float32), now - 3000)
     # x: neural order i2 > i0 > i1 > i3;  y: linear order i1 > i3 > i0 > i2
-    s.write(CONFIG.item_view, ITEMS, np.array([[3, 1], [1, 4], [5, 0], [0, 2]], np.float32), now - 1000)
-    s.write(CONFIG.popularity_view, ITEMS, np.array([[10], [30], [20], [0]], np.float32), now)
+    s.write(ITEM_VIEW, ITEMS, np.array([[3, 1], [1, 4], [5, 0], [0, 2]], np.float32), now - 1000)
+    s.write(P, ITEMS, np.array([[10], [30], [20], [0]], np.float32), now)
     return s
 
 
@@ -77,7 +74,7 @@ def client(
     arts = type("A", (), {"version": "abc123abc123"})()
     lin_art = type("A", (), {"version": "linlinlinlin"})()
     loaded = LoadedModels(neural, arts if neural else None, lin, lin_art if lin else None, "cpu")
-    return TestClient(create_app(config, st, loaded))
+    return TestClient(create_app(config, REGISTRY, st, loaded))
 
 
 def rank(c: TestClient, **body: Any) -> dict[str, Any]:

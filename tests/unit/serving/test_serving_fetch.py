@@ -9,9 +9,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from headwater.serving.config import ViewSpec
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.store import InMemoryFeatureStore
+from headwater.serving.synthetic import small_registry
 
 
 class Clock:
@@ -96,8 +96,8 @@ def test_zero_ttl_caches_nothing() -> None:
     assert cache.lookup(["a"], "v1").hit.tolist() == [False]
 
 
-USER = ViewSpec(view="u", entity="user", features=("a", "b"))
-ITEM = ViewSpec(view="i", entity="item", features=("x", "y"))
+REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y:max"]}, "i.x")
+USER, ITEM = REGISTRY.user.layouts[0], REGISTRY.item.layouts[0]
 
 
 def test_fetcher_reads_misses_once_then_serves_them_from_the_cache() -> None:
@@ -106,7 +106,7 @@ def test_fetcher_reads_misses_once_then_serves_them_from_the_cache() -> None:
     store.write(ITEM, ["i1", "i2"], rows(1.0, 2.0), 2_000)
     cache = ItemVectorCache(100, 60.0, dim=2)
     with ThreadPoolExecutor(1) as io:
-        fetcher = FeatureFetcher(store, USER, ITEM, cache, io)
+        fetcher = FeatureFetcher(store, REGISTRY, cache, io)
         first = asyncio.run(fetcher.fetch("u1", ["i2", "zz", "i1"], 5.0))
         reads = store.reads
         second = asyncio.run(fetcher.fetch("u1", ["i1", "i2"], 5.0))
@@ -114,7 +114,8 @@ def test_fetcher_reads_misses_once_then_serves_them_from_the_cache() -> None:
     assert first.user.tolist() == [1.0, 2.0]
     assert first.items_found.tolist() == [True, False, True]
     np.testing.assert_array_equal(first.items[[0, 2]], rows(2.0, 1.0))
-    assert np.isnan(first.items[1]).all()
+    assert first.items[1, 0] == 0.0  # the empty-window vector: count 0, max NaN (as in training)
+    assert np.isnan(first.items[1, 1])
     assert first.items_event_ms.tolist() == [2_000, 0, 2_000]
     assert first.missing_item_fraction == pytest.approx(1.0 / 3.0)
     # the second request reads only the user: both items come from the cache
@@ -122,3 +123,44 @@ def test_fetcher_reads_misses_once_then_serves_them_from_the_cache() -> None:
     np.testing.assert_array_equal(second.items, rows(1.0, 2.0))
     assert second.items_found.all()
     assert (cache.hits, cache.misses) == (2, 3)
+
+
+MULTI = small_registry({"u1v": ["a"], "u2v": ["b:max", "c"]}, {"i1v": ["x"], "i2v": ["y:avg"]}, "i1v.x")
+
+
+def test_each_side_concatenates_its_views_and_fills_a_missing_view_with_its_empty_vector() -> None:
+    store = InMemoryFeatureStore()
+    u1v, u2v = MULTI.user.layouts
+    i1v, i2v = MULTI.item.layouts
+    store.write(u1v, ["u1"], np.array([[7.0]], np.float32), 5_000)
+    store.write(u2v, ["u1"], np.array([[3.0, 4.0]], np.float32), 9_000)
+    store.write(u2v, ["u2"], np.array([[1.0, 2.0]], np.float32), 8_000)  # u2 has no u1v row
+    store.write(i1v, ["i1", "i2"], np.array([[10.0], [20.0]], np.float32), 6_000)
+    store.write(i2v, ["i2"], np.array([[0.5]], np.float32), 4_000)
+    cache = ItemVectorCache(100, 60.0, dim=MULTI.item.dim)
+    with ThreadPoolExecutor(1) as io:
+        fetcher = FeatureFetcher(store, MULTI, cache, io)
+        one = asyncio.run(fetcher.fetch("u1", ["i1", "i2"], 5.0))
+        reads = store.reads
+        two = asyncio.run(fetcher.fetch("u2", ["i2", "i9"], 5.0))
+        swapped = FeatureFetcher(store, MULTI, cache, io, (np.array([2, 0, 1]), np.array([1, 0])))
+        three = asyncio.run(swapped.fetch("u1", ["i1"], 5.0))
+    assert MULTI.user.slots == ("a", "b", "c")
+    assert one.user is not None
+    assert one.user.tolist() == [7.0, 3.0, 4.0]
+    assert one.user_event_ms == {"u1v": 5_000, "u2v": 9_000}
+    assert one.items[0, 0] == 10.0
+    assert np.isnan(one.items[0, 1])  # i1 has no i2v row: avg of an empty window is NaN
+    assert one.items[1].tolist() == [20.0, 0.5]
+    assert one.items_event_ms.tolist() == [6_000, 4_000]  # the oldest view of each item
+    assert reads == 1  # one round trip for the user's 2 views and the 2 item views
+    assert store.reads == 3
+    assert two.user is not None
+    assert two.user.tolist() == [0.0, 1.0, 2.0]  # u1v missing: count 0 (its empty value)
+    assert two.user_event_ms == {"u2v": 8_000}
+    assert two.items_found.tolist() == [True, False]
+    assert two.items[1, 0] == 0.0
+    assert three.user is not None
+    assert three.user.tolist() == [4.0, 7.0, 3.0]  # the model's column order
+    assert np.isnan(three.items[0, 0])
+    assert three.items[0, 1] == 10.0

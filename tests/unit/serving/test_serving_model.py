@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from headwater.serving.artifact import ArtifactError, check_binding, load_artifact, save_artifact
-from headwater.serving.config import ServingConfig, ViewSpec
 from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
 from headwater.serving.model import DCNRanker, LinearRanker, NeuralScorer
+from headwater.serving.synthetic import small_registry
 
 
 def _model(du: int = 5, di: int = 4) -> DCNRanker:
@@ -80,16 +80,39 @@ def test_missing_artifact_names_the_command(tmp_path: Path) -> None:
         load_artifact(tmp_path / "nope.pt")
 
 
-def test_binding_mismatch_names_the_features() -> None:
-    config = ServingConfig(
-        user_view=ViewSpec(view="user_profile", entity="user", features=("a", "b")),
-        item_view=ViewSpec(view="item_stats", entity="item", features=("x",)),
+REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x"]}, "i.x", registry_hash="sha256:" + "12" * 32)
+
+
+def test_binding_accepts_the_same_slots_and_maps_another_order() -> None:
+    same = check_binding(
+        {"user_features": ["a", "b"], "item_features": ["x"], "registry_version": "1212121212121212"},
+        REGISTRY,
     )
-    check_binding({"user_features": ["a", "b"], "item_features": ["x"]}, config.user_view, config.item_view)
-    with pytest.raises(ArtifactError, match=r"missing from the view \['c'\], not in the model \['b'\]"):
-        check_binding(
-            {"user_features": ["a", "c"], "item_features": ["x"]}, config.user_view, config.item_view
-        )
+    assert (same.user_columns, same.item_columns, same.warning) == (None, None, None)
+    swapped = check_binding(
+        {"user_features": ["b", "a"], "item_features": ["x"], "registry_version": "1212121212121212"},
+        REGISTRY,
+    )
+    assert swapped.user_columns is not None
+    assert swapped.user_columns.tolist() == [1, 0]
+    assert swapped.item_columns is None
+
+
+def test_binding_with_another_registry_version_but_same_slots_warns() -> None:
+    other = check_binding(
+        {"user_features": ["a", "b"], "item_features": ["x"], "registry_version": "abc"}, REGISTRY
+    )
+    assert other.warning is not None
+    assert "trained on registry abc, the applied registry is 1212121212121212" in other.warning
+
+
+def test_binding_mismatch_names_the_slots_and_what_to_do() -> None:
+    with pytest.raises(ArtifactError) as err:
+        check_binding({"user_features": ["a", "c"], "item_features": ["x"], "model_version": "m1"}, REGISTRY)
+    text = str(err.value)
+    assert "user slots the model needs but the registry lacks: c" in text
+    assert "registry user slots the model was not trained on: b" in text
+    assert "headwater model train --training-set" in text
 
 
 def test_linear_ranker_matches_formula() -> None:
