@@ -225,7 +225,9 @@ def create_app(
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
         """Prometheus metrics."""
-        return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+        # Off the event loop: the freshness collector reads Redis at scrape time.
+        body = await asyncio.to_thread(generate_latest, telemetry.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     return app

@@ -124,6 +124,7 @@ def serve(
     """Run the ranking service: POST /v1/rank, GET /health, GET /metrics, GET /openapi.json."""
     import uvicorn
 
+    from headwater.pipelines.freshness.metrics import FreshnessCollector
     from headwater.pipelines.settings import Settings
     from headwater.serving.app import create_app
     from headwater.serving.config import load_config
@@ -161,4 +162,7 @@ def serve(
         f" feedback={feedback.topic if feedback else 'off'}"
     )
     app = create_app(config, registry, reader, loaded, feedback)
+    # /metrics also carries every view's pipeline lag and read-time age (the `headwater freshness` figures).
+    plans = state_dir or config.plans_dir()
+    app.state.telemetry.registry.register(FreshnessCollector.for_store(reader.store, plans))
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

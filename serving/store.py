@@ -58,6 +58,11 @@ class OnlineStoreReader:
     def __init__(self, store: OnlineStore) -> None:
         self._store = store
 
+    @property
+    def store(self) -> OnlineStore:
+        """The online store read from (its client and namespace also feed the freshness metrics)."""
+        return self._store
+
     @classmethod
     def from_url(cls, url: str, namespace: str | None = None, timeout_s: float = 1.0) -> OnlineStoreReader:
         """Connect to ``url``; reads give up after ``timeout_s`` so a hung Redis cannot stall serving."""

@@ -1,0 +1,150 @@
+"""`headwater serve` as a user starts it: a registry-bound model, real Redis and Kafka, freshness metrics."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
+
+from headwater.pipelines.events.codec import DecodedEvent, EventCodec
+from headwater.serving.config import DEFAULT_POPULARITY
+from headwater.serving.registry import load_registry
+from headwater.serving.store import OnlineStoreReader, now_ms
+from headwater.serving.synthetic import make_world, training_set, write_world
+from headwater.serving.trainset import write_parquet
+
+ROOT = Path(__file__).resolve().parents[3]
+HEADWATER = str(Path(sys.executable).with_name("headwater"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _call(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            raw = answer.read()
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, kafka_bootstrap: str) -> Iterator[Any]:
+    """Apply features/, train a small model on a synthetic set of its shape, start `headwater serve`."""
+    tmp = tmp_path_factory.mktemp("serve-cli")
+    state = tmp / "state"
+    cmd = [HEADWATER, "apply", str(ROOT / "features"), "--state-dir", str(state), "--no-feast"]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    registry = load_registry(state, DEFAULT_POPULARITY)
+    world = make_world(registry, users=50, items=50, seed=5)
+    write_parquet(training_set(registry, world, slates=400, seed=5), tmp / "train.parquet")
+    train = [HEADWATER, "model", "train", "--training-set", str(tmp / "train.parquet"),
+             "--out", str(tmp / "models"), "--epochs", "1"]  # fmt: skip
+    subprocess.run(train, check=True, cwd=ROOT, capture_output=True)
+
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    reader = OnlineStoreReader.from_url(redis_url, namespace=namespace)
+    write_world(reader, registry, world, now_ms())
+    topic = f"test.serve.{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    port = _free_port()
+    serve = [HEADWATER, "serve", "--port", str(port), "--model", str(tmp / "models"), "--state-dir",
+             str(state), "--namespace", namespace, "--feedback-topic", topic, "--device", "cpu"]  # fmt: skip
+    log = (tmp / "serve.log").open("wb")
+    proc = subprocess.Popen(serve, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).read()
+                break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        yield {"url": url, "world": world, "topic": topic, "log": tmp / "serve.log"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        admin.delete_topics([topic])
+        admin.close()
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+            client.delete(key)
+        reader.close()
+
+
+def test_serve_ranks_with_the_neural_model_bound_to_the_registry(served: Any) -> None:
+    world = served["world"]
+    status, health = _call(f"{served['url']}/health")
+    assert status == 200, health
+    status, answer = _call(
+        f"{served['url']}/v1/rank", {"user_id": world.user_ids[0], "candidates": world.item_ids[:40], "k": 5}
+    )
+    assert status == 200, answer
+    assert answer["fallback"] in (None, "none"), answer
+    assert len(answer["items"]) == 5
+    assert {item["item_id"] for item in answer["items"]} <= set(world.item_ids[:40])
+    scores = [item["score"] for item in answer["items"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_feedback_reaches_kafka_and_a_bad_request_is_a_422(served: Any, kafka_bootstrap: str) -> None:
+    world = served["world"]
+    body = {"user_id": world.user_ids[1], "item_id": world.item_ids[2], "event_type": "click"}
+    status, answer = _call(f"{served['url']}/v1/feedback", body)
+    assert status == 202, answer
+    status, bad = _call(f"{served['url']}/v1/feedback", {**body, "event_type": "dwell"})
+    assert status == 422
+    assert "dwell_ms" in json.dumps(bad)
+
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None, enable_auto_commit=False)
+    part = TopicPartition(served["topic"], 0)
+    consumer.assign([part])
+    consumer.seek_to_beginning(part)
+    codec, clicks = EventCodec(), []
+    deadline = time.monotonic() + 20
+    while not clicks and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for rec in records:
+                decoded = codec.decode(rec.value, rec.headers)
+                if isinstance(decoded, DecodedEvent) and decoded.event["event_type"] == "click":
+                    clicks.append(decoded.event)
+    consumer.close()
+    assert [(c["user_id"], c["item_id"], c["event_id"]) for c in clicks] == [
+        (world.user_ids[1], world.item_ids[2], answer["event_id"])
+    ]
+
+
+def test_metrics_carry_the_freshness_of_every_written_view(served: Any) -> None:
+    status, text = _call(f"{served['url']}/metrics")
+    assert status == 200
+    assert isinstance(text, str)
+    fresh = [line for line in text.splitlines() if line.startswith("headwater_freshness") and "view=" in line]
+    views = {line.split('view="', 1)[1].split('"', 1)[0] for line in fresh}
+    # write_world wrote every view of every tier; each one now reports its freshness.
+    assert {"user_session_realtime", "user_engagement_nearline", "item_popularity_offline"} <= views
