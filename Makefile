@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	@touch $@
 
 # JVM artifacts: resolved once by Maven into infra/lib/ (git-ignored); nothing downloads at run time.
-infra/lib/.resolved: infra/pom.xml $(wildcard infra/maven/*/pom.xml)
+infra/lib/.resolved: infra/pom.xml $(wildcard infra/maven/*/pom.xml) $(shell find infra/maven -name "*.java" -not -path "*/target/*")
 	mvn -q -B -f infra/pom.xml package
 	@touch $@
 

@@ -16,24 +16,29 @@ Reported per rate:
 - ``consumed_eps``: events the job consumed per second, from the Kafka offsets its source
   commits at each checkpoint (committed offset growth / time between the first and last commit
   seen in the phase); ``lag_end``: produced - committed at the end of the phase.
-- freshness per view: every second all entity keys of each view are read back; each new
-  (entity, boundary B) value gives ``write_time - B``. The watermark alone makes this at least
-  ``max_out_of_orderness`` (5 s in the registry), since B is published once the watermark
-  (max event time - 5 s) passes B. ``event_to_write`` adds each value's own wait for its
-  boundary (an event at time t is in the first boundary after t, on average half a slide later):
-  it is estimated as ``write - B`` plus a uniform draw over the slide, not measured per event.
-- ``holds``: consumed >= 95 % of the offered rate and the lag at the end below 10 s of input.
-- ``job_cpu_cores``: CPU seconds of the job's process group (client JVM with the mini-cluster,
-  Python workers) per wall second of the phase: how much of the shared machine the job got.
+- freshness per view, two figures:
+  (a) ``write_minus_boundary``: every second all entity keys of each view are read back; each
+  new (entity, boundary B) value gives ``write_time - B``. The watermark alone makes this at
+  least ``max_out_of_orderness`` (5 s in the registry): B is published once the watermark (max
+  event time - 5 s) passes B.
+  (b) ``event_to_write``: every 97th sent event is a probe (entity, event time t); its value
+  change is the write at B = the first boundary after t, so ``write_time - t`` is measured per
+  probe (probes whose boundary was not seen are counted as ``unmatched``). This is what the
+  issue's "event time to Redis write" means; it is (a) plus up to one slide.
+  The job writes a value only when it changes, so the store's event time of an unchanged value
+  stays at the boundary of its last change: both figures are taken on writes only.
+- ``holds``: consumed >= 95 % of the offered rate and the lag at the end below 10 s of input;
+  ``producer_short``: the producers sent under 95 % of the rate (then the phase says nothing of
+  the job, and the run stops).
+- ``job_cpu_cores`` (and ``_by_kind``: the JVM vs the Python processes): CPU seconds of the job's
+  process group per wall second of the phase: how much of the shared machine the job got.
 
-The producer compresses with zstd (the project's default), so the Flink class path must hold
-zstd-jni: the shaded Kafka SQL connector leaves its compression libraries out. Until
-``infra/`` resolves them, point ``HEADWATER_JVM_LIB`` at a folder whose ``flink/`` holds the
-connector plus ``zstd-jni``, ``lz4-java`` and ``snappy-java`` (the broker's copies in
-``infra/lib/kafka`` do). ``--label`` names the run inside the JSON; other labels are kept.
+``--decode python`` runs the job with the Python Avro decode instead of the JVM one (to compare).
+``--quick``: 20 s phases at 1k, 5k and 10k events/s, for a smoke run. ``--label`` names the run
+inside the JSON; other labels are kept.
 
 The machine is shared: load averages at start, per phase and at the end are in the JSON.
-Usage: python bench/bench_realtime.py [--rates 1000,5000,10000] [--more 15000,20000] [--phase-s 45]
+Usage: python bench/bench_realtime.py [--quick] [--rates 1000,5000,10000] [--more 15000,20000] [--phase-s 120]
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ from headwater.pipelines.windows import compile_view, view_layout
 from headwater.registry.plans import TierPlan, read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
+PROBE_EVERY = 97
+"""Every 97th sent event is a probe: its entity and event time are kept to measure event-to-write."""
 REF_TIME = 1_234_567_890_123  # a marker event time whose varint is searched for in a template's bytes
 
 
@@ -81,14 +88,20 @@ def zigzag(n: int) -> bytes:
     return bytes(out)
 
 
-def templates(users: int, items: int, n: int) -> tuple[list[tuple[bytes, bytes]], set[str], set[str]]:
+Piece = tuple[bytes, bytes, str, str]
+"""A pre-encoded event template: (middle, tail, user_id, item_id or "")."""
+Probe = tuple[str, str, int]
+"""(user_id, item_id, event_time) of a sent event."""
+
+
+def templates(users: int, items: int, n: int) -> tuple[list[Piece], set[str], set[str]]:
     """Pre-encoded (middle, tail) pieces of ``n`` generated events: id and time are spliced in per send."""
     codec = EventCodec()
     config = GeneratorConfig(
         users=users, items=items, late_share=0.0, out_of_order_share=0.0, duplicate_share=0.0,
         malformed_share=0.0,
     )  # fmt: skip
-    pieces: list[tuple[bytes, bytes]] = []
+    pieces: list[Piece] = []
     user_ids: set[str] = set()
     item_ids: set[str] = set()
     marker = zigzag(REF_TIME)
@@ -101,7 +114,7 @@ def templates(users: int, items: int, n: int) -> tuple[list[tuple[bytes, bytes]]
             item_ids.add(ev["item_id"])
         raw = codec.encode({**ev, "event_id": "", "event_time": REF_TIME})
         at = raw.index(marker, 1)
-        pieces.append((raw[1:at], raw[at + len(marker) :]))
+        pieces.append((raw[1:at], raw[at + len(marker) :], ev["user_id"], ev["item_id"] or ""))
     return pieces, user_ids, item_ids
 
 
@@ -112,8 +125,12 @@ def splice(event_id: str, t_ms: int, middle: bytes, tail: bytes) -> bytes:
 
 
 def produce(bootstrap: str, topic: str, rate: float, duration_s: float, tag: str,
-            pieces: list[tuple[bytes, bytes]], out: Any) -> None:  # fmt: skip
-    """Send at ``rate`` events/s for ``duration_s``; put (sent, seconds, most seconds behind) on ``out``."""
+            pieces: list[Piece], out: Any) -> None:  # fmt: skip
+    """Send at ``rate`` events/s for ``duration_s``; put (sent, seconds, most behind, probes) on ``out``.
+
+    ``probes``: (user_id, item_id, event_time) of every ``PROBE_EVERY``-th event sent, for the
+    measured event-to-write freshness.
+    """
     from kafka import KafkaProducer
 
     codec = EventCodec()
@@ -121,6 +138,7 @@ def produce(bootstrap: str, topic: str, rate: float, duration_s: float, tag: str
     fp = codec.headers()[0]
     start = time.monotonic()
     sent, behind_max, i = 0, 0.0, random.randrange(len(pieces))
+    probes: list[tuple[str, str, int]] = []
     while True:
         elapsed = time.monotonic() - start
         if elapsed >= duration_s:
@@ -133,14 +151,16 @@ def produce(bootstrap: str, topic: str, rate: float, duration_s: float, tag: str
         now = time.time_ns() // 1_000_000
         headers = [fp, ("produce-ts", str(now).encode())]
         for _ in range(min(due, 2000)):
-            middle, tail = pieces[i % len(pieces)]
+            middle, tail, user, item = pieces[i % len(pieces)]
             i += 1
             producer.send(topic, splice(f"{tag}-{i}", now, middle, tail), headers=headers)
             sent += 1
+            if sent % PROBE_EVERY == 0:
+                probes.append((user, item, now))
     producer.flush()
     seconds = time.monotonic() - start
     producer.close()
-    out.put((sent, seconds, behind_max))
+    out.put((sent, seconds, behind_max, probes))
 
 
 @dataclass
@@ -154,6 +174,8 @@ class Sampler:
     seen: dict[tuple[str, str], int] = field(default_factory=dict)
     samples: list[tuple[str, int, int]] = field(default_factory=list)
     """(view, B, write_time) of each new value."""
+    writes: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    """write_time of each (view, entity, B) seen."""
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -170,6 +192,7 @@ class Sampler:
                         if self.seen.get((view, ids[j])) != b:
                             self.seen[(view, ids[j])] = b
                             self.samples.append((view, b, w))
+                            self.writes[(view, ids[j], b)] = w
         finally:
             store.close()
 
@@ -202,18 +225,24 @@ class OffsetWatch:
             consumer.close()
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of process group ``pgid``."""
+def group_cpu_s(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the live processes of group ``pgid``, by kind.
+
+    ``jvm``: the java process (mini-cluster: every SQL operator, Kafka source, Java decode);
+    ``python``: the rest (the CLI and PyFlink's Python workers: sink and any Python UDF).
+    """
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    total = {"jvm": 0.0, "python": 0.0}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            head, rest = stat.read_text().rsplit(")", 1)
         except OSError:
             continue
+        fields = rest.split()
         if int(fields[2]) == pgid:  # pgrp is the 5th field; [0] here is the 3rd (state)
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
+            kind = "jvm" if head.endswith("(java") else "python"
+            total[kind] += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 def consumed_rate(rows: list[tuple[float, int, int]], t0: float, t1: float) -> float | None:
@@ -236,21 +265,21 @@ def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
 
 
 def start_job(
-    state: Path, topic: str, namespace: str, group: str, chk: Path, log: Path
+    state: Path, topic: str, namespace: str, group: str, chk: Path, log: Path, decode: str
 ) -> subprocess.Popen[bytes]:
     """Start `headwater run realtime` in its own process group (so it is stopped as a whole)."""
     cmd = [sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
            "--checkpoint-dir", str(chk), "--topic", topic, "--dlq-topic", f"{topic}.dlq",
            "--namespace", namespace, "--group-id", group, "--checkpoint-interval", "5",
-           "--parallelism", "2", "--from-earliest"]  # fmt: skip
+           "--parallelism", "2", "--from-earliest", "--decode", decode]  # fmt: skip
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
     )
 
 
 def run_phase(settings: Settings, topic: str, rate: float, seconds: float, tag: str,
-              pieces: list[tuple[bytes, bytes]], per_process: float) -> dict[str, Any]:  # fmt: skip
-    """Produce at ``rate`` with enough processes; return what was sent and how well pacing held."""
+              pieces: list[Piece], per_process: float) -> tuple[dict[str, Any], list[Probe]]:  # fmt: skip
+    """Produce at ``rate`` with enough processes; return what was sent, how well pacing held, probes."""
     n = max(1, int(np.ceil(rate / per_process)))
     queue: Any = mp.get_context("spawn").Queue()
     procs = [
@@ -266,8 +295,42 @@ def run_phase(settings: Settings, topic: str, rate: float, seconds: float, tag: 
     for p in procs:
         p.join()
     sent = sum(r[0] for r in results)
+    probes = [p for r in results for p in r[3]]
     return {"producers": n, "sent": sent, "produced_eps": round(sent / max(r[1] for r in results)),
-            "producer_behind_max_s": round(max(r[2] for r in results), 3)}  # fmt: skip
+            "producer_behind_max_s": round(max(r[2] for r in results), 3)}, probes  # fmt: skip
+
+
+def view_freshness(
+    plan: TierPlan,
+    sampler: Sampler,
+    new: list[tuple[str, int, int]],
+    probes: list[tuple[str, str, int]],
+) -> dict[str, Any]:
+    """Per view: (a) write - B of the new values, (b) write - event time of the probe events.
+
+    (b) is measured per probe event (entity e, time t): the write of e's value at its boundary
+    B = the first slide boundary after t (the value changes there: t entered the window). A probe
+    whose boundary was not seen (the event passes none of the view's filters, or the value
+    changed again within the sampler's 1 s period) is counted as ``unmatched``, not guessed.
+    """
+    out: dict[str, Any] = {}
+    for v in plan.views:
+        slide_ms = round(v.features[0].slide_s * 1000)
+        e2w = []
+        unmatched = 0
+        for user, item, t in probes:
+            entity = user if v.join_key == "user_id" else item
+            b = (t // slide_ms + 1) * slide_ms
+            w = sampler.writes.get((v.name, entity, b))
+            if w is None:
+                unmatched += 1
+            else:
+                e2w.append(w - t)
+        out[v.name] = {
+            "write_minus_boundary": percentiles([w - b for view, b, w in new if view == v.name]),
+            "event_to_write": {**percentiles(e2w), "unmatched_probes": unmatched},
+        }
+    return out
 
 
 def main() -> None:
@@ -275,15 +338,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", default="1000,5000,10000")
     ap.add_argument("--more", default="15000,20000", help="rates tried after --rates while each holds")
-    ap.add_argument("--phase-s", type=float, default=45.0)
+    ap.add_argument("--phase-s", type=float, default=120.0, help="seconds per rate (the issue: >= 120)")
+    ap.add_argument("--quick", action="store_true", help="20 s phases, 1k/5k/10k only: a smoke run")
+    ap.add_argument("--decode", choices=["java", "python"], default="java", help="the job's Avro decode")
     ap.add_argument("--settle-s", type=float, default=15.0, help="quiet time after each phase (drain)")
     ap.add_argument("--users", type=int, default=5000)
     ap.add_argument("--items", type=int, default=2000)
-    ap.add_argument("--per-producer", type=float, default=10000.0, help="events/s one producer process sends")
+    ap.add_argument("--per-producer", type=float, default=5000.0, help="events/s one producer process sends")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/realtime.json")
     ap.add_argument("--registry", type=Path, default=ROOT / "features", help="feature repo to apply")
     ap.add_argument("--label", default="registry", help="name of this run in the JSON (other runs are kept)")
     args = ap.parse_args()
+    if args.quick:
+        args.phase_s, args.settle_s, args.more = 20.0, 10.0, ""
 
     from headwater.pipelines import jvm
 
@@ -315,7 +382,7 @@ def main() -> None:
     log = work / "job.log"
     load_start = os.getloadavg()
     t_start = time.time()
-    job = start_job(state, topic, namespace, group, work / "chk", log)
+    job = start_job(state, topic, namespace, group, work / "chk", log, args.decode)
     sampler = Sampler(plan, settings.redis_url, namespace, ids)
     watch = OffsetWatch(settings.kafka_bootstrap, group, topic)
     threads = [
@@ -330,7 +397,7 @@ def main() -> None:
         while not sampler.samples:
             if job.poll() is not None:
                 sys.exit(f"the job exited ({job.returncode}); log: {log}")
-            run_phase(settings, topic, 100, 5, f"{tag}w", pieces, args.per_producer)
+            run_phase(settings, topic, 100, 5, f"{tag}w", pieces, args.per_producer)  # probes unused
             if time.time() - t_start > 600:
                 sys.exit(f"no value written after 600 s; log: {log}")
         startup_s = time.time() - t_start
@@ -342,13 +409,14 @@ def main() -> None:
             n0 = len(sampler.samples)
             t0 = time.time()
             cpu0, c0 = group_cpu_s(job.pid), watch.rows[-1][1] if watch.rows else 0
-            sent = run_phase(
+            sent, probes = run_phase(
                 settings, topic, rate, args.phase_s, f"{tag}r{int(rate)}", pieces, args.per_producer
             )
             t1 = time.time()
             time.sleep(args.settle_s)
             t2 = time.time()
-            cpu = group_cpu_s(job.pid) - cpu0
+            cpu_by = {k: v - cpu0[k] for k, v in group_cpu_s(job.pid).items()}
+            cpu = sum(cpu_by.values())
             c2 = watch.rows[-1][1] if watch.rows else 0
             rows = [r for r in watch.rows if t0 <= r[0] <= t1]
             lag_end = rows[-1][2] - rows[-1][1] if rows else None
@@ -357,23 +425,16 @@ def main() -> None:
                      "consumed_eps": round(consumed) if consumed else None, "lag_end": lag_end,
                      "load_average_end": [round(x, 2) for x in os.getloadavg()],
                      "job_cpu_cores": round(cpu / (t2 - t0), 2),
+                     "job_cpu_cores_by_kind": {k: round(v / (t2 - t0), 2) for k, v in cpu_by.items()},
                      "events_per_job_cpu_s": round((c2 - c0) / cpu) if cpu > 0 else None}  # fmt: skip
             new = [s for s in sampler.samples[n0:] if t0 * 1000 <= s[2] <= t2 * 1000]
-            fresh: dict[str, Any] = {}
-            for view in ids:
-                slide_ms = next(v.features[0].slide_s for v in plan.views if v.name == view) * 1000
-                lat = [w - b for v, b, w in new if v == view]
-                rng = np.random.default_rng(0)
-                e2w = [x + float(rng.uniform(0, slide_ms)) for x in lat]
-                fresh[view] = {
-                    "write_minus_boundary": percentiles(lat),
-                    "event_to_write_est": percentiles(e2w),
-                }
-            phase["freshness"] = fresh
+            phase["values_written"] = len(new)
+            phase["freshness"] = view_freshness(plan, sampler, new, probes)
+            phase["producer_short"] = sent["produced_eps"] < 0.95 * rate
             phase["holds"] = bool(consumed and consumed >= 0.95 * rate and (lag_end or 0) <= 10 * rate)
             phases.append(phase)
             print(json.dumps(phase))
-            if not phase["holds"]:
+            if not phase["holds"] or phase["producer_short"]:
                 break
             if not rates and more:
                 rates.append(more.pop(0))
@@ -407,7 +468,9 @@ def main() -> None:
                   "users": len(users), "items": len(items),
                   "parallelism": 2, "checkpoint_interval_s": 5, "partitions": settings.partitions,
                   "phase_s": args.phase_s, "settle_s": args.settle_s,
-                  "note": f"phases shortened from the issue's 2 min to {args.phase_s:g} s"},
+                  "decode": args.decode, "probe_every": PROBE_EVERY,
+                  "note": f"{args.phase_s:g} s per rate" + (" (--quick: shorter than the issue's 2 min)"
+                                                            if args.phase_s < 120 else "")},
         "startup_s": round(startup_s, 1),
         "floor": {"write_minus_boundary_ms": ooo_ms,
                   "event_to_write_max_ms": {v.name: ooo_ms + round(v.features[0].slide_s * 1000)
@@ -435,7 +498,7 @@ def print_table(result: dict[str, Any]) -> None:
           f"{'w-B p50':>8} {'w-B p99':>8} {'e2w p50':>8} {'e2w p99':>8} {'load':>5} holds")  # fmt: skip
     for p in result["phases"]:
         for view, f in p["freshness"].items():
-            wb, ew = f["write_minus_boundary"], f["event_to_write_est"]
+            wb, ew = f["write_minus_boundary"], f["event_to_write"]
             cells = [f"{p['rate']:>7}", f"{p['produced_eps']:>9}", f"{p['consumed_eps'] or '-':>9}",
                      f"{p['lag_end'] or 0:>8}", f"{view:<24}", f"{wb['n']:>6}", f"{wb['p50_ms'] or '-':>8}",
                      f"{wb['p99_ms'] or '-':>8}", f"{ew['p50_ms'] or '-':>8}", f"{ew['p99_ms'] or '-':>8}",

@@ -25,7 +25,10 @@ class MissingJarsError(RuntimeError):
 
 
 def jars(group: str) -> list[Path]:
-    """Return the resolved jars of ``group`` (``kafka``, ``flink`` or ``delta``), sorted.
+    """Return the resolved jars of ``group`` (``kafka``, ``flink``, ``flink-udfs`` or ``delta``), sorted.
+
+    ``flink-udfs`` is headwater's own Flink functions (infra/maven/flink-udfs: the realtime
+    job's JVM Avro decode) with their dependencies.
 
     Raises:
         MissingJarsError: the folder is missing or empty.

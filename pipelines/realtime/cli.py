@@ -54,6 +54,13 @@ DEFAULT_STATE = Path(os.environ.get("HEADWATER_STATE_DIR", ".headwater"))
 @click.option("--namespace", default="hw", show_default=True, help="Redis key namespace of the store.")
 @click.option("--from-earliest", is_flag=True, help="Without a checkpoint, start at the earliest offset.")
 @click.option("--no-restore", is_flag=True, help="Ignore existing checkpoints.")
+@click.option(
+    "--decode",
+    type=click.Choice(["java", "python"]),
+    default="java",
+    show_default=True,
+    help="Avro decode in the JVM (infra/maven/flink-udfs, built by `make setup`) or in Python.",
+)
 @click.option("--explain", "explain_only", is_flag=True, help="Print the Flink plan and exit.")
 def realtime(
     state_dir: Path,
@@ -67,6 +74,7 @@ def realtime(
     namespace: str,
     from_earliest: bool,
     no_restore: bool,
+    decode: str,
     explain_only: bool,
 ) -> None:
     """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis)."""
@@ -86,6 +94,7 @@ def realtime(
         group_id=group_id,
         topic=topic,
         startup_mode="earliest-offset" if from_earliest else "group-offsets",
+        decode=decode,
     )
     run = RunOptions(
         redis_url=settings.redis_url,

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.pipelines import jvm
-from headwater.pipelines.realtime.decode import DEFAULT_MAX_FUTURE_MS
 from headwater.pipelines.realtime.sql import CompiledJob, JobOptions, compile_job
 from headwater.pipelines.windows import layout_version
 from headwater.registry.plans import TierPlan
@@ -51,7 +50,6 @@ class RunOptions:
     jobmanager: str | None = None
     """``HOST:PORT`` of a Flink cluster's REST endpoint; ``None`` = a local mini-cluster."""
     restore: bool = True
-    max_future_ms: int = DEFAULT_MAX_FUTURE_MS
     bundle_time_ms: int = 200
     """Longest time a Python function buffers rows before processing them (bounds sink latency)."""
 
@@ -69,7 +67,12 @@ def version_dir(run: RunOptions, plan: TierPlan) -> Path:
     return run.checkpoint_dir / str(layout_version(plan.registry_hash))
 
 
-def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
+def job_jars(decode: str) -> list[Path]:
+    """Return the job's jars: the Kafka connector, and for the Java decode headwater's Flink functions."""
+    return [*jvm.jars("flink"), *(jvm.jars("flink-udfs") if decode == "java" else [])]
+
+
+def configuration(run: RunOptions, plan: TierPlan, decode: str = "java") -> dict[str, str]:
     """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target)."""
     folder = version_dir(run, plan).resolve()
     conf = {
@@ -91,7 +94,7 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
         "python.fn-execution.arrow.batch.size": "5000",
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
-        "pipeline.jars": ";".join(jar.as_uri() for jar in jvm.jars("flink")),
+        "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars(decode)),
     }
     if run.restore:
         chk = latest_checkpoint(folder)
@@ -129,7 +132,7 @@ def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[TableR
     from headwater.pipelines.realtime import udfs
 
     compiled = compile_job(plan, options)
-    t_env = table_environment({**configuration(run, plan), **compiled.config})
+    t_env = table_environment({**configuration(run, plan, options.decode), **compiled.config})
     source_topic = options.topic or plan.sources[0].topic
     udfs.register(
         t_env,
@@ -138,7 +141,8 @@ def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[TableR
         run.redis_url,
         run.namespace,
         source_topic,
-        run.max_future_ms,
+        options.max_future_ms,
+        python_decode=options.decode == "python",
     )
     for statement in compiled.ddl:
         t_env.execute_sql(statement)
@@ -153,8 +157,16 @@ def explain(plan: TierPlan, options: JobOptions, run: RunOptions) -> str:
     from headwater.pipelines.realtime import udfs
 
     compiled = compile_job(plan, options)
-    t_env = table_environment({**configuration(run, plan), **compiled.config})
-    udfs.register(t_env, compiled.views, plan.registry_hash, run.redis_url, run.namespace, "events")
+    t_env = table_environment({**configuration(run, plan, options.decode), **compiled.config})
+    udfs.register(
+        t_env,
+        compiled.views,
+        plan.registry_hash,
+        run.redis_url,
+        run.namespace,
+        "events",
+        python_decode=options.decode == "python",
+    )
     for statement in compiled.ddl:
         t_env.execute_sql(statement)
     statements = t_env.create_statement_set()

@@ -194,8 +194,14 @@ def register(
     namespace: str,
     source_topic: str,
     max_future_ms: int = DEFAULT_MAX_FUTURE_MS,
+    *,
+    python_decode: bool = True,
 ) -> None:
-    """Register the decode, dead-letter and per-view sink functions in ``t_env``."""
+    """Register the decode, dead-letter and per-view sink functions in ``t_env``.
+
+    With ``python_decode=False`` the decode functions are the JVM ones of infra/maven/flink-udfs
+    (``dev.headwater.flink.DecodeEvent`` and ``EventTime``, on the job's class path).
+    """
     from pyflink.table import DataTypes
     from pyflink.table.udf import ScalarFunction, udf
 
@@ -220,18 +226,22 @@ def register(
     def scalar(obj: Any) -> ScalarFunction:
         return Wrapped(obj)
 
-    row = DataTypes.ROW([DataTypes.FIELD(n, _data_type(DataTypes, t)) for n, t in DECODED_COLUMNS])
-    t_env.create_temporary_system_function(
-        "hw_decode", udf(scalar(DecodeFn(max_future_ms)), result_type=row, func_type="pandas")
-    )
-    t_env.create_temporary_system_function(
-        "hw_event_time",
-        udf(
-            scalar(DecodeFn(max_future_ms, time_only=True)),
-            result_type=DataTypes.BIGINT(),
-            func_type="pandas",
-        ),
-    )
+    if python_decode:
+        row = DataTypes.ROW([DataTypes.FIELD(n, _data_type(DataTypes, t)) for n, t in DECODED_COLUMNS])
+        t_env.create_temporary_system_function(
+            "hw_decode", udf(scalar(DecodeFn(max_future_ms)), result_type=row, func_type="pandas")
+        )
+        t_env.create_temporary_system_function(
+            "hw_event_time",
+            udf(
+                scalar(DecodeFn(max_future_ms, time_only=True)),
+                result_type=DataTypes.BIGINT(),
+                func_type="pandas",
+            ),
+        )
+    else:
+        t_env.create_java_temporary_system_function("hw_decode", "dev.headwater.flink.DecodeEvent")
+        t_env.create_java_temporary_system_function("hw_event_time", "dev.headwater.flink.EventTime")
     headers_type = DataTypes.MAP(DataTypes.STRING(), DataTypes.BYTES())
     t_env.create_temporary_system_function(
         "hw_dlq_headers", udf(scalar(DlqHeadersFn(source_topic)), result_type=headers_type)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -230,3 +231,30 @@ def expected_vectors(
     empty = empty_values(spec)
     rows = [[ref.get(i, empty)[f.name] for f in spec.features] for i in ids]
     return ref, to_vectors(spec, rows, RedisDictionary(client, namespace=namespace).ids)
+
+
+def last_change_ms(
+    plan: TierPlan,
+    view: str,
+    events: list[dict[str, Any]],
+    ids: list[str],
+    client: Any,
+    namespace: str,
+    b_ms: int,
+) -> list[int]:
+    """Per id, the latest boundary <= ``b_ms`` whose reference value differs from the boundary before.
+
+    The job writes a value only when it changes, so that boundary is the event time the store holds.
+    """
+    slide_ms = round(next(v for v in plan.views if v.name == view).features[0].slide_s * 1000)
+    out = []
+    for entity in ids:
+        b = b_ms
+        _, now = expected_vectors(plan, view, events, [entity], client, namespace, b)
+        while b > T0:
+            _, before = expected_vectors(plan, view, events, [entity], client, namespace, b - slide_ms)
+            if not np.allclose(before, now, rtol=1e-6, equal_nan=True):
+                break
+            b, now = b - slide_ms, before
+        out.append(b)
+    return out

@@ -49,6 +49,26 @@ def test_compile_makes_one_sink_per_view_and_uses_the_plan_filters(plan: TierPla
     assert len(tops) == 10  # two top_k features with k = 5
 
 
+def test_each_view_passes_only_changed_rows_to_its_sink(plan: TierPlan) -> None:
+    job = compile_job(plan, JobOptions("k:9092", "dlq"))
+    session = next(v for v in job.views if v.view.name == "user_session_realtime")
+    changed = next(d for d in job.ddl if d.startswith(f"CREATE TEMPORARY VIEW {session.merged_table} "))
+    assert "OVER (PARTITION BY entity ORDER BY bt)" in changed
+    assert changed.count("IS DISTINCT FROM") == len(session.slots)  # a row differing in any slot
+    assert "WHERE p_b IS NULL OR" in changed  # an entity's first row is always written
+
+
+def test_java_decode_gets_the_schema_and_fingerprint_as_literals(plan: TierPlan) -> None:
+    codec = EventCodec()
+    java = "\n".join(compile_job(plan, JobOptions("k:9092", "dlq", max_future_ms=1234)).ddl)
+    assert f"'{codec.fingerprint}', CAST(1234 AS BIGINT), '{{" in java
+    assert '"name":"BehaviorEvent"' in java
+    python = "\n".join(compile_job(plan, JobOptions("k:9092", "dlq", decode="python")).ddl)
+    assert "hw_decode(`value`, `headers`['schema-fp'], `headers`['produce-ts'])," in python
+    with pytest.raises(RealtimePlanError, match="'java' or 'python'"):
+        compile_job(plan, JobOptions("k:9092", "dlq", decode="rust"))
+
+
 def test_a_view_with_two_slides_is_rejected_with_its_name(plan: TierPlan) -> None:
     view = plan.views[0]
     first = view.features[0].model_copy(update={"slide_s": 2.0})
