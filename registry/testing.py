@@ -22,7 +22,7 @@ feature_view: v1
 entity: user
 source: events
 tier: realtime
-freshness_sla: PT5S
+freshness_sla: PT10S
 compute_cost: 10
 owner: team-a
 description: a small test view

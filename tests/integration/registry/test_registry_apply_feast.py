@@ -43,7 +43,7 @@ def test_apply_round_trips_through_feast(tmp_path: Path, isolated_redis: str) ->
     tags = views["v1"].tags
     assert {k: tags[k] for k in ("tier", "freshness_sla", "compute_cost", "owner")} == {
         "tier": "realtime",
-        "freshness_sla": "PT5S",
+        "freshness_sla": "PT10S",
         "compute_cost": "10",
         "owner": "team-a",
     }

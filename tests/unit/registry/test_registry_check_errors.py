@@ -79,7 +79,7 @@ def test_bad_duration(repo: Repo, written: str, hint_part: str) -> None:
 
 
 def test_bare_number_is_not_a_duration(repo: Repo) -> None:
-    repo.write("v1.yaml", VIEW.replace("freshness_sla: PT5S", "freshness_sla: 5"))
+    repo.write("v1.yaml", VIEW.replace("freshness_sla: PT10S", "freshness_sla: 5"))
     diag = only(repo.check().diagnostics.items, "bad-duration")
     assert "no unit" in (diag.hint or "")
 
@@ -212,7 +212,7 @@ def test_window_longer_than_tier_keeps(repo: Repo) -> None:
 
 
 def test_sla_tighter_than_tier_floor_is_an_error(repo: Repo) -> None:
-    text = VIEW.replace("tier: realtime", "tier: nearline").replace("PT5S", "PT30S")
+    text = VIEW.replace("tier: realtime", "tier: nearline").replace("PT10S", "PT30S")
     repo.write("v1.yaml", text)
     result = repo.check()
     diag = only(result.diagnostics.items, "sla-too-tight")
@@ -224,8 +224,17 @@ def test_sla_tighter_than_tier_floor_is_an_error(repo: Repo) -> None:
     assert not result.ok
 
 
+def test_realtime_sla_below_the_measured_floor_is_an_error(repo: Repo) -> None:
+    # The realtime floor is 10 s: 5 s of out-of-orderness + a 1 s slide + the job's measured delay.
+    text = VIEW.replace("PT10S", "PT5S")
+    repo.write("v1.yaml", text)
+    diag = only(repo.check().diagnostics.items, "sla-too-tight")
+    assert (diag.expected, diag.found) == ("at least 10s on realtime", "PT5S")
+    assert diag.line == line_of(text, "freshness_sla")
+
+
 def test_sla_a_cheaper_tier_could_meet_is_a_warning(repo: Repo) -> None:
-    text = VIEW.replace("PT5S", "PT10M")
+    text = VIEW.replace("PT10S", "PT10M")
     repo.write("v1.yaml", text)
     result = repo.check()
     diag = only(result.diagnostics.items, "cheaper-tier")
@@ -238,7 +247,7 @@ def test_sla_a_cheaper_tier_could_meet_is_a_warning(repo: Repo) -> None:
 def test_slide_longer_than_sla(repo: Repo) -> None:
     text = (
         VIEW.replace("window: 30s", "window: 1h\n    slide: 10m")
-        .replace("PT5S", "PT5M")
+        .replace("PT10S", "PT5M")
         .replace("tier: realtime", "tier: nearline")
     )
     repo.write("v1.yaml", text)

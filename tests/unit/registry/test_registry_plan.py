@@ -25,7 +25,7 @@ def test_plan_before_any_apply_adds_everything(repo: ScratchRepo, tmp_path: Path
     out = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(tmp_path / "state")])
     assert out.exit_code == 0, out.output
     assert "registry (nothing applied yet)" in out.output
-    assert "+ v1 [realtime] cost 0.00 -> 10.00 (+10.00 CPU-h/day), sla 5s" in out.output
+    assert "+ v1 [realtime] cost 0.00 -> 10.00 (+10.00 CPU-h/day), sla 10s" in out.output
     assert "1 to add, 0 to change, 0 to remove" in out.output
 
 
@@ -37,7 +37,7 @@ def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) ->
     assert "No changes" in CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)]).output
     edited = (
         MINIMAL_VIEW.replace("compute_cost: 10", "compute_cost: 12")
-        .replace("freshness_sla: PT5S", "freshness_sla: PT10S")
+        .replace("freshness_sla: PT10S", "freshness_sla: PT20S")
         .replace("window: 30s", "window: 1m")
         + "  - name: views_1m\n    agg: count\n    where: \"event_type = 'impression'\"\n    window: 1m\n"
     )
@@ -52,14 +52,14 @@ def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) ->
     assert {n: c["kind"] for n, c in changes.items()} == {"v1": "changed", "v2": "removed", "v3": "added"}
     v1 = changes["v1"]
     assert v1["cost_delta"] == 2.0
-    assert (v1["sla_before"], v1["sla_after"]) == (5.0, 10.0)
+    assert (v1["sla_before"], v1["sla_after"]) == (10.0, 20.0)
     assert "compute_cost: 10 -> 12" in v1["changes"]
-    assert "freshness_sla: PT5S -> PT10S" in v1["changes"]
+    assert "freshness_sla: PT10S -> PT20S" in v1["changes"]
     assert "+ feature views_1m" in v1["changes"]
     assert any(c.startswith("~ feature clicks_30s: window 30s -> 1m") for c in v1["changes"])
     assert changes["v2"]["cost_delta"] == -10.0
     text = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)]).output
-    assert "~ v1 [realtime] cost 10.00 -> 12.00 (+2.00 CPU-h/day), sla 5s -> 10s" in text
+    assert "~ v1 [realtime] cost 10.00 -> 12.00 (+2.00 CPU-h/day), sla 10s -> 20s" in text
     assert "1 to add, 1 to change, 1 to remove; charged cost +2.00 CPU-h/day." in text
 
 

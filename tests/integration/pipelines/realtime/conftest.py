@@ -40,7 +40,7 @@ feature_view: rt_all
 entity: user
 source: events
 tier: realtime
-freshness_sla: PT5S
+freshness_sla: PT10S
 compute_cost: 20
 owner: feed-ranking
 description: every aggregation kind, for the realtime tier's tests
