@@ -18,6 +18,7 @@ from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
 from headwater.registry.commands import apply, check, features, plan
 from headwater.serving.cli import model, serve
+from headwater.serving.client import feedback, rank
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,3 +54,5 @@ main.add_command(training_set)
 main.add_command(materialize)
 main.add_command(consistency)
 main.add_command(freshness)
+main.add_command(rank)
+main.add_command(feedback)
