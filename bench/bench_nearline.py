@@ -18,7 +18,9 @@ Sections (each can be skipped; all write bench/results/nearline.json):
   empty store and loaded into memory (what a takeover after losing the local folder does).
 
 The machine is shared: load averages at start and end are recorded with the figures.
-Usage: python bench/bench_nearline.py [--events N] [--repeats R] [--skip throughput,paced,hour,restore]
+Usage: python bench/bench_nearline.py [--quick] [--events N] [--repeats R]
+       [--skip throughput,paced,hour,restore]
+``--quick`` is a short run for development (about 3 minutes); the defaults are the reported run.
 """
 
 from __future__ import annotations
@@ -116,10 +118,93 @@ def throughput(settings: Settings, n: int, sim_rate: float, repeats: int) -> dic
                 "all_per_process": [r["records_per_s_per_process"] for r in runs],
             }
             print(f"{processes} process(es): {out[f'p{processes}']['all_per_process']} records/s/process")
+        out["cpu_us_per_record"] = cpu_breakdown(env, records)
+        print(f"CPU us per record: {out['cpu_us_per_record']}")
         return out
     finally:
         env.cleanup()
         shutil.rmtree(env.tmp, ignore_errors=True)
+
+
+def cpu_breakdown(env: h.Env, records: int, batch: int = 20_000) -> dict[str, Any]:
+    """CPU microseconds per record of poll, process and a changelog send, each measured alone."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
+    from headwater.pipelines.events.codec import EventCodec
+    from headwater.pipelines.nearline.plan import NearlinePlan
+    from headwater.pipelines.nearline.restore import check_crcs
+    from headwater.pipelines.nearline.state import PartitionStore
+    from headwater.pipelines.nearline.task import PartitionTask
+    from headwater.pipelines.topics import ensure_topics
+    from headwater.registry.plans import read_plan
+
+    tps = [TopicPartition(env.settings.events_topic, p) for p in range(env.partitions)]
+    consumer = KafkaConsumer(
+        bootstrap_servers=env.settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=4 << 20,
+        fetch_max_bytes=32 << 20,
+        check_crcs=check_crcs(),
+    )
+    polled: dict[Any, list[Any]] = {tp: [] for tp in tps}
+    try:
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        t0 = time.process_time()
+        got = 0
+        while got < records:
+            for tp, recs in consumer.poll(timeout_ms=1000, max_records=batch).items():
+                polled[tp] += recs
+                got += len(recs)
+        poll_us = (time.process_time() - t0) / got * 1e6
+    finally:
+        consumer.close()
+    plan = NearlinePlan.from_plan(read_plan(env.tmp, "nearline"))
+    codec, changes = EventCodec(), 0
+    tasks = [
+        PartitionTask(
+            tp.partition, PartitionStore(env.tmp / "cpu", tp.partition), plan.views, plan.timing, "", codec
+        )
+        for tp in tps
+    ]
+    t0 = time.process_time()
+    now = int(time.time() * 1000)
+    for task, tp in zip(tasks, tps, strict=True):
+        for i in range(0, len(polled[tp]), batch):
+            changes += len(task.process(polled[tp][i : i + batch], now).changes)
+    process_us = (time.process_time() - t0) / got * 1e6
+    for task in tasks:
+        task.store.close()
+    topic = f"{env.group}-cpu"
+    ensure_topics(env.settings, {topic: {}}, env.partitions)
+    producer = KafkaProducer(
+        bootstrap_servers=env.settings.kafka_bootstrap, linger_ms=5, batch_size=512 * 1024, acks="all"
+    )
+    key, value = (
+        b"p\x1fnl_activity\x1fu0001234\x1f1767225600000",
+        b"[12345,3,1500.0,[42.5,2],null,null,[1,4]]",
+    )
+    try:
+        t0 = time.process_time()
+        for i in range(20_000):
+            producer.send(topic, key=key, value=value, partition=i % env.partitions)
+        producer.flush()
+        send_us = (time.process_time() - t0) / 20_000 * 1e6
+    finally:
+        producer.close()
+        admin = KafkaAdminClient(bootstrap_servers=env.settings.kafka_bootstrap)
+        admin.delete_topics([topic])
+        admin.close()
+    per_event = changes / got
+    return {
+        "poll_us": round(poll_us, 1),
+        "process_us": round(process_us, 1),
+        "changelog_send_us": round(send_us, 1),
+        "changelog_records_per_record": round(per_event, 3),
+        "sum_us": round(poll_us + process_us + send_us * per_event, 1),
+        "records": got,
+        "batch": batch,
+    }
 
 
 def hour(settings: Settings, n: int) -> dict[str, Any]:
@@ -295,7 +380,11 @@ def main() -> None:
     ap.add_argument("--restore-keys", type=int, default=1_000_000)
     ap.add_argument("--hour-events", type=int, default=360_000, help="events in the simulated hour")
     ap.add_argument("--skip", default="", help="comma-separated: throughput, paced, hour, restore")
+    ap.add_argument("--quick", action="store_true", help="short run: 60k events, 1 repeat, 20 s paced, ...")
     args = ap.parse_args()
+    if args.quick:
+        args.events, args.repeats, args.paced_rates, args.paced_seconds = 60_000, 1, "5000", 20.0
+        args.restore_keys, args.hour_events = 200_000, 120_000
     skip = set(filter(None, args.skip.split(",")))
     settings = Settings.from_env()
     out_path = ROOT / "bench/results/nearline.json"

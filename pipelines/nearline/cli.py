@@ -74,6 +74,15 @@ RESTART_BACKOFF_S = 5.0
     help="Verify consumed record CRCs; auto: only when the C crc32c module is installed.",
 )
 @click.option(
+    "--idle-timeout",
+    "idle_timeout_s",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    help="Seconds after which a caught-up source partition without events stops holding back the "
+    "boundary of views keyed by another field (0: never).",
+)
+@click.option(
     "--idle-exit",
     "idle_exit_s",
     type=float,
@@ -90,6 +99,7 @@ def run_nearline(
     session_timeout_ms: int,
     refresh_unchanged: bool,
     check_crcs: str,
+    idle_timeout_s: float,
     idle_exit_s: float | None,
 ) -> None:
     """Run the nearline tier: window aggregates over `events` kept in RocksDB, written to Redis.
@@ -111,6 +121,7 @@ def run_nearline(
             stats_path=root / f"stats-{i}.json",
             refresh_unchanged=refresh_unchanged,
             check_crcs=None if check_crcs == "auto" else check_crcs == "on",
+            idle_timeout_s=idle_timeout_s or None,
         )
         for i in range(processes)
     ]

@@ -17,16 +17,20 @@ Stage B differs from the events task in three ways:
 1. **Exactly once across stage-A crashes.** A crash of stage A after step 1 re-forwards the
    batch when it is replayed. Stage B keeps, per source partition, the next source offset it
    expects (``src_hw``, committed in its meta record) and skips a record below it.
-2. **Watermark = minimum over the source partitions** of the last marker from each; until every
-   source partition has sent one, no boundary is published (an idle source partition holds the
-   boundary back: idle-source detection is not built).
+2. **Watermark = minimum over the active source partitions** of the last marker from each; until
+   every active source partition has sent one, no boundary is published. A source partition that
+   stage A found idle (caught up, no record for the idle timeout) sends an idle marker, header
+   ``hw-idle`` = ``<source partition>:<watermark or empty>``, and leaves the minimum until its next
+   watermark marker (Flink's ``withIdleness``). Its events that arrive after the boundary moved
+   on are folded as in 3. When every source partition is idle the watermark holds at the minimum
+   of all of them (nothing moves the boundary without an active source).
 3. **Nothing is late here**: stage A applied the lateness rule; an event behind stage B's
    boundary is folded and its entity re-published at that boundary, as an allowed late event is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -38,6 +42,7 @@ from headwater.pipelines.windows import ViewSpec
 
 SOURCE_HEADER = "hw-src"
 MARKER_HEADER = "hw-wm"
+IDLE_HEADER = "hw-idle"
 
 
 def repartition_topic(group: str, field: str) -> str:
@@ -60,6 +65,48 @@ def marker_headers(source_partition: int, watermark: int) -> list[tuple[str, byt
     return [(MARKER_HEADER, f"{source_partition}:{watermark}".encode())]
 
 
+def idle_headers(source_partition: int, watermark: int | None) -> list[tuple[str, bytes]]:
+    """Return the headers of an idle marker (the source partition's watermark, when it has one)."""
+    wm = "" if watermark is None else str(watermark)
+    return [(IDLE_HEADER, f"{source_partition}:{wm}".encode())]
+
+
+class IdleSources:
+    """Stage A's idle timer: which source partitions to announce idle, once each time they go idle.
+
+    A partition is idle when it is caught up (``caught_up(p)``: its position is the partition's
+    high watermark) and no record of it arrived for ``timeout_s``; a record makes it active again.
+    """
+
+    def __init__(self, timeout_s: float | None) -> None:
+        """``timeout_s`` None or <= 0: never announce a partition idle."""
+        self.timeout_s = timeout_s if timeout_s is not None and timeout_s > 0 else None
+        self.active_at: dict[int, float] = {}
+        self.announced: set[int] = set()
+
+    def active(self, partition: int, now: float) -> None:
+        """Record that ``partition`` was assigned or had records at ``now`` (monotonic seconds)."""
+        self.active_at[partition] = now
+        self.announced.discard(partition)
+
+    def forget(self, partition: int) -> None:
+        """Stop timing a revoked partition."""
+        self.active_at.pop(partition, None)
+        self.announced.discard(partition)
+
+    def due(self, now: float, caught_up: Callable[[int], bool]) -> list[int]:
+        """Return the partitions to announce idle now (each once until it is active again)."""
+        if self.timeout_s is None:
+            return []
+        out = [
+            p
+            for p, at in sorted(self.active_at.items())
+            if p not in self.announced and now - at >= self.timeout_s and caught_up(p)
+        ]
+        self.announced.update(out)
+        return out
+
+
 class RepartitionedTask(PartitionTask):
     """Stage B: the views keyed by one field, over one partition of its repartition topic."""
 
@@ -78,12 +125,15 @@ class RepartitionedTask(PartitionTask):
         self.upstream_partitions = upstream_partitions
         self.wm_src: dict[int, int] = {}
         self.src_hw: dict[int, int] = {}
+        self.idle: set[int] = set()
+        """Source partitions announced idle (left out of the watermark until their next marker)."""
 
     def load(self, loaded: Any) -> None:
         """Rebuild the state, then the per-source watermarks and offsets of the meta record."""
         super().load(loaded)
         self.wm_src = {int(p): int(w) for p, w in loaded.meta.get("wm_src", {}).items()}
         self.src_hw = {int(p): int(o) for p, o in loaded.meta.get("src_hw", {}).items()}
+        self.idle = {int(p) for p in loaded.meta.get("idle", [])}
 
     def _pre(self, records: Sequence[Any]) -> Sequence[Any]:
         kept = []
@@ -94,6 +144,12 @@ class RepartitionedTask(PartitionTask):
                 p, wm = int(src), int(num)
                 if wm > self.wm_src.get(p, wm - 1):
                     self.wm_src[p] = wm
+                self.idle.discard(p)
+            elif name == IDLE_HEADER:
+                p = int(src)
+                self.idle.add(p)
+                if num and int(num) > self.wm_src.get(p, int(num) - 1):
+                    self.wm_src[p] = int(num)
             elif name == SOURCE_HEADER:
                 p, offset = int(src), int(num)
                 if offset >= self.src_hw.get(p, 0):  # below: a re-forward after a stage-A crash
@@ -119,13 +175,21 @@ class RepartitionedTask(PartitionTask):
         return event
 
     def _watermark(self) -> int | None:
-        if len(self.wm_src) < self.upstream_partitions:
+        active = [p for p in range(self.upstream_partitions) if p not in self.idle]
+        if not active:
+            return min(self.wm_src.values()) if self.wm_src else None
+        if any(p not in self.wm_src for p in active):
             return None
-        return min(self.wm_src.values())
+        return min(self.wm_src[p] for p in active)
 
     def _meta(self) -> dict[str, Any]:
         return {
             **super()._meta(),
             "wm_src": {str(p): w for p, w in self.wm_src.items()},
             "src_hw": {str(p): o for p, o in self.src_hw.items()},
+            "idle": sorted(self.idle),
         }
+
+    def stats(self) -> dict[str, Any]:
+        """Return the base counts plus the per-source watermarks and the idle source partitions."""
+        return {**super().stats(), "wm_src": dict(self.wm_src), "idle_sources": sorted(self.idle)}

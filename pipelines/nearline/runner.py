@@ -5,21 +5,34 @@ a partition of any topic it owns is one task with its own store and changelog pa
 Each poll batch is committed in this order (a kill -9 between any two steps loses nothing and
 counts nothing twice):
 
-1. **Changelog first (write-ahead).** Every store change of the batch (pane records, dedup ids,
-   outbox, and last the meta record with the next source offset) is produced to the compacted
-   changelog topic, partition = source partition, with the dead letters of the batch; the
-   producer is flushed. A crash after this step leaves the changelog ahead of the local store:
-   the next owner replays the changelog tail, and because each pane record carries the offset
-   of the last event it holds (``hw``), re-reading those events from the older offset skips them.
-   Events forwarded to a repartition topic, then a watermark marker per partition, are produced
-   here too; after a crash they are forwarded again and the downstream task skips them.
-2. **RocksDB.** The same changes, the consumed offset (in the meta record) and the changelog
-   position go into the partition's store in ONE write batch. This is the commit point.
-3. **Online writes.** The values of the outbox (entities whose value changed, at the view's
+1. **What others read, and the changelog but its meta records.** The dead letters, the events
+   forwarded to a repartition topic and a watermark marker per repartition partition, and every
+   store change of the batch except the meta record (pane records, dedup ids, outbox) go to
+   Kafka; the producer is flushed. The changelog is compacted, partition = source partition.
+2. **The meta records (write-ahead commit).** Each task's meta record (the next source offset,
+   max event time, boundaries) goes to the changelog; the producer is flushed. A restore treats a
+   batch as done once its meta record is on the changelog, so everything the batch sends to other
+   consumers must be on Kafka before it: were the forwarded events or markers still in flight
+   when the meta record landed, a crash would lose them (the restored task resumes after the
+   batch and never sends them again; the repartitioned views would miss events, and their
+   boundary would wait for a marker that never comes). A crash before this step re-runs the
+   batch: its events are forwarded again and the downstream task skips them by source offset;
+   pane records already on the changelog skip the events they hold (``hw``).
+3. **RocksDB.** The same changes, the consumed offset (in the meta record) and the changelog
+   position go into the partition's store in ONE write batch. This is the local commit point; a
+   crash before it leaves the changelog ahead of the local store, and the next owner replays the
+   changelog tail.
+4. **Online writes.** The values of the outbox (entities whose value changed, at the view's
    boundary B) are written to Redis. Writes are idempotent (same B and value: no-op), and the
    outbox stays in the store until the next batch, so a crash here re-publishes it on restart.
-4. **Kafka offset commit.** Only for monitoring and lag: on (re)assignment a partition resumes
+5. **Kafka offset commit.** Only for monitoring and lag: on (re)assignment a partition resumes
    from the offset in its store, never from the group's committed offset.
+
+Idle source partitions: stage B's watermark is the minimum over the source partitions, so one
+source partition without events would hold the repartitioned views' boundary back forever. A
+source partition that is caught up (position = high watermark) and got no record for
+``idle_timeout_s`` is announced idle to stage B (``repartition.py``), like Flink's
+``withIdleness``; its next batch makes it active again.
 """
 
 from __future__ import annotations
@@ -40,14 +53,16 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, Offse
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.nearline.plan import NearlinePlan
 from headwater.pipelines.nearline.repartition import (
+    IdleSources,
     RepartitionedTask,
     forwarded_record,
+    idle_headers,
     marker_headers,
     repartition_changelog,
     repartition_topic,
 )
 from headwater.pipelines.nearline.restore import check_crcs, restore_partition
-from headwater.pipelines.nearline.state import PartitionStore
+from headwater.pipelines.nearline.state import META_KEY, PartitionStore
 from headwater.pipelines.nearline.task import BatchOutput, PartitionTask
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
@@ -71,6 +86,9 @@ class NearlineConfig:
     stats_path: Path | None = None
     refresh_unchanged: bool = True
     """Re-publish every live entity at each new boundary (stored event time = the latest B)."""
+    idle_timeout_s: float | None = 60.0
+    """A caught-up source partition without records this long is announced idle to the
+    repartitioned views (None or 0: never); see ``repartition.py``."""
     check_crcs: bool | None = None
     """Verify record CRCs when consuming; None: only when the C ``crc32c`` module is installed
     (kafka-python's pure-Python CRC-32C costs more than the rest of the pipeline together)."""
@@ -81,11 +99,16 @@ class NearlineConfig:
         return f"{self.group_id}-changelog"
 
 
+class NearlineCommitError(RuntimeError):
+    """A step of the commit protocol failed; nothing of the batch is committed."""
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: NearlineWorker) -> None:
         self.worker = worker
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        self.worker.producer.flush()  # idle markers in flight land before the next owner's markers
         self.worker.close_tasks(list(revoked))
 
     def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
@@ -121,12 +144,15 @@ class NearlineWorker:
             linger_ms=5,
             batch_size=512 * 1024,
             max_request_size=8 * 1024 * 1024,
-            compression_type="zstd",  # fewer bytes through kafka-python's Python send path and CRC
+            # zstd only without the C crc32c module (fewer bytes through the pure-Python CRC); with
+            # it, compression costs more (sender-thread CPU, 2x the flush wall time) than it saves
+            compression_type=None if check_crcs(None) else "zstd",
             retries=10,
         )
         self.online = OnlineStore.from_url(s.redis_url, namespace=config.namespace)
         self.dictionary = RedisDictionary(self.online.client, namespace=config.namespace)
         self.tasks: dict[TopicPartition, PartitionTask] = {}
+        self.idle = IdleSources(config.idle_timeout_s if self.by_key else None)
         self.upstream_partitions = 0
         self.changelogs: dict[TopicPartition, str] = {}
         self.last_checkpoint = time.monotonic()
@@ -181,6 +207,8 @@ class NearlineWorker:
                 self.consumer.seek_to_beginning(tp)
             self.tasks[tp] = task
             self.changelogs[tp] = changelog
+            if tp.topic == self.topic:
+                self.idle.active(tp.partition, time.monotonic())
             took = time.monotonic() - started
             self.counters["restore_s"] += took
             log.info(
@@ -198,6 +226,8 @@ class NearlineWorker:
         """Close the stores of revoked partitions (their state is committed after every batch)."""
         for tp in revoked:
             task = self.tasks.pop(tp, None)
+            if tp.topic == self.topic:
+                self.idle.forget(tp.partition)
             if task is not None:
                 task.store.close()
 
@@ -211,6 +241,7 @@ class NearlineWorker:
                 polled = self.consumer.poll(timeout_ms=500, max_records=self.config.max_poll_records)
                 if not self.tasks:
                     idle_since = time.monotonic()  # idle only counts while owning partitions
+                self._announce_idle(polled)
                 if not polled:
                     if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                         break
@@ -221,37 +252,43 @@ class NearlineWorker:
         finally:
             self.close()
 
+    def _announce_idle(self, polled: dict[TopicPartition, list[Any]]) -> None:
+        """Send an idle marker for each source partition caught up and without records for the timeout."""
+        now = time.monotonic()
+        for tp in polled:
+            if tp.topic == self.topic and tp in self.tasks:
+                self.idle.active(tp.partition, now)
+        for p in self.idle.due(now, self._caught_up):
+            task = self.tasks[TopicPartition(self.topic, p)]
+            self._markers(idle_headers(p, task.watermark()))
+            log.info(
+                "source partition %d idle: left out of the repartitioned watermark until it has events", p
+            )
+
+    def _caught_up(self, partition: int) -> bool:
+        tp = TopicPartition(self.topic, partition)
+        task, end = self.tasks.get(tp), self.consumer.highwater(tp)
+        return task is not None and end is not None and (task.next_offset or 0) >= end
+
     def commit_batch(self, polled: dict[TopicPartition, list[Any]]) -> None:
-        """Process one poll and run the commit protocol (module docstring, steps 1 to 4)."""
+        """Process one poll and run the commit protocol (module docstring, steps 1 to 5)."""
         now = epoch_ms()
         if not self.counters["batches"]:
             self.counters["first_batch_at"] = time.time()
         clock = _PhaseClock(self.counters)
         outputs = {p: self.tasks[p].process(recs, now) for p, recs in polled.items()}
         clock.lap("t_process")
-        # Step 1: changelog (write-ahead), dead letters, forwarded events and markers, flushed.
-        futures = {}
-        for tp, out in outputs.items():
-            for key, value in out.changes.items():
-                futures[tp] = self.producer.send(
-                    self.changelogs[tp], key=key, value=value, partition=tp.partition
-                )
-            for dl in out.dead:
-                self.producer.send(
-                    self.config.settings.dlq_topic, key=dl.key, value=dl.value, headers=dl.kafka_headers()
-                )
-            if self.by_key and tp.topic == self.topic:
-                self._forward(tp.partition, out)
-        self.producer.flush()
+        # Steps 1 and 2: dead letters, forwards, markers and changes but meta, flushed; then meta, flushed.
+        changelog_pos = self._send(outputs)
         clock.lap("t_changelog")
-        # Step 2: state changes + consumed offset + changelog position, one RocksDB write batch.
+        # Step 3: state changes + consumed offset + changelog position, one RocksDB write batch.
         for tp, out in outputs.items():
-            self.tasks[tp].store.commit(out.changes, futures[tp].get(timeout=30).offset)
+            self.tasks[tp].store.commit(out.changes, changelog_pos[tp])
         clock.lap("t_rocksdb")
-        # Step 3: online writes (idempotent; the outbox committed in step 2 replays them after a crash).
+        # Step 4: online writes (idempotent; the outbox committed in step 3 replays them after a crash).
         self._publish({tp: out.publish for tp, out in outputs.items()})
         clock.lap("t_publish")
-        # Step 4: Kafka offset commit (monitoring only: the store's offset is the source of truth).
+        # Step 5: Kafka offset commit (monitoring only: the store's offset is the source of truth).
         offsets = {
             tp: OffsetAndMetadata(out.next_offset, "", -1)
             for tp, out in outputs.items()
@@ -264,19 +301,63 @@ class NearlineWorker:
         self._count(outputs)
         self._maybe_checkpoint()
 
-    def _forward(self, partition: int, out: BatchOutput) -> None:
+    def _send(self, outputs: dict[TopicPartition, BatchOutput]) -> dict[TopicPartition, int]:
+        """Run steps 1 and 2 of the commit protocol; return the changelog offset of each meta record.
+
+        Raises:
+            NearlineCommitError: Kafka did not acknowledge a record of step 1 (the batch is not
+                committed: the restarted worker processes it again).
+        """
+        sent: list[Any] = []
+        for tp, out in outputs.items():
+            for dl in out.dead:
+                sent.append(
+                    self.producer.send(
+                        self.config.settings.dlq_topic, key=dl.key, value=dl.value, headers=dl.kafka_headers()
+                    )
+                )
+            if self.by_key and tp.topic == self.topic:
+                sent += self._forward(tp.partition, out)
+            changelog = self.changelogs[tp]
+            for key, value in out.changes.items():
+                if key != META_KEY:
+                    sent.append(self.producer.send(changelog, key=key, value=value, partition=tp.partition))
+        self.producer.flush()
+        failed = [f for f in sent if f.failed()]
+        if failed:
+            msg = (
+                f"step 1 of the nearline commit: Kafka did not acknowledge {len(failed)} of {len(sent)} "
+                f"records ({failed[0].exception!r}); the batch is not committed and is processed again "
+                "after a restart. Check the broker at " + self.config.settings.kafka_bootstrap
+            )
+            raise NearlineCommitError(msg)
+        metas = {
+            tp: self.producer.send(
+                self.changelogs[tp], key=META_KEY, value=out.changes[META_KEY], partition=tp.partition
+            )
+            for tp, out in outputs.items()
+        }
+        self.producer.flush()
+        return {tp: future.get(timeout=30).offset for tp, future in metas.items()}
+
+    def _forward(self, partition: int, out: BatchOutput) -> list[Any]:
         """Send the batch's events to each repartition topic, then a watermark marker to every partition."""
+        sent = []
         for key, value, event, offset in out.forward:
             payload, headers = forwarded_record(event, partition, offset)
             topic = repartition_topic(self.config.group_id, key)
-            self.producer.send(topic, key=str(value).encode(), value=payload, headers=headers)
-        if out.watermark is None:
-            return
-        for topic in self.by_key:
-            for q in self.producer.partitions_for(topic):
-                self.producer.send(
-                    topic, value=b"", partition=q, headers=marker_headers(partition, out.watermark)
-                )
+            sent.append(self.producer.send(topic, key=str(value).encode(), value=payload, headers=headers))
+        if out.watermark is not None:
+            sent += self._markers(marker_headers(partition, out.watermark))
+        return sent
+
+    def _markers(self, headers: list[tuple[str, bytes]]) -> list[Any]:
+        """Send one marker (no key, no value) to every partition of every repartition topic."""
+        return [
+            self.producer.send(topic, value=b"", partition=q, headers=headers)
+            for topic in self.by_key
+            for q in sorted(self.producer.partitions_for(topic))
+        ]
 
     def _publish(self, by_partition: dict[TopicPartition, dict[str, tuple[int, list[str]]]]) -> None:
         for tp, publish in by_partition.items():

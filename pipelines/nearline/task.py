@@ -233,6 +233,10 @@ class PartitionTask:
             "t_pub": {n: vs.t_pub for n, vs in self.views.items()},
         }
 
+    def watermark(self) -> int | None:
+        """Return the event time before which this partition expects no more events (None: none seen)."""
+        return self._watermark()
+
     def _watermark(self) -> int | None:
         """Event time before which this partition expects no more events (None: none seen yet)."""
         return None if self.max_t is None else self.max_t - self.timing.max_out_of_orderness_ms

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,8 +221,19 @@ class Env:
         store.close()
 
 
-def produce(settings: Settings, n: int, seed: int, start_ms: int | None = None, **cfg: Any) -> int:
-    """Produce ``n`` generator emissions (with late, out-of-order, duplicate and malformed ones)."""
+def produce(
+    settings: Settings,
+    n: int,
+    seed: int,
+    start_ms: int | None = None,
+    only_partitions: int | None = None,
+    **cfg: Any,
+) -> int:
+    """Produce ``n`` generator emissions (with late, out-of-order, duplicate and malformed ones).
+
+    ``only_partitions``: send to partitions ``0 .. only_partitions - 1`` only (crc32 of the key),
+    leaving the topic's other partitions without a record.
+    """
     codec = EventCodec()
     gen_cfg = GeneratorConfig(
         seed=seed,
@@ -233,14 +245,20 @@ def produce(settings: Settings, n: int, seed: int, start_ms: int | None = None, 
     gen = EventGenerator(gen_cfg, codec)
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=20, acks="all")
     last = 0
+
+    def part(key: bytes) -> int | None:
+        return None if only_partitions is None else zlib.crc32(key) % only_partitions
+
     for em in gen.take(n):
         headers = codec.headers()
         if em.event is not None:
+            key = em.event["user_id"].encode()
             producer.send(
                 settings.events_topic,
-                key=em.event["user_id"].encode(),
+                key=key,
                 value=codec.encode(em.event),
                 headers=headers,
+                partition=part(key),
             )
         elif em.malformed is not None:
             producer.send(
@@ -248,6 +266,7 @@ def produce(settings: Settings, n: int, seed: int, start_ms: int | None = None, 
                 key=b"malformed",
                 value=em.malformed.value,
                 headers=list(em.malformed.headers) + headers[1:],
+                partition=part(b"malformed"),
             )
         last = em.sim_time_ms
     producer.flush()
