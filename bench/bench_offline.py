@@ -1,11 +1,21 @@
-"""Offline tier benchmark: landing events/s, offline views events/s, training set rows, materialize rows/s.
+"""Offline tier benchmark: produce, landing, offline views, labels, training set, materialize.
 
-Usage: .venv/bin/python -u bench/bench_offline.py [--events N] [--days D] [--materialize-rows R]
-       .venv/bin/python -u bench/bench_offline.py --materialize-only   (rerun only that step)
+Usage: .venv/bin/python -u bench/bench_offline.py [--events N] [--days D] [--producers P]
+           [--labels L] [--batch B] [--materialize-rows R]
+       .venv/bin/python -u bench/bench_offline.py --quick            (200k events, 100k labels)
+       .venv/bin/python -u bench/bench_offline.py --events 10000000 --labels 1000000   (the issue's size)
+       .venv/bin/python -u bench/bench_offline.py --materialize-only (rerun only that step)
 Needs Kafka and Redis (make services-up). Writes bench/results/offline.json and prints a table.
-The training set's labels are the landed click/impression events after the first day (their count
-scales with --events; the issue's 1M labels need about --events 2000000). Each step records the
-1-minute load average at its end: on a shared 2-core machine the figures scale with it.
+
+Stages, each timed on its own and stamped with the 1-minute load average at its end (on a shared
+2-core machine the figures scale with it):
+- produce: P processes generate and encode one time slice each, sent in time order (not a tier figure);
+- landing: ``Lander`` from Kafka into bronze Delta (events/s = Kafka records handled per second);
+- offline views: every offline view of ``features/`` over every landed day (events/s = landed events
+  over the total time of all views);
+- labels: ``derive_labels`` over bronze, written to Parquet;
+- training set: point-in-time join of the first L labels after the first day (rows/s);
+- materialize: pack and write R rows with the shared writer (rows/s).
 """
 
 from __future__ import annotations
@@ -37,38 +47,95 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "bench" / "results" / "offline.json"
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+QUICK = {"events": 200_000, "days": 2, "labels": 100_000, "materialize_rows": 100_000}
 
 
-def produce(bootstrap: str, topic: str, events: int, days: int) -> float:
+def produce_slice(
+    bootstrap: str, topic: str, events: int, days: float, start_ms: int, turn: Any, done: Any
+) -> None:
+    """Generate and encode one time slice, then send it once the previous slice is sent (one process).
+
+    Slices are sent in time order so that each partition stays in event-time order: slices sent at
+    the same time would interleave days and make the earlier one look late to every tier.
+    """
     from headwater.pipelines.events.codec import EventCodec
     from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 
     rate = events / (days * 86_400)
-    gen = EventGenerator(replace(GeneratorConfig(), rate=rate, session_gap_s=max(1.0, 20 / rate)))
+    gen = EventGenerator(replace(GeneratorConfig(), rate=rate, session_gap_s=max(1.0, 20 / rate),
+                                 start_ms=start_ms))  # fmt: skip
     codec = EventCodec()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024)
-    started = time.monotonic()
-    for em in gen.take(events):
+    records: list[tuple[bytes | None, bytes | None, Any]] = []
+    for _ in range(events):
+        em = next(gen)
         if em.event is not None:
-            producer.send(
-                topic, codec.encode(em.event), key=em.event["user_id"].encode(), headers=codec.headers()
-            )
+            records.append((codec.encode(em.event), em.event["user_id"].encode(), None))
         elif em.malformed is not None:
-            producer.send(topic, em.malformed.value, headers=list(em.malformed.headers))
+            records.append((em.malformed.value, None, list(em.malformed.headers)))
+    if turn is not None and not turn.wait(timeout=7_200):
+        msg = "the previous slice was not sent within 2 h (its process failed?)"
+        raise RuntimeError(msg)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1024 * 1024)
+    for value, key, headers in records:
+        producer.send(topic, value, key=key, headers=headers if headers is not None else codec.headers())
     producer.flush()
     producer.close()
+    done.set()
+
+
+def produce(bootstrap: str, topic: str, events: int, days: int, processes: int) -> float:
+    """Produce ``events`` over ``days`` of event time: ``processes`` slices generated in parallel."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # before Spark starts: nothing to inherit but Python
+    span_ms = days * 86_400_000 // processes
+    sizes = [events // processes + (1 if i < events % processes else 0) for i in range(processes)]
+    dones = [ctx.Event() for _ in range(processes)]
+    started = time.monotonic()
+    workers = [ctx.Process(target=produce_slice, args=(bootstrap, topic, n, days / processes,
+                                                       START_MS + i * span_ms, dones[i - 1] if i else None,
+                                                       dones[i]))
+               for i, n in enumerate(sizes)]  # fmt: skip
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    failed = [w.exitcode for w in workers if w.exitcode != 0]
+    if failed:
+        msg = f"producer process(es) failed with exit codes {failed}"
+        raise RuntimeError(msg)
     return time.monotonic() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--days", type=int, default=3)
-    parser.add_argument("--materialize-rows", type=int, default=200_000)
+def parse_args() -> argparse.Namespace:
+    """Command-line options (``--quick`` sets the small sizes unless given explicitly)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=None, help="Events to produce (default 1,000,000).")
+    parser.add_argument("--days", type=int, default=None, help="Days of event time (default 3).")
+    parser.add_argument(
+        "--labels", type=int, default=None, help="Labels in the training set (default 1,000,000)."
+    )
+    parser.add_argument("--producers", type=int, default=2, help="Producer processes.")
+    parser.add_argument("--batch", type=int, default=1_000_000, help="Landing records per Delta commit.")
+    parser.add_argument("--workers", type=int, default=2, help="Landing reader processes (1: in-process).")
+    parser.add_argument(
+        "--materialize-rows", type=int, default=None, help="Rows to materialize (default 200,000)."
+    )
+    parser.add_argument("--quick", action="store_true", help=f"Small run: {QUICK}.")
     parser.add_argument("--materialize-only", action="store_true",
                         help="Rerun only materialize; keep the other figures of offline.json.")  # fmt: skip
     args = parser.parse_args()
+    defaults = QUICK if args.quick else {"events": 1_000_000, "days": 3, "labels": 1_000_000,
+                                         "materialize_rows": 200_000}  # fmt: skip
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
+
+def main() -> None:
+    args = parse_args()
     from headwater.pipelines.settings import Settings
     from headwater.pipelines.topics import ensure_topics
     from headwater.registry.plans import read_plan
@@ -79,9 +146,10 @@ def main() -> None:
     plan = read_plan(work / "state", "offline")
     settings = Settings.from_env()
     if args.materialize_only:
+        shutil.rmtree(work, ignore_errors=True)
         previous = json.loads(RESULT.read_text())
         results = {k: v for k, v in previous.items() if isinstance(v, dict) and k not in ("machine", "args")}
-        results["materialize"] = bench_materialize(plan, settings, args.materialize_rows, 1_767_225_600_000)
+        results["materialize"] = bench_materialize(plan, settings, args.materialize_rows, START_MS)
         results["materialize"]["rerun"] = "bench/bench_offline.py --materialize-only"
         _write(previous["args"], results, previous["command"])
         return
@@ -101,28 +169,48 @@ def bench_pipeline(
     args: argparse.Namespace, plan: TierPlan, settings: Settings, topic: str, work: Path
 ) -> tuple[dict[str, object], int]:
     """Produce, land, compute every offline view, build a training set; return figures and max event ms."""
-    from headwater.pipelines.offline.job import read_bronze, run_view
-    from headwater.pipelines.offline.lake import bronze_path, day_of_ms, days
+    from headwater.pipelines.offline.job import read_bronze
+    from headwater.pipelines.offline.lake import bronze_path
     from headwater.pipelines.offline.landing import Lander, LandingConfig
     from headwater.pipelines.offline.session import offline_session
 
     results: dict[str, object] = {}
-    produce_s = produce(settings.kafka_bootstrap, topic, args.events, args.days)
-    results["produce"] = {"events": args.events, "seconds": round(produce_s, 2), "load_avg_1m": _load()}
-    print(f"produced {args.events} events in {produce_s:.1f} s")
+    produce_s = produce(settings.kafka_bootstrap, topic, args.events, args.days, args.producers)
+    results["produce"] = {"events": args.events, "processes": args.producers, "seconds": round(produce_s, 2),
+                          "events_per_s": round(args.events / produce_s), "load_avg_1m": _load(),
+                          "note": "generate + encode + send; not part of the tier's figures"}  # fmt: skip
+    print(f"produced {args.events} events in {produce_s:.1f} s ({args.producers} processes)")
 
     spark = offline_session("bench-offline")
     lake = work / "lake"
-    config = LandingConfig(settings.kafka_bootstrap, topic, f"{topic}.dlq", bronze_path(lake))
-    stats = Lander(spark, config).run(progress=lambda s: print(f"  landing batch {s.batches}: {s.records}"))
+    config = LandingConfig(settings.kafka_bootstrap, topic, f"{topic}.dlq", bronze_path(lake),
+                           batch_records=args.batch, workers=args.workers)  # fmt: skip
+    stats = Lander(spark, config).run(
+        progress=lambda s: print(f"  landing batch {s.batches} committed ({s.records} records read)")
+    )
     results["landing"] = {"records": stats.records, "landed": stats.landed, "malformed": stats.malformed,
-                          "late": stats.late, "seconds": round(stats.seconds, 2),
-                          "events_per_s": round(stats.records_per_s), "load_avg_1m": _load()}  # fmt: skip
+                          "future_dated": stats.future, "late": stats.late, "batches": stats.batches,
+                          "workers": args.workers,
+                          "seconds": round(stats.seconds, 2), "events_per_s": round(stats.records_per_s),
+                          "load_avg_1m": _load()}  # fmt: skip
     print(f"landing: {stats.records} records in {stats.seconds:.1f} s = {stats.records_per_s:,.0f}/s")
 
     bronze = read_bronze(spark, lake)
     span = bronze.selectExpr("min(event_time) lo", "max(event_time) hi").collect()[0]
-    all_days = days(day_of_ms(span["lo"]), day_of_ms(span["hi"]))
+    results["offline_views"] = bench_views(spark, bronze, plan, lake, span["lo"], span["hi"], stats.landed)
+    results.update(bench_training_set(spark, bronze, plan, settings, span["lo"], work, args.labels))
+    spark.stop()
+    return results, int(span["hi"])
+
+
+def bench_views(
+    spark: SparkSession, bronze: DataFrame, plan: TierPlan, lake: Path, lo_ms: int, hi_ms: int, events: int
+) -> dict[str, object]:
+    """Every offline view over every landed day, in one chunk per view."""
+    from headwater.pipelines.offline.job import run_view
+    from headwater.pipelines.offline.lake import day_of_ms, days
+
+    all_days = days(day_of_ms(lo_ms), day_of_ms(hi_ms))
     started = time.monotonic()
     per_view = {}
     for view in plan.views:
@@ -131,39 +219,47 @@ def bench_pipeline(
         per_view[view.name] = {"rows": sum(r.rows for r in runs), "seconds": round(time.monotonic() - t, 2)}
         print(f"  {view.name}: {per_view[view.name]}")
     views_s = time.monotonic() - started
-    results["offline_views"] = {"views": per_view, "days": len(all_days), "events": stats.landed,
-                                "seconds": round(views_s, 2), "events_per_s": round(stats.landed / views_s),
-                                "load_avg_1m": _load()}  # fmt: skip
     print(f"offline views: {len(plan.views)} views x {len(all_days)} days in {views_s:.1f} s")
-    results["training_set"] = bench_training_set(spark, bronze, plan, settings, span["lo"], work)
-    spark.stop()
-    return results, int(span["hi"])
+    return {"views": per_view, "days": len(all_days), "events": events, "seconds": round(views_s, 2),
+            "events_per_s": round(events / views_s), "load_avg_1m": _load()}  # fmt: skip
 
 
 def bench_training_set(
-    spark: SparkSession, bronze: DataFrame, plan: TierPlan, settings: Settings, lo_ms: int, work: Path
-) -> dict[str, object]:
-    """Point-in-time training set for the landed impressions/clicks after the first day."""
-    from headwater.pipelines.offline.training import build_training_set, labels_from_bronze
+    spark: SparkSession, bronze: DataFrame, plan: TierPlan, settings: Settings, lo_ms: int, work: Path,
+    n_labels: int,
+) -> dict[str, object]:  # fmt: skip
+    """Time labels from bronze, then a point-in-time training set of the first ``n_labels`` after day 1."""
+    from headwater.pipelines.offline.labels import derive_labels, write_labels
+    from headwater.pipelines.offline.lake import day_of_ms
+    from headwater.pipelines.offline.training import build_training_set, read_labels
     from headwater.pipelines.store import OnlineStore
     from headwater.pipelines.windows import RedisDictionary
 
-    store = OnlineStore.from_url(settings.redis_url, namespace=f"hwbench-{uuid.uuid4().hex[:6]}")
-    ids = RedisDictionary(store.client, store.namespace).ids
     lake = work / "lake"
     t = time.monotonic()
-    labels = labels_from_bronze(bronze).where(
-        f"event_time >= {lo_ms // 86_400_000 * 86_400_000 + 86_400_000}"
-    )
+    first = day_of_ms(lo_ms // 86_400_000 * 86_400_000 + 86_400_000)
+    written = write_labels(derive_labels(bronze, first), work / "labels.parquet", lake / "_staging")
+    labels_s = time.monotonic() - t
+    print(f"labels: {written.rows} impressions labelled ({written.positives} positive) in {labels_s:.1f} s")
+    store = OnlineStore.from_url(settings.redis_url, namespace=f"hwbench-{uuid.uuid4().hex[:6]}")
+    ids = RedisDictionary(store.client, store.namespace).ids
+    t = time.monotonic()
+    labels = read_labels(spark, written.path).limit(n_labels)
     ts = build_training_set(spark, labels, plan.views, lake, work / "train.parquet", plan.registry_hash, ids)
     ts_s = time.monotonic() - t
     print(f"training set: {ts.rows} labels in {ts_s:.1f} s")
     for key in store.client.scan_iter(match=f"{store.namespace}:*", count=10_000):
         store.client.unlink(key)
     store.close()
-    return {"labels": ts.rows, "positives": ts.positives, "columns": len(ts.columns),
-            "seconds": round(ts_s, 2), "rows_per_s": round(ts.rows / ts_s), "load_avg_1m": _load(),
-            "note": "labels: landed impressions/clicks after the first day; scale with --events"}  # fmt: skip
+    return {
+        "labels": {"labels": written.rows, "positives": written.positives, "seconds": round(labels_s, 2),
+                   "rows_per_s": round(written.rows / labels_s), "load_avg_1m": _load()},
+        "training_set": {"labels": ts.rows, "asked": n_labels, "positives": ts.positives,
+                         "columns": len(ts.columns), "seconds": round(ts_s, 2),
+                         "rows_per_s": round(ts.rows / ts_s), "load_avg_1m": _load(),
+                         "note": "first --labels labels of `headwater labels` after the first day; "
+                                 "fewer when the events give fewer impressions"},
+    }  # fmt: skip
 
 
 def bench_materialize(plan: TierPlan, settings: Settings, n: int, hi_ms: int) -> dict[str, object]:
@@ -206,8 +302,10 @@ def _write(args: argparse.Namespace | dict[str, object], results: dict[str, Any]
 
 def print_table(out: dict[str, Any]) -> None:
     """Print the figures of a result file as a table."""
-    steps = [("landing", "landing", "records", "records", "events_per_s", "ev/s"),
+    steps = [("produce", "produce", "events", "events", "events_per_s", "ev/s"),
+             ("landing", "landing", "records", "records", "events_per_s", "ev/s"),
              ("offline_views", "offline views", "events", "events", "events_per_s", "ev/s"),
+             ("labels", "labels", "labels", "labels", "rows_per_s", "rows/s"),
              ("training_set", "training set", "labels", "labels", "rows_per_s", "rows/s"),
              ("materialize", "materialize", "rows", "rows", "rows_per_s", "rows/s")]  # fmt: skip
     print(f"{'step':<15}{'size':>18}{'time':>11}{'rate':>18}{'load 1m':>9}")

@@ -13,6 +13,7 @@ from headwater.pipelines.events.cli import events
 from headwater.pipelines.freshness.cli import freshness
 from headwater.pipelines.nearline.cli import run_nearline
 from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
+from headwater.pipelines.offline.cli_labels import labels
 from headwater.pipelines.realtime.cli import realtime
 from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
@@ -51,6 +52,7 @@ main.add_command(features)
 main.add_command(model)
 main.add_command(serve)
 main.add_command(training_set)
+main.add_command(labels)
 main.add_command(materialize)
 main.add_command(consistency)
 main.add_command(freshness)

@@ -55,14 +55,18 @@ def values_at_label_time(bronze: DataFrame, labels: DataFrame, view: PlanView) -
     )
 
 
-def join_at_label_time(labels: DataFrame, bronze: DataFrame, view: PlanView) -> DataFrame:
+def join_at_label_time(
+    labels: DataFrame, bronze: DataFrame, view: PlanView, targets_from: DataFrame | None = None
+) -> DataFrame:
     """Add ``<view>.<feature>`` columns to ``labels``: the view's values as of each label's time.
 
     Every label keeps exactly one row: an entity without events in a window gets the empty value
-    (count 0, avg NaN, empty top_k), never an older one.
+    (count 0, avg NaN, empty top_k), never an older one. ``targets_from`` (default ``labels``) is
+    where the (entity, time) targets are read: pass the plain, cached labels when ``labels`` already
+    carries other views' joins, or Spark recomputes those joins for every view that follows.
     """
     from pyspark.sql import functions as F
 
-    values = values_at_label_time(bronze, labels, view)
+    values = values_at_label_time(bronze, labels if targets_from is None else targets_from, view)
     on = (F.col(view.join_key) == F.col("__key")) & (F.col(LABEL_TIME) == F.col("__t"))
     return labels.join(values, on, "left").drop("__key", "__t")

@@ -52,6 +52,14 @@ def _plan(state_dir: Path | None, tier: str) -> TierPlan:
         raise click.ClickException(str(exc)) from exc
 
 
+def _tier_views(state_dir: Path | None, tier: str) -> list[PlanView]:
+    """Return the views of one tier's applied plan (none when that tier has no plan)."""
+    try:
+        return list(_plan(state_dir, tier).views)
+    except click.ClickException:
+        return []
+
+
 def _views(plan: TierPlan, names: tuple[str, ...]) -> list[PlanView]:
     if not names:
         return list(plan.views)
@@ -67,12 +75,16 @@ def _views(plan: TierPlan, names: tuple[str, ...]) -> list[PlanView]:
 @LAKE
 @STATE
 @MASTER
-@click.option("--batch", "batch_records", type=click.IntRange(min=1), default=200_000, show_default=True)
+@click.option("--batch", "batch_records", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Records per Delta commit (few large files).")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Processes that consume and decode partitions in parallel (1: in-process).")  # fmt: skip
 @click.option("--follow", is_flag=True, help="Keep landing new events (default: stop when caught up).")
 def landing(
-    lake: Path | None, state_dir: Path | None, master: str | None, batch_records: int, follow: bool
-) -> None:
-    """Land the events topic in the bronze Delta table (exactly once; malformed and late -> DLQ)."""
+    lake: Path | None, state_dir: Path | None, master: str | None, batch_records: int, workers: int,
+    follow: bool,
+) -> None:  # fmt: skip
+    """Land the events topic in the bronze Delta table (exactly once; malformed, future, late -> DLQ)."""
     from headwater.pipelines.offline.lake import bronze_path, lake_root
     from headwater.pipelines.offline.landing import Lander, LandingConfig, LandingError, LandingStats
     from headwater.pipelines.offline.session import offline_session
@@ -83,14 +95,14 @@ def landing(
     source = next((s for s in plan.sources if s.topic == settings.events_topic), None)
     config = LandingConfig(
         bootstrap=settings.kafka_bootstrap, topic=settings.events_topic, dlq_topic=settings.dlq_topic,
-        table=bronze_path(lake_root(lake)), batch_records=batch_records,
+        table=bronze_path(lake_root(lake)), batch_records=batch_records, workers=workers,
         max_out_of_orderness_ms=round((source.max_out_of_orderness_s or 0) * 1000) if source else 5_000,
         allowed_lateness_ms=round((source.allowed_lateness_s or 60) * 1000) if source else 60_000,
     )  # fmt: skip
 
     def report(s: LandingStats) -> None:
         click.echo(f"batch {s.batches}: {s.records} records, {s.landed} landed, {s.malformed} malformed, "
-                   f"{s.late} late ({s.records_per_s:,.0f} records/s)")  # fmt: skip
+                   f"{s.future} future-dated, {s.late} late ({s.records_per_s:,.0f} records/s)")  # fmt: skip
 
     spark = offline_session("headwater-landing", master)
     try:
@@ -98,7 +110,8 @@ def landing(
     except LandingError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"table": str(config.table), "batches": stats.batches, "records": stats.records,
-                           "landed": stats.landed, "malformed": stats.malformed, "late": stats.late,
+                           "landed": stats.landed, "malformed": stats.malformed, "future_dated": stats.future,
+                           "late": stats.late,
                            "seconds": round(stats.seconds, 2)}))  # fmt: skip
 
 
@@ -161,13 +174,13 @@ def offline(
 
 @click.command("training-set")
 @click.option("--labels", required=True, help="Parquet/Delta labels (user_id, item_id, event_time ms, label,"
-              " [group]),"
-              " or `bronze` for impressions labelled by clicks from the bronze table.")  # fmt: skip
+              " [group]) as `headwater labels` writes them, or `bronze` to derive them here"
+              " (all landed days, default horizon).")  # fmt: skip
 @click.option(
     "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Parquet file to write."
 )
 @click.option(
-    "--view", "view_names", multiple=True, help="Offline views to join (default: every user/item view)."
+    "--view", "view_names", multiple=True, help="Views to join (default: every user/item view of every tier)."
 )
 @LAKE
 @STATE
@@ -179,29 +192,23 @@ def training_set(
 ) -> None:  # fmt: skip
     """Build a point-in-time training set (never a future value) for `headwater model train`."""
     from headwater.pipelines.offline.job import OfflineJobError, read_bronze
+    from headwater.pipelines.offline.labels import derive_labels
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
-    from headwater.pipelines.offline.training import (
-        TrainingSetError,
-        build_training_set,
-        labels_from_bronze,
-        read_labels,
-    )  # fmt: skip
+    from headwater.pipelines.offline.training import TrainingSetError, build_training_set, read_labels
     from headwater.pipelines.windows import RedisDictionary
 
     plan = _plan(state_dir, "offline")
-    views = _views(plan, view_names)
+    every = [v for tier in ("realtime", "nearline", "offline") for v in _tier_views(state_dir, tier)]
+    views = _views(plan.model_copy(update={"views": every}), view_names)
     root = lake_root(lake)
     store = _store(redis_url)
     spark = offline_session("headwater-training-set", master)
     try:
-        frame = (
-            labels_from_bronze(read_bronze(spark, root))
-            if labels == "bronze"
-            else read_labels(spark, Path(labels))
-        )
+        bronze = read_bronze(spark, root)
+        frame = derive_labels(bronze) if labels == "bronze" else read_labels(spark, Path(labels))
         ids = RedisDictionary(store.client, store.namespace).ids
-        result = build_training_set(spark, frame, views, root, out, plan.registry_hash, ids)
+        result = build_training_set(spark, frame, views, root, out, plan.registry_hash, ids, bronze)
     except (TrainingSetError, OfflineJobError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,
@@ -283,16 +290,9 @@ def consistency(
     except OfflineJobError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
-        click.echo(json.dumps([{"view": r.view, "sampled": r.sampled, "found": r.found,
-                                "mismatch_rate": r.mismatch_rate, "mismatches": r.mismatches,
-                                "examples": r.examples} for r in results], indent=2))  # fmt: skip
+        click.echo(json.dumps([r.to_json() for r in results], indent=2))
     else:
         for r in results:
-            click.echo(f"{r.view}: {r.found}/{r.sampled} online, mismatch rate {r.mismatch_rate:.4%}")
-            for slot, n in r.mismatches.items():
-                if n:
-                    click.echo(f"  {slot}: {n}/{r.found}")
-            for example in r.examples:
-                click.echo(f"  e.g. {example}")
+            click.echo("\n".join(r.report_lines()))
     if any(r.mismatch_rate > MISMATCH_TARGET for r in results):
         sys.exit(1)

@@ -52,6 +52,24 @@ class ViewConsistency:
         total = self.compared_values
         return sum(self.mismatches.values()) / total if total else 0.0
 
+    def slot_rates(self) -> dict[str, float]:
+        """Mismatch rate per feature slot (share of the entities found online)."""
+        return {slot: n / self.found if self.found else 0.0 for slot, n in self.mismatches.items()}
+
+    def to_json(self) -> dict[str, object]:
+        """Return the result as a JSON object (rates per view and per feature slot)."""
+        return {"view": self.view, "sampled": self.sampled, "found": self.found,
+                "mismatch_rate": self.mismatch_rate, "mismatches": self.mismatches,
+                "feature_mismatch_rates": self.slot_rates(), "examples": self.examples}  # fmt: skip
+
+    def report_lines(self) -> list[str]:
+        """Human-readable lines: the view's rate, then each feature slot's rate, then examples."""
+        lines = [f"{self.view}: {self.found}/{self.sampled} online, mismatch rate {self.mismatch_rate:.4%}"]
+        lines += [f"  {slot}: {rate:.4%} ({self.mismatches[slot]}/{self.found})"
+                  for slot, rate in self.slot_rates().items()]  # fmt: skip
+        lines += [f"  e.g. {example}" for example in self.examples]
+        return lines
+
 
 def sample_entities(bronze: DataFrame, view: PlanView, sample: int, seed: int = 7) -> list[str]:
     """Up to ``sample`` entity ids of ``view`` seen in the bronze table's latest day."""

@@ -6,138 +6,63 @@ committed twice is skipped by Delta itself), and a restart resumes from the last
 crash before the commit lands nothing and the batch is read again; a crash after it resumes
 past it. Each row also keeps its ``kafka_partition``/``kafka_offset``.
 
-Malformed records go to the dead-letter topic with the codec's reason; events older than the
-source's allowed lateness (per-partition watermark = max event time seen - max out-of-orderness,
-as in WINDOWS.md) go there with reason ``late`` and are kept in bronze flagged ``late = true``
-(the feature jobs skip them, as the streaming tiers do). Dead letters are sent, and flushed,
-before the commit: at least once (a crash between the two repeats them; their ``dlq-source-*``
-headers identify duplicates).
+Malformed records go to the dead-letter topic with the codec's reason; future-dated events
+(more than ``max_future_ms`` ahead of the clock, as in the realtime tier) with reason
+``future_dated``, not landed; events older than the source's allowed lateness (per-partition
+watermark = max event time seen - max out-of-orderness, as in WINDOWS.md) with reason ``late``,
+kept in bronze flagged ``late = true`` (the feature jobs skip them, as the streaming tiers do).
+Dead letters are sent, and flushed, before the commit: at least once (a crash between the two
+repeats them; their ``dlq-source-*`` headers identify duplicates).
+
+Speed: records are decoded a poll at a time into Arrow columns (:mod:`.landing_batch`), batches
+are large (few large files) and a batch's Delta commit runs while the next batch is read. With
+``workers > 1`` reader processes consume and decode the partitions in parallel
+(:mod:`.landing_workers`); this process still makes every commit.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from headwater.pipelines.events.codec import DecodedEvent, EventCodec, Reason, dead_letter
+from headwater.pipelines.events.codec import EventCodec, dead_letter
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
 from headwater.pipelines.offline.bronze import with_date
-from headwater.pipelines.offline.lake import BRONZE_SCHEMA, EVENT_COLUMNS, is_delta_table
+from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
+from headwater.pipelines.offline.landing_state import (
+    CHUNK_RECORDS,
+    DEFAULT_MAX_FUTURE_MS,
+    MARKER,
+    Checkpoint,
+    LandingConfig,
+    LandingError,
+    LandingStats,
+    read_checkpoint,
+)
+
+__all__ = [
+    "DEFAULT_MAX_FUTURE_MS", "MARKER", "Checkpoint", "Lander", "LandingConfig", "LandingError",
+    "LandingStats", "read_checkpoint",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
-    from kafka.consumer.fetcher import ConsumerRecord
     from pyspark.sql import DataFrame, SparkSession
-
-MARKER = "headwater_landing"
-
-
-class LandingError(RuntimeError):
-    """Landing cannot go on (broker, topic or table problem); the message says what to do."""
-
-
-@dataclass(frozen=True)
-class LandingConfig:
-    """Where to read, where to write, and the source's event-time rules."""
-
-    bootstrap: str
-    topic: str
-    dlq_topic: str
-    table: Path
-    max_out_of_orderness_ms: int = 5_000
-    allowed_lateness_ms: int = 60_000
-    batch_records: int = 200_000
-    poll_timeout_ms: int = 500
-
-    @property
-    def app_id(self) -> str:
-        """The Delta ``txnAppId`` of this landing stream."""
-        return f"{MARKER}:{self.topic}"
-
-
-@dataclass
-class Checkpoint:
-    """What the last landing commit recorded: next offset and max event time per partition."""
-
-    seq: int = 0
-    offsets: dict[int, int] = field(default_factory=dict)
-    max_event_ms: dict[int, int] = field(default_factory=dict)
-
-    def metadata(self, app_id: str) -> str:
-        """Return the commit's ``userMetadata`` JSON."""
-        return json.dumps(
-            {MARKER: 1, "app": app_id, "seq": self.seq,
-             "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
-             "max_event_ms": {str(p): t for p, t in sorted(self.max_event_ms.items())}},
-            separators=(",", ":"),
-        )  # fmt: skip
-
-    @classmethod
-    def parse(cls, text: str, app_id: str) -> Checkpoint | None:
-        """Return the checkpoint in a commit's ``userMetadata``, or None when it is not one of ``app_id``."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or data.get(MARKER) != 1 or data.get("app") != app_id:
-            return None
-        return cls(
-            seq=int(data["seq"]),
-            offsets={int(p): int(o) for p, o in data["offsets"].items()},
-            max_event_ms={int(p): int(t) for p, t in data["max_event_ms"].items()},
-        )
-
-
-@dataclass
-class LandingStats:
-    """Counts of one run."""
-
-    batches: int = 0
-    records: int = 0
-    landed: int = 0
-    late: int = 0
-    malformed: int = 0
-    seconds: float = 0.0
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def records_per_s(self) -> float:
-        """Kafka records handled per second."""
-        return self.records / self.seconds if self.seconds > 0 else 0.0
-
-
-def read_checkpoint(spark: SparkSession, config: LandingConfig) -> Checkpoint:
-    """Return the checkpoint of the latest landing commit in the bronze table (empty when none)."""
-    if not is_delta_table(config.table):
-        return Checkpoint()
-    from delta.tables import DeltaTable
-
-    history = DeltaTable.forPath(spark, str(config.table)).history()
-    rows = (
-        history.where(history.userMetadata.contains(f'"app":"{config.app_id}"'))
-        .orderBy(history.version.desc())
-        .select("userMetadata")
-        .limit(1)
-        .collect()
-    )
-    if not rows:
-        return Checkpoint()
-    found = Checkpoint.parse(rows[0]["userMetadata"], config.app_id)
-    return found if found is not None else Checkpoint()
 
 
 class Lander:
     """Moves records from Kafka into the bronze table in batches, one Delta commit per batch.
 
-    Steps of one batch: 1. poll up to ``batch_records`` records; 2. decode each, dead-letter the
-    malformed and the late ones, advance the per-partition position and watermark; 3. flush the
-    dead letters; 4. append the rows with the new checkpoint in one Delta commit.
+    Steps of one batch: 1. poll chunks of records until ``batch_records`` (or ``max_batch_s``, or
+    nothing more to read), decoding each chunk into Arrow rows at once and sending its dead letters;
+    2. flush the dead letters and wait for the broker's acks; 3. wait for the previous batch's
+    commit; 4. start this batch's commit (rows + checkpoint in one Delta commit) in the background
+    while the next batch is read. Commits stay in order, one in flight: a failed commit stops the run
+    before a later one can start, so the table never holds a batch without the ones before it.
     """
 
     def __init__(self, spark: SparkSession, config: LandingConfig) -> None:
@@ -145,6 +70,9 @@ class Lander:
         self.spark = spark
         self.config = config
         self.codec = EventCodec()
+        self.rules = TimeRules(
+            config.max_out_of_orderness_ms, config.allowed_lateness_ms, config.max_future_ms
+        )
 
     def run(
         self,
@@ -157,25 +85,130 @@ class Lander:
         started = time.monotonic()
         checkpoint = read_checkpoint(self.spark, self.config)
         consumer, producer = self._open()
+        pending: Future[None] | None = None
+        collected = 0
+        readers = self._readers()
         try:
-            partitions = self._assign(consumer, checkpoint)
-            while max_batches is None or stats.batches < max_batches:
-                ends = consumer.end_offsets(partitions)
-                behind = {tp.partition for tp in partitions if consumer.position(tp) < ends[tp]}
-                if not behind and not follow:
-                    break
-                records = self._poll(consumer)
-                if not records:
-                    continue
-                checkpoint = self._land(records, checkpoint, producer, stats)
-                stats.seconds = time.monotonic() - started
-                if progress is not None:
-                    progress(stats)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="landing-commit") as pool:
+                partitions = self._assign(consumer, checkpoint)
+                begins = consumer.beginning_offsets(partitions)
+                while max_batches is None or collected < max_batches:
+                    ends = consumer.end_offsets(partitions)
+                    if readers is None:
+                        behind = [tp for tp in partitions if consumer.position(tp) < ends[tp]]
+                    else:
+                        behind = [tp for tp in partitions
+                                  if checkpoint.offsets.get(tp.partition, begins[tp]) < ends[tp]]  # fmt: skip
+                    if not behind:
+                        if not follow:
+                            break
+                        time.sleep(self.config.poll_timeout_ms / 1000)
+                        continue
+                    if readers is None:
+                        batch = self._collect(consumer, producer, checkpoint, stats)
+                    else:
+                        batch = self._collect_parallel(readers, partitions, begins, ends, checkpoint, stats)
+                    if batch is None:
+                        continue
+                    table, checkpoint = batch
+                    collected += 1
+                    # Step 3
+                    self._finish(pending, stats, started, progress)
+                    # Step 4
+                    pending = pool.submit(self._commit, table, checkpoint)
+                self._finish(pending, stats, started, progress)
         finally:
+            if readers is not None:
+                readers.shutdown(cancel_futures=True)
             consumer.close()
             producer.close(timeout=10)
         stats.seconds = time.monotonic() - started
         return stats
+
+    def _readers(self) -> ProcessPoolExecutor | None:
+        """Start the reader processes (None: read in this process)."""
+        if self.config.workers <= 1:
+            return None
+        from headwater.pipelines.offline.landing_workers import worker_pool
+
+        cfg = self.config
+        return worker_pool(
+            cfg.workers, cfg.bootstrap, cfg.topic, cfg.dlq_topic, self.rules, cfg.poll_timeout_ms
+        )
+
+    def _collect_parallel(
+        self, readers: ProcessPoolExecutor, partitions: list[Any], begins: dict[Any, int],
+        ends: dict[Any, int], previous: Checkpoint, stats: LandingStats,
+    ) -> tuple[pa.Table, Checkpoint] | None:  # fmt: skip
+        """Run steps 1-2 of a batch in the reader processes (each flushes its own dead letters)."""
+        from headwater.pipelines.offline.landing_workers import collect_parallel, deal
+
+        starts = {tp.partition: previous.offsets.get(tp.partition, begins[tp]) for tp in partitions}
+        hands = deal(sorted(starts), self.config.workers)
+        stops = {tp.partition: ends[tp] for tp in partitions}
+        got = collect_parallel(readers, hands, starts, stops, previous, self.config.batch_records)
+        if got is None:
+            return None
+        table, checkpoint, records, reasons = got
+        stats.records += records
+        stats.landed += table.num_rows
+        for reason, n in reasons.items():
+            stats.reasons[reason] = stats.reasons.get(reason, 0) + n
+        stats.count_reasons()
+        return table, checkpoint
+
+    def _finish(
+        self,
+        pending: Future[None] | None,
+        stats: LandingStats,
+        started: float,
+        progress: Callable[[LandingStats], None] | None,
+    ) -> None:
+        """Wait for the commit in flight (re-raising its error) and report it."""
+        if pending is None:
+            return
+        pending.result()
+        stats.batches += 1
+        stats.seconds = time.monotonic() - started
+        if progress is not None:
+            progress(stats)
+
+    def _collect(
+        self, consumer: KafkaConsumer, producer: KafkaProducer, previous: Checkpoint, stats: LandingStats
+    ) -> tuple[pa.Table, Checkpoint] | None:
+        """Run steps 1-2 of a batch: return its rows and the checkpoint after them (None: nothing read)."""
+        cfg = self.config
+        checkpoint = Checkpoint(previous.seq + 1, dict(previous.offsets), dict(previous.max_event_ms))
+        tables: list[pa.Table] = []
+        futures: list[Any] = []
+        read = 0
+        # Step 1
+        deadline = time.monotonic() + cfg.max_batch_s
+        while read < cfg.batch_records and time.monotonic() < deadline:
+            polled = consumer.poll(
+                timeout_ms=cfg.poll_timeout_ms, max_records=min(CHUNK_RECORDS, cfg.batch_records - read)
+            )
+            records = [r for batch in polled.values() for r in batch]
+            if not records:
+                break
+            read += len(records)
+            now_ms = time.time_ns() // 1_000_000
+            chunk = decode_records(self.codec, records, self.rules, checkpoint.max_event_ms, now_ms)
+            checkpoint.offsets.update(chunk.next_offsets)
+            tables.append(chunk.table)
+            for bad in chunk.rejected:
+                futures.append(self._send(producer, dead_letter(bad.record, bad.reason, bad.detail)))
+                stats.reasons[bad.reason] = stats.reasons.get(bad.reason, 0) + 1
+            stats.records += len(records)
+            stats.landed += chunk.table.num_rows
+        if not read:
+            return None
+        # Step 2
+        producer.flush(timeout=60)
+        for future in futures:
+            future.get(timeout=60)  # raises the broker's error: never commit past an unsent letter
+        stats.count_reasons()
+        return pa.concat_tables(tables), checkpoint
 
     def _open(self) -> tuple[KafkaConsumer, KafkaProducer]:
         from kafka import KafkaConsumer, KafkaProducer
@@ -202,9 +235,11 @@ class Lander:
         from kafka import TopicPartition
 
         ids = consumer.partitions_for_topic(self.config.topic)
-        if not ids:
-            msg = (f"topic {self.config.topic!r} not found on {self.config.bootstrap}; "
-                   "create it with `headwater topics create`")  # fmt: skip
+        missing = [name for name in (self.config.topic, self.config.dlq_topic)
+                   if not consumer.partitions_for_topic(name)]  # fmt: skip
+        if not ids or missing:
+            msg = (f"topic(s) {missing} not found on {self.config.bootstrap}; "
+                   "create them with `headwater topics create`")  # fmt: skip
             raise LandingError(msg)
         partitions = [TopicPartition(self.config.topic, p) for p in sorted(ids)]
         consumer.assign(partitions)
@@ -214,67 +249,6 @@ class Lander:
             else:
                 consumer.seek_to_beginning(tp)
         return partitions
-
-    def _poll(self, consumer: KafkaConsumer) -> list[ConsumerRecord]:
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + 5.0
-        while len(records) < self.config.batch_records and time.monotonic() < deadline:
-            polled = consumer.poll(
-                timeout_ms=self.config.poll_timeout_ms, max_records=self.config.batch_records - len(records)
-            )
-            if not polled:
-                break
-            for batch in polled.values():
-                records.extend(batch)
-        return records
-
-    def _land(
-        self,
-        records: list[ConsumerRecord],
-        previous: Checkpoint,
-        producer: KafkaProducer,
-        stats: LandingStats,
-    ) -> Checkpoint:
-        # Step 2
-        checkpoint = Checkpoint(previous.seq + 1, dict(previous.offsets), dict(previous.max_event_ms))
-        columns: dict[str, list[Any]] = {name: [] for name in BRONZE_SCHEMA.names}
-        futures = []
-        for record in records:
-            decoded = self.codec.decode(record.value, record.headers)
-            part = record.partition
-            checkpoint.offsets[part] = max(checkpoint.offsets.get(part, 0), record.offset + 1)
-            if not isinstance(decoded, DecodedEvent):
-                letter = dead_letter(record, decoded.reason, decoded.detail)
-                futures.append(self._send(producer, letter))
-                stats.malformed += 1
-                stats.reasons[decoded.reason] = stats.reasons.get(decoded.reason, 0) + 1
-                continue
-            late = self._late(decoded, part, checkpoint)
-            if late:
-                detail = f"event_time {decoded.event['event_time']} behind the partition watermark"
-                futures.append(self._send(producer, dead_letter(record, Reason.LATE, detail)))
-                stats.late += 1
-                stats.reasons[Reason.LATE] = stats.reasons.get(Reason.LATE, 0) + 1
-            _append_row(columns, decoded, record, late)
-        # Step 3
-        producer.flush(timeout=60)
-        for future in futures:
-            future.get(timeout=60)  # raises the broker's error: never commit past an unsent letter
-        # Step 4
-        self._commit(pa.table(columns, schema=BRONZE_SCHEMA), checkpoint)
-        stats.batches += 1
-        stats.records += len(records)
-        stats.landed += len(columns["event_id"])
-        return checkpoint
-
-    def _late(self, decoded: DecodedEvent, partition: int, checkpoint: Checkpoint) -> bool:
-        ts = decoded.event["event_time"]
-        seen = checkpoint.max_event_ms.get(partition)
-        if seen is None or ts > seen:
-            checkpoint.max_event_ms[partition] = ts
-            return False
-        watermark = seen - self.config.max_out_of_orderness_ms
-        return ts < watermark - self.config.allowed_lateness_ms
 
     def _send(self, producer: KafkaProducer, letter: Any) -> Any:
         return producer.send(
@@ -295,16 +269,3 @@ class Lander:
             .option("userMetadata", checkpoint.metadata(self.config.app_id))
             .save(str(self.config.table))
         )
-
-
-def _append_row(
-    columns: dict[str, list[Any]], decoded: DecodedEvent, record: ConsumerRecord, late: bool
-) -> None:
-    event: Mapping[str, Any] = decoded.event
-    for name in EVENT_COLUMNS:
-        columns[name].append(event[name])
-    columns["produce_ts_ms"].append(decoded.produce_ts_ms)
-    columns["kafka_topic"].append(record.topic)
-    columns["kafka_partition"].append(record.partition)
-    columns["kafka_offset"].append(record.offset)
-    columns["late"].append(late)

@@ -1,10 +1,12 @@
 """Point-in-time training sets: labelled impressions joined to the feature values valid at their time.
 
-As-of rule (never a future value): a label at time t gets, for each view, the row whose boundary
-B is the latest daily boundary ``<= t`` (``B = floor(t / 1 day) * 1 day``; that row aggregates
-events strictly before B). The daily job writes a row for every entity with an event in the
-view's longest window, so a missing row means empty windows (count 0, NaN, empty top_k), never
+As-of rule (never a future value): a label at time t gets, for each offline view, the row whose
+boundary B is the latest daily boundary ``<= t`` (``B = floor(t / 1 day) * 1 day``; that row
+aggregates events strictly before B). The daily job writes a row for every entity with an event in
+the view's longest window, so a missing row means empty windows (count 0, NaN, empty top_k), never
 an older value. A label whose day has no computed partition is an error, not an empty value.
+Realtime and nearline views are recomputed from the bronze events as of t itself (each feature's
+``B_f = floor(t / S_f) * S_f``, :mod:`headwater.pipelines.offline.asof`): what serving reads at t.
 
 Output: the Parquet format ``headwater model train --training-set`` reads
 (:mod:`headwater.serving.trainset`): ``group``, ``user_id``, ``item_id``, ``event_time`` (ms),
@@ -25,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
+from headwater.pipelines.offline.asof import join_at_label_time
 from headwater.pipelines.offline.compute import _filled
 from headwater.pipelines.offline.job import computed_days
 from headwater.pipelines.offline.lake import DAY_MS, feature_path, is_delta_table
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
 VERSION_KEY = b"headwater.registry_version"
 LABEL_COLUMNS = ("group", "user_id", "item_id", "event_time", "label")
 ENTITY_PREFIX = {"user_id": "user", "item_id": "item"}
+LABEL_TIME_TIERS = frozenset({"realtime", "nearline"})
+"""Tiers whose views a training row takes as of the label time itself, recomputed from bronze."""
 
 
 class TrainingSetError(ValueError):
@@ -52,34 +57,6 @@ class TrainingSetResult:
     rows: int
     positives: int
     columns: list[str]
-
-
-def labels_from_bronze(bronze: DataFrame) -> DataFrame:
-    """Impressions labelled 1 when the same (session, item, position) was clicked, else 0.
-
-    ``group`` identifies a slate: a session's page, which starts at each position-1 impression.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    events = bronze.where(~F.coalesce(F.col("late"), F.lit(False))).dropDuplicates(["event_id"])
-    shown = events.where(F.col("event_type") == "impression").where(F.col("item_id").isNotNull())
-    clicks = (
-        events.where(F.col("event_type") == "click")
-        .select("session_id", "item_id", "position", F.lit(1.0).alias("clicked"))
-        .dropDuplicates(["session_id", "item_id", "position"])
-    )
-    page = F.sum(F.when(F.col("position") == 1, 1).otherwise(0)).over(
-        Window.partitionBy("session_id").orderBy("event_time", "event_id")
-    )
-    joined = shown.join(clicks, ["session_id", "item_id", "position"], "left").withColumn("__page", page)
-    return joined.select(
-        F.xxhash64("session_id", "__page").alias("group"),
-        "user_id",
-        "item_id",
-        F.col("event_time").alias("event_time"),
-        F.coalesce(F.col("clicked"), F.lit(0.0)).cast("float").alias("label"),
-    )
 
 
 def read_labels(spark: SparkSession, path: Path) -> DataFrame:
@@ -153,17 +130,33 @@ def build_training_set(
     out: Path,
     registry_hash: str,
     ids: IdLookup,
+    bronze: DataFrame | None = None,
 ) -> TrainingSetResult:
-    """Join ``labels`` to the user and item ``views`` as of each label's time; write Parquet to ``out``."""
+    """Join ``labels`` to the user and item ``views`` as of each label's time; write Parquet to ``out``.
+
+    Offline views are read from their daily tables (the value as of the label's day boundary is
+    what a daily view serves). Realtime and nearline views are recomputed from ``bronze`` as of the
+    label time itself (:mod:`.asof`), since their daily values would not be what serving reads.
+
+    Raises:
+        TrainingSetError: a streaming view is asked for without ``bronze``, or a table lacks a day.
+    """
     from pyspark.sql import functions as F
 
+    labels = labels.cache()  # read once: every label-time view takes its (entity, time) targets from it
     frame = labels.withColumn("__boundary", F.floor(F.col("event_time") / F.lit(DAY_MS)) * F.lit(DAY_MS))
     used: list[PlanView] = []
     for view in views:
         prefix = ENTITY_PREFIX.get(view.join_key)
         if prefix is None:
             continue
-        frame = join_view(spark, frame, view, lake, f"{view.name}")
+        if view.tier in LABEL_TIME_TIERS:
+            if bronze is None:
+                msg = f"view {view.name} ({view.tier}): its label-time values need the bronze events"
+                raise TrainingSetError(msg)
+            frame = join_at_label_time(frame, bronze, view, targets_from=labels)
+        else:
+            frame = join_view(spark, frame, view, lake, f"{view.name}")
         used.append(view)
     frame = frame.drop("__boundary")
     out.parent.mkdir(parents=True, exist_ok=True)

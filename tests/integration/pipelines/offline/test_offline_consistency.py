@@ -195,5 +195,8 @@ def test_consistency_of_nearline_values(
     ]
     assert report[0]["mismatches"] == {name: int(name == "spend_3h") for name in layout.features}
     assert report[0]["mismatch_rate"] == pytest.approx(1 / (len(USERS) * len(layout.features)))
+    assert report[0]["feature_mismatch_rates"] == {
+        name: pytest.approx(1 / len(USERS) if name == "spend_3h" else 0.0) for name in layout.features
+    }
     assert len(report[0]["examples"]) == 1
     assert report[0]["examples"][0].startswith(f"u2 at {boundary}: spend_3h online {bad[0, slot]}")

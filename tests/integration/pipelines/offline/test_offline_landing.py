@@ -1,7 +1,8 @@
-"""Landing from real Kafka into Delta: exactly once across reruns, malformed and late -> DLQ with reasons."""
+"""Landing from real Kafka into Delta: exactly once across reruns; malformed, future-dated, late -> DLQ."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from headwater.pipelines.events.codec import EventCodec, parse_dead_letter
-from headwater.pipelines.offline.landing import Lander, LandingConfig, read_checkpoint
+from headwater.pipelines.offline.landing import DEFAULT_MAX_FUTURE_MS, Lander, LandingConfig, read_checkpoint
 from headwater.pipelines.offline.testing import T0, event
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.topics import ensure_topics
@@ -65,25 +66,31 @@ def test_landing_is_exactly_once_and_dead_letters_bad_records(
 ) -> None:
     topic, dlq = topics
     codec = EventCodec()
-    first = [good(codec, n, T0 + n * 1000, n % 2) for n in range(1, 7)]
+    # A future-dated event first: were it to move the watermark, every later event would look late.
+    future_ms = time.time_ns() // 1_000_000 + DEFAULT_MAX_FUTURE_MS + 3_600_000
+    first = [(codec.encode(event(60, "u1", "click", future_ms, item_id="i1")), codec.headers(), 0)]  # type: ignore[arg-type]
+    first += [good(codec, n, T0 + n * 1000, n % 2) for n in range(1, 7)]
     first.append((b"\x00garbage", codec.headers(), 0))
     first.append((codec.encode(event(50, "u1", "click", T0 - 600_000, item_id="i1")), codec.headers(), 1))  # type: ignore[arg-type]
     produce(kafka_bootstrap, topic, first)
     config = LandingConfig(kafka_bootstrap, topic, dlq, tmp_path / "bronze" / "events", batch_records=5)
     stats = Lander(spark, config).run()
-    assert (stats.records, stats.landed, stats.malformed, stats.late) == (8, 7, 1, 1)
+    assert (stats.records, stats.landed, stats.malformed, stats.late, stats.future) == (9, 7, 1, 1, 1)
     landed = bronze_rows(spark, config.table)
     assert {r[2] for r in landed} == {f"e{n:05d}" for n in (1, 2, 3, 4, 5, 6, 50)}
     late = spark.read.format("delta").load(str(config.table)).where("late").collect()
     assert [r["event_id"] for r in late] == ["e00050"]
     letters = dead_letters(kafka_bootstrap, dlq)
-    assert sorted(letter.reason for letter in letters) == ["corrupt_payload", "late"]
+    assert sorted(letter.reason for letter in letters) == ["corrupt_payload", "future_dated", "late"]
+    future = next(letter for letter in letters if letter.reason == "future_dated")
+    assert (future.source_partition, future.source_offset) == (0, 0)
+    assert "ahead of the landing clock" in future.detail
     assert {(letter.source_topic, letter.source_partition) for letter in letters} == {(topic, 0), (topic, 1)}
 
     # Rerun: nothing new lands. A batch replayed with an already committed txnVersion is skipped by Delta.
     assert Lander(spark, config).run().records == 0
     checkpoint = read_checkpoint(spark, config)
-    assert checkpoint.offsets == {0: 4, 1: 4}
+    assert checkpoint.offsets == {0: 5, 1: 4}
     lander = Lander(spark, config)
     from headwater.pipelines.offline.bronze import events_table
 
@@ -98,4 +105,37 @@ def test_landing_is_exactly_once_and_dead_letters_bad_records(
     after = bronze_rows(spark, config.table)
     assert len(after) == 9
     assert len({(p, o) for p, o, _ in after}) == 9
-    assert read_checkpoint(spark, config).offsets == {0: 5, 1: 5}
+    assert read_checkpoint(spark, config).offsets == {0: 6, 1: 5}
+
+
+def test_landing_with_reader_processes_is_exactly_once(
+    spark: Any, kafka_bootstrap: str, topics: tuple[str, str], tmp_path: Path
+) -> None:
+    topic, dlq = topics
+    codec = EventCodec()
+    future_ms = time.time_ns() // 1_000_000 + DEFAULT_MAX_FUTURE_MS + 3_600_000
+    batch = [good(codec, n, T0 + n * 1000, n % 2) for n in range(1, 31)]
+    batch.append((b"\x00garbage", codec.headers(), 1))
+    batch.append((codec.encode(event(99, "u1", "click", future_ms, item_id="i1")), codec.headers(), 0))  # type: ignore[arg-type]
+    produce(kafka_bootstrap, topic, batch)
+    config = LandingConfig(
+        kafka_bootstrap, topic, dlq, tmp_path / "bronze" / "events", batch_records=8, workers=2
+    )
+    stats = Lander(spark, config).run()
+    assert (stats.records, stats.landed, stats.malformed, stats.future, stats.late) == (32, 30, 1, 1, 0)
+    assert stats.batches >= 4  # 8 records per batch, dealt to 2 readers
+    landed = bronze_rows(spark, config.table)
+    assert [r[2] for r in sorted(landed, key=lambda r: r[2])] == [f"e{n:05d}" for n in range(1, 31)]
+    assert read_checkpoint(spark, config).offsets == {0: 16, 1: 16}
+    assert sorted(letter.reason for letter in dead_letters(kafka_bootstrap, dlq)) == [
+        "corrupt_payload", "future_dated"]  # fmt: skip
+
+    # A rerun, with readers or in-process, lands nothing; new records land once either way.
+    assert Lander(spark, config).run().records == 0
+    produce(kafka_bootstrap, topic, [good(codec, 40, T0 + 40_000, 0), good(codec, 41, T0 + 41_000, 1)])
+    in_process = LandingConfig(kafka_bootstrap, topic, dlq, config.table, batch_records=8, workers=1)
+    assert Lander(spark, in_process).run().landed == 2
+    after = bronze_rows(spark, config.table)
+    assert len(after) == 32
+    assert len({(p, o) for p, o, _ in after}) == 32
+    assert read_checkpoint(spark, config).offsets == {0: 17, 1: 17}
