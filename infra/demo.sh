@@ -3,21 +3,24 @@
 # (infra/with-services.sh) and stops what it started afterwards; this script stops the tiers and
 # the ranking service it starts, whatever happens.
 #
-#   1. registry: check, then apply (Feast objects + one plan per tier)
-#   2. the realtime (Flink) and nearline (Kafka + RocksDB) tiers start
-#   3. 75 s of generated traffic (crosses a nearline minute boundary)
-#   4. online values of the busiest user, straight from Redis
-#   5. offline: land the events in Delta, compute today's offline views, materialize
-#   6. ranking: train the model, start the service, rank 500 candidates
+#   0. a clean slate: the demo's topics, Redis keys and .headwater state of an earlier demo go
+#   1. registry: check (the CI gate), then apply (Feast objects + one plan per tier)
+#   2. two days of history into Kafka; the realtime and nearline tiers start and catch up on it
+#   3. offline: land the history in Delta, compute every view per day, label the impressions,
+#      build a point-in-time training set, train the ranker from it, materialize to Redis
+#   4. live: the ranking service starts; generated traffic streams; rankings are requested and a
+#      click is posted, which changes the user's realtime features and the next ranking
+#   5. freshness of every view against its SLA (table + HTML report), online/offline consistency
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HW=.venv/bin/headwater
 PY=.venv/bin/python
 RUN_DIR=.headwater/demo
-DURATION=${HEADWATER_DEMO_SECONDS:-75}
+HISTORY_EVENTS=${HEADWATER_DEMO_HISTORY_EVENTS:-60000}
+DURATION=${HEADWATER_DEMO_SECONDS:-60}
 RATE=${HEADWATER_DEMO_RATE:-1000}
 PORT=${HEADWATER_SERVE_PORT:-8080}
-mkdir -p "$RUN_DIR"
+URL="http://127.0.0.1:$PORT"
 pids=()
 cleanup() {
   local pid
@@ -27,7 +30,8 @@ cleanup() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-step() { printf '\n\033[1m== %s\033[0m  (%s)\n' "$*" "$(date +%T)"; }
+started_at=$(date +%s)
+step() { printf '\n\033[1m== %s\033[0m  (%s, %ss in)\n' "$*" "$(date +%T)" "$(($(date +%s) - started_at))"; }
 background() {  # background NAME CMD...: start in its own process group, log to $RUN_DIR/NAME.log
   local name=$1; shift
   setsid "$@" > "$RUN_DIR/$name.log" 2>&1 &
@@ -35,52 +39,46 @@ background() {  # background NAME CMD...: start in its own process group, log to
   echo "started $name (pid $!, log $RUN_DIR/$name.log)"
 }
 
+step "0. A clean slate: remove the topics, Redis keys and state of an earlier demo"
+$PY infra/demo_reset.py
+mkdir -p "$RUN_DIR"
+
 step "1. Registry: check features/ against SLAs and the budget, then apply"
 $HW check features/
 $HW apply features/
 
-step "2. Start the realtime (PyFlink) and nearline (Kafka + RocksDB) tiers"
+step "2. Two days of history into Kafka (${HISTORY_EVENTS} events); the streaming tiers start on it"
+$HW events produce --history 2d --max-events "$HISTORY_EVENTS" --seed 11 --quiet
 background realtime $HW run realtime
 background nearline $HW run nearline
-sleep 20  # the Flink mini-cluster takes ~20 s to start; events produced meanwhile wait in Kafka
 
-step "3. Produce ${DURATION} s of generated behaviour events at ${RATE} events/s"
-$HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 > "$RUN_DIR/produce.json"
-cat "$RUN_DIR/produce.json"
-sleep 10  # let the watermark pass the last boundaries
-
-step "4. Online values of the busiest user (Redis, written by the tiers)"
-$HW events tail --from-beginning --max 20000 --timeout 10 2>/dev/null \
-  | $PY -c 'import collections, json, sys
-users = collections.Counter(json.loads(line)["user_id"] for line in sys.stdin)
-print(users.most_common(1)[0][0])' > "$RUN_DIR/user"
-USER_ID=$(cat "$RUN_DIR/user")
-echo "busiest user: $USER_ID"
-$HW online get user_session_realtime "$USER_ID"
-$HW online get user_engagement_nearline "$USER_ID"
-cleanup; pids=()
-
-step "5. Offline: land events in Delta, compute today's offline views, materialize to Redis"
+step "3. Offline: land in Delta, compute the views per day, label, build the training set, train, materialize"
+today=$(date -u +%F)
+first=$(date -u -d '2 days ago' +%F)
 $HW run landing
-$HW run offline --date "$(date -u +%F)"
+$HW run offline --backfill "$first" "$today"  # realtime/nearline views: at each label's time, from bronze
+$HW labels --out "$RUN_DIR/labels.parquet"
+$HW training-set --labels "$RUN_DIR/labels.parquet" --out "$RUN_DIR/train.parquet"
+$HW model train --training-set "$RUN_DIR/train.parquet" --epochs 3
 $HW materialize
 
-step "6. Ranking: train the model, start the service, rank 500 candidates"
-$HW model train --events 100000 --epochs 2
-$HW model seed-features --events 100000
+step "4. Live: the ranking service, ${DURATION} s of traffic at ${RATE} events/s, rankings and a click"
 background serve $HW serve --port "$PORT"
-for _ in $(seq 1 60); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
-curl -sf "http://127.0.0.1:$PORT/health"; echo
-$PY - "$PORT" <<'PYEOF'
-import json, sys, urllib.request
-port = sys.argv[1]
-body = {"user_id": "u000001", "candidates": [f"i{n:06d}" for n in range(1, 501)], "k": 10, "priority": "high"}
-req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/rank", data=json.dumps(body).encode(),
-                             headers={"content-type": "application/json"})
-answer = json.load(urllib.request.urlopen(req, timeout=10))
-print(f"model {answer['model_version']}  fallback {answer['fallback']}  feature ages {answer['feature_ages_s']}")
-for rank, item in enumerate(answer["items"], 1):
-    print(f"  {rank:2d}. {item['item_id']}  {item['score']:.4f}")
-PYEOF
+for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
+curl -sf "$URL/health"; echo
+background traffic $HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 --quiet
+sleep $((DURATION / 2))
+$PY infra/demo_loop.py --url "$URL" --wait 30
+wait "${pids[-1]}" || true
+sleep 12  # the watermark passes the last boundaries
+$HW online get user_session_realtime "$(cat "$RUN_DIR/loop_user")"
 
-step "done: the tiers and the service are stopped; Kafka and Redis stop with make demo"
+step "5. Freshness of every view against its SLA; online/offline consistency"
+$HW freshness --window 10m || true  # exit 1 = a view breached its SLA: the table says which
+$HW freshness --window 10m --format html --out "$RUN_DIR/freshness.html" || true
+echo "HTML report: $RUN_DIR/freshness.html"
+cleanup; pids=()
+$HW run landing > /dev/null  # the live events too, so offline can recompute what the tiers wrote
+$HW consistency --sample 200
+
+step "done in $(($(date +%s) - started_at)) s: the tiers and the service are stopped; Kafka and Redis stop with make demo"
