@@ -5,7 +5,8 @@
 #
 #   0. a clean slate: the demo's topics, Redis keys and .headwater state of an earlier demo go
 #   1. registry: check (the CI gate), then apply (Feast objects + one plan per tier)
-#   2. two days of history into Kafka; the realtime and nearline tiers start and catch up on it
+#   2. two days of history into Kafka; the nearline tier starts and catches up on it (the realtime
+#      tier's windows are minutes long: it starts at the live traffic, with --from-latest)
 #   3. offline: land the history in Delta, compute every view per day, label the impressions,
 #      build a point-in-time training set, train the ranker from it, materialize to Redis
 #   4. live: the ranking service starts; generated traffic streams; rankings are requested and a
@@ -47,23 +48,26 @@ step "1. Registry: check features/ against SLAs and the budget, then apply"
 $HW check features/
 $HW apply features/
 
-step "2. Two days of history into Kafka (${HISTORY_EVENTS} events); the streaming tiers start on it"
+step "2. Two days of history into Kafka (${HISTORY_EVENTS} events); the nearline tier starts on it"
 $HW events produce --history 2d --max-events "$HISTORY_EVENTS" --seed 11 --quiet
-background realtime $HW run realtime
 background nearline $HW run nearline
 
 step "3. Offline: land in Delta, compute the views per day, label, build the training set, train, materialize"
 today=$(date -u +%F)
 first=$(date -u -d '2 days ago' +%F)
+second=$(date -u -d '1 day ago' +%F)  # labels from here: the first day has no complete past
 $HW run landing
 $HW run offline --backfill "$first" "$today"  # realtime/nearline views: at each label's time, from bronze
-$HW labels --out "$RUN_DIR/labels.parquet"
+$HW labels --from "$second" --out "$RUN_DIR/labels.parquet"
 $HW training-set --labels "$RUN_DIR/labels.parquet" --out "$RUN_DIR/train.parquet"
 $HW model train --training-set "$RUN_DIR/train.parquet" --epochs 3
 $HW materialize
 
-step "4. Live: the ranking service, ${DURATION} s of traffic at ${RATE} events/s, rankings and a click"
+step "4. Live: the realtime tier and the ranking service, ${DURATION} s of traffic at ${RATE} events/s, a click"
+background realtime $HW run realtime --from-latest
 background serve $HW serve --port "$PORT"
+for _ in $(seq 1 120); do grep -q "realtime job submitted" "$RUN_DIR/realtime.log" && break; sleep 1; done
+sleep 10  # the job's Kafka source takes its latest offsets a few seconds after submission
 for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
 curl -sf "$URL/health"; echo
 background traffic $HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 --quiet
@@ -74,11 +78,12 @@ sleep 12  # the watermark passes the last boundaries
 $HW online get user_session_realtime "$(cat "$RUN_DIR/loop_user")"
 
 step "5. Freshness of every view against its SLA; online/offline consistency"
-$HW freshness --window 10m || true  # exit 1 = a view breached its SLA: the table says which
-$HW freshness --window 10m --format html --out "$RUN_DIR/freshness.html" || true
+# The window covers the live traffic only: the nearline backfill's writes are days behind by design.
+$HW freshness --window 2m || true  # exit 1 = a view breached its SLA: the table says which
+$HW freshness --window 2m --format html --out "$RUN_DIR/freshness.html" || true
 echo "HTML report: $RUN_DIR/freshness.html"
 cleanup; pids=()
 $HW run landing > /dev/null  # the live events too, so offline can recompute what the tiers wrote
-$HW consistency --sample 200
+$HW consistency --tier nearline --sample 200  # realtime skipped the history: see bench/bench_soak.py
 
 step "done in $(($(date +%s) - started_at)) s: the tiers and the service are stopped; Kafka and Redis stop with make demo"

@@ -53,6 +53,11 @@ DEFAULT_STATE = Path(os.environ.get("HEADWATER_STATE_DIR", ".headwater"))
 @click.option("--group-id", default="headwater-realtime", show_default=True)
 @click.option("--namespace", default="hw", show_default=True, help="Redis key namespace of the store.")
 @click.option("--from-earliest", is_flag=True, help="Without a checkpoint, start at the earliest offset.")
+@click.option(
+    "--from-latest",
+    is_flag=True,
+    help="Without a checkpoint, start at the latest offset (skip a backfill left to the other tiers).",
+)
 @click.option("--no-restore", is_flag=True, help="Ignore existing checkpoints.")
 @click.option(
     "--decode",
@@ -73,6 +78,7 @@ def realtime(
     group_id: str,
     namespace: str,
     from_earliest: bool,
+    from_latest: bool,
     no_restore: bool,
     decode: str,
     explain_only: bool,
@@ -93,7 +99,7 @@ def realtime(
         dlq_topic=dlq_topic or settings.dlq_topic,
         group_id=group_id,
         topic=topic,
-        startup_mode="earliest-offset" if from_earliest else "group-offsets",
+        startup_mode=_startup_mode(from_earliest, from_latest),
         decode=decode,
     )
     run = RunOptions(
@@ -125,3 +131,13 @@ def realtime(
 
 if __name__ == "__main__":
     realtime()
+
+
+def _startup_mode(from_earliest: bool, from_latest: bool) -> str:
+    """Return the Kafka source's scan.startup.mode; a restored checkpoint's offsets win over it."""
+    if from_earliest and from_latest:
+        msg = "--from-earliest and --from-latest exclude each other"
+        raise click.UsageError(msg)
+    if from_latest:
+        return "latest-offset"
+    return "earliest-offset" if from_earliest else "group-offsets"
