@@ -33,6 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     (RUN_DIR / "loop_user").write_text(args.user)
     body = {"user_id": args.user, "candidates": [f"i{n:06d}" for n in range(300)], "k": 10}
+    post(args.url, "/v1/rank", {**body, "log_impressions": False})  # warm-up: the model's first call is slow
     before = post(args.url, "/v1/rank", body)
     show(f"ranking for {args.user}", before)
     top = before["items"][0]["item_id"]

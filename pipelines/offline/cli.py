@@ -118,14 +118,23 @@ def landing(
 def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
     from headwater.pipelines.offline.lake import days
 
+    today = datetime.now(UTC).date()
     try:
         if backfill:
-            return days(date.fromisoformat(backfill[0]), date.fromisoformat(backfill[1]))
-        if day:
-            return [date.fromisoformat(day)]
+            chosen = days(date.fromisoformat(backfill[0]), date.fromisoformat(backfill[1]))
+        elif day:
+            chosen = [date.fromisoformat(day)]
+        else:
+            return [today - timedelta(days=1)]
     except ValueError as exc:
         raise click.BadParameter(f"{exc} (dates are YYYY-MM-DD)") from exc
-    return [datetime.now(UTC).date() - timedelta(days=1)]
+    if chosen[-1] >= today:
+        # A day's values are "as of its end": before midnight UTC they would be stamped with a future
+        # event time and change as the day goes on, so serving and training would see unfinished values.
+        msg = (f"day {chosen[-1]} has not ended yet (it ends at {chosen[-1] + timedelta(days=1)} 00:00 UTC); "
+               f"compute days up to {today - timedelta(days=1)}")  # fmt: skip
+        raise click.BadParameter(msg)
+    return chosen
 
 
 @click.command("offline")
