@@ -171,6 +171,7 @@ def main() -> None:
         "setup": {"minutes": args.minutes, "rate": args.rate, "qps": args.qps},
     }
     print(f"soak {run_id}: {args.minutes} min at {args.rate:.0f} events/s; logs in {run_dir}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the tiers it started
     try:
         result.update(soak(system, cfg, args, run_dir))
     finally:

@@ -47,7 +47,7 @@ def group_lag(bootstrap: str, group: str, topic: str) -> int | None:
     """Return how many records of ``topic`` ``group`` has not committed (None before its first commit)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="headwater-soak")
     try:
-        committed = admin.list_consumer_group_offsets(group)
+        committed = admin.list_group_offsets(group).get(group, {})
     finally:
         admin.close()
     mine = {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
