@@ -199,6 +199,8 @@ def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir:
         namespace,
         "--group-id",
         f"{run_id}-rt",
+        "--topic",  # realtime reads the plan source's topic unless told otherwise
+        run_id,
         "--checkpoint-dir",
         str(run_dir / "checkpoints"),
         "--from-earliest",
