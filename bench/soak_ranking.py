@@ -76,7 +76,7 @@ class RankingLoad:
         while not self._stop.is_set():
             body = {
                 "user_id": f"u{rng.randint(1, 2000):06d}",
-                "candidates": [f"i{rng.randint(1, 2000):06d}" for _ in range(200)],
+                "candidates": [f"i{n:06d}" for n in rng.sample(range(2000), 200)],  # distinct, or 422
                 "k": 10,
             }
             request = urllib.request.Request(f"{self.url}/v1/rank", data=json.dumps(body).encode(),
