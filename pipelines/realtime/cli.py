@@ -129,10 +129,6 @@ def realtime(
         sys.exit(130)
 
 
-if __name__ == "__main__":
-    realtime()
-
-
 def _startup_mode(from_earliest: bool, from_latest: bool) -> str:
     """Return the Kafka source's scan.startup.mode; a restored checkpoint's offsets win over it."""
     if from_earliest and from_latest:
@@ -141,3 +137,7 @@ def _startup_mode(from_earliest: bool, from_latest: bool) -> str:
     if from_latest:
         return "latest-offset"
     return "earliest-offset" if from_earliest else "group-offsets"
+
+
+if __name__ == "__main__":
+    realtime()
