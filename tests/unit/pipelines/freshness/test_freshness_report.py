@@ -24,7 +24,7 @@ from headwater.registry.validate import check_repo
 
 ROOT = Path(__file__).resolve().parents[4]
 T0 = 1_800_000_000_000
-SPEC = ViewSpec("user_session_realtime", "realtime", 10.0)
+SPEC = ViewSpec("user_session_realtime", "realtime", 5.0)
 
 
 def publishing(n: int, period_ms: int, lag_ms: int, rows: int = 4) -> list[Entry]:
