@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.events.testing import Record as Rec
 from headwater.pipelines.nearline.state import PartitionStore
 from headwater.pipelines.nearline.task import PartitionTask, SourceTiming
 from headwater.pipelines.offline.bronze import append_events
@@ -57,18 +57,6 @@ CATEGORIES = ["music", "books", "art"]
 START_MS = T0 + 18 * HOUR_MS
 LAST_MS = T0 + 23 * HOUR_MS + 20 * 60_000
 """The newest event: 23:20, so the watermark (no out-of-orderness) publishes boundary 23:00."""
-
-
-@dataclass
-class Rec:
-    """The fields of a Kafka ConsumerRecord that the nearline task reads."""
-
-    offset: int
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    key: bytes | None = None
-    topic: str = "events"
-    partition: int = 0
 
 
 def history() -> list[dict[str, Any]]:

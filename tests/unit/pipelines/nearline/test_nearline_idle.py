@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from headwater.pipelines.events.testing import Record as Rec
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
     RepartitionedTask,
@@ -20,16 +20,6 @@ from headwater.pipelines.windows.testing import plan_feature, plan_view
 MIN = 60_000
 T0 = 1_767_225_600_000
 TIMING = SourceTiming(5_000, 60_000)
-
-
-@dataclass
-class Rec:
-    offset: int
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    key: bytes | None = None
-    topic: str = "by-item"
-    partition: int = 0
 
 
 class Log:
@@ -50,7 +40,7 @@ class Log:
         return self._add(payload, headers)
 
     def _add(self, value: bytes, headers: list[tuple[str, bytes]]) -> Rec:
-        rec = Rec(len(self.recs), value, headers)
+        rec = Rec(len(self.recs), value, headers, topic="by-item")
         self.recs.append(rec)
         return rec
 

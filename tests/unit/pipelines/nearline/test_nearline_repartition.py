@@ -13,6 +13,7 @@ import pytest
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+from headwater.pipelines.events.testing import Record as Rec
 from headwater.pipelines.nearline.repartition import (
     MARKER_HEADER,
     RepartitionedTask,
@@ -32,16 +33,6 @@ sys.modules["nl_harness_rep"] = h
 _spec.loader.exec_module(h)
 
 TIMING = SourceTiming(5_000, 60_000)
-
-
-@dataclass
-class Rec:
-    offset: int
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    key: bytes | None = None
-    topic: str = "events"
-    partition: int = 0
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+from headwater.pipelines.events.testing import Record as Rec
 from headwater.pipelines.nearline.state import PartitionStore
 from headwater.pipelines.nearline.task import PartitionTask, SourceTiming
 from headwater.pipelines.windows import compile_view, empty_values, reference_values, split_late
@@ -23,16 +23,6 @@ assert _spec.loader is not None
 h = importlib.util.module_from_spec(_spec)
 sys.modules["nl_harness_unit"] = h
 _spec.loader.exec_module(h)
-
-
-@dataclass
-class Rec:
-    offset: int
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    key: bytes | None = None
-    topic: str = "events"
-    partition: int = 0
 
 
 def test_task_matches_reference_and_restores_from_its_store(tmp_path: Path) -> None:
