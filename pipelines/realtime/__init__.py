@@ -1,8 +1,9 @@
-"""The realtime tier: every realtime view of the applied plan as one PyFlink SQL job, Kafka to Redis.
+"""The realtime tier: every realtime view of the applied plan as one PyFlink job, Kafka to Redis.
 
-- :mod:`.sql`: the plan compiled into Flink SQL (source, dead letters, windows, merge per view).
-- :mod:`.decode`: the vectorised Avro decode, the only per-event Python.
-- :mod:`.sink`: merged rows to online vectors, batched idempotent writes.
-- :mod:`.udfs`: those as PyFlink functions; :mod:`.job`: configuration, checkpoints, submit.
+- :mod:`.sql`: the SQL half: Kafka source, Avro decode, dead-letter routing, the event columns.
+- :mod:`.program`: the plan compiled for the JVM half (``dev.headwater.flink.realtime`` in
+  infra/maven/flink-udfs): a keyed window operator per (join key, slide) and a batched Redis sink.
+- :mod:`.decode`: the vectorised Python Avro decode (``--decode python``; the JVM one is the default).
+- :mod:`.udfs`: the functions the SQL calls; :mod:`.job`: configuration, checkpoints, submit.
 - :mod:`.cli`: ``headwater run realtime``.
 """

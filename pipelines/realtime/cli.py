@@ -83,7 +83,12 @@ def realtime(
     decode: str,
     explain_only: bool,
 ) -> None:
-    """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis)."""
+    """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis).
+
+    Values are published as soon as the job's clock (the newest event time seen) passes their window
+    boundary, and revised when an out-of-order event arrives; events later than the source's allowed
+    lateness go to the dead-letter topic.
+    """
     from headwater.pipelines.realtime.job import RunOptions, explain, submit
     from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError
     from headwater.registry.plans import read_plan
@@ -115,15 +120,19 @@ def realtime(
         if explain_only:
             click.echo(explain(plan, options, run))
             return
-        result, compiled = submit(plan, options, run)
+        client, program = submit(plan, options, run)
     except (RealtimePlanError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    views = ", ".join(v.view.name for v in compiled.views)
-    click.echo(f"realtime job submitted: views {views}; reading {options.topic or plan.sources[0].topic}")
+    views = ", ".join(v.name for v in plan.views)
+    groups = ", ".join(program.groups)
+    click.echo(
+        f"realtime job {client.get_job_id()} submitted: views {views} (operators {groups}); "
+        f"reading {options.topic or plan.sources[0].topic}"
+    )
     if jobmanager:
         return
     try:
-        result.wait()
+        client.get_job_execution_result().result()
     except KeyboardInterrupt:
         click.echo("stopping the realtime job", err=True)
         sys.exit(130)

@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.pipelines import jvm
-from headwater.pipelines.realtime.sql import CompiledJob, JobOptions, compile_job
+from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
+from headwater.pipelines.realtime.sql import DLQ_ROWS, ROUTED, JobOptions, check_plan, compile_job
 from headwater.pipelines.windows import layout_version
 from headwater.registry.plans import TierPlan
 
 if TYPE_CHECKING:
-    from pyflink.table import StreamTableEnvironment, TableResult
+    from pyflink.common import JobClient
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyflink.table import StreamTableEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,9 @@ class RunOptions:
     """``HOST:PORT`` of a Flink cluster's REST endpoint; ``None`` = a local mini-cluster."""
     restore: bool = True
     bundle_time_ms: int = 200
-    """Longest time a Python function buffers rows before processing them (bounds sink latency)."""
+    """Longest time a Python function (the ``--decode python`` UDF) buffers rows before processing them."""
+    flush_ms: int = 100
+    """Longest time the online-store sink buffers values before writing them."""
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -67,12 +72,12 @@ def version_dir(run: RunOptions, plan: TierPlan) -> Path:
     return run.checkpoint_dir / str(layout_version(plan.registry_hash))
 
 
-def job_jars(decode: str) -> list[Path]:
-    """Return the job's jars: the Kafka connector, and for the Java decode headwater's Flink functions."""
-    return [*jvm.jars("flink"), *(jvm.jars("flink-udfs") if decode == "java" else [])]
+def job_jars() -> list[Path]:
+    """Return the job's jars: the Kafka connector and headwater's Flink code (decode, operators, sink)."""
+    return [*jvm.jars("flink"), *jvm.jars("flink-udfs")]
 
 
-def configuration(run: RunOptions, plan: TierPlan, decode: str = "java") -> dict[str, str]:
+def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
     """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target)."""
     folder = version_dir(run, plan).resolve()
     conf = {
@@ -94,7 +99,9 @@ def configuration(run: RunOptions, plan: TierPlan, decode: str = "java") -> dict
         "python.fn-execution.arrow.batch.size": "5000",
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
-        "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars(decode)),
+        "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars()),
+        # records are not kept across calls by any operator of the job, so no defensive copies
+        "pipeline.object-reuse": "true",
     }
     if run.restore:
         chk = latest_checkpoint(folder)
@@ -113,63 +120,54 @@ def configuration(run: RunOptions, plan: TierPlan, decode: str = "java") -> dict
     return conf
 
 
-def table_environment(conf: dict[str, str]) -> StreamTableEnvironment:
-    """Return a streaming table environment with ``conf`` applied."""
+def table_environment(conf: dict[str, str]) -> tuple[StreamExecutionEnvironment, StreamTableEnvironment]:
+    """Return a stream environment and its table environment with ``conf`` applied."""
     from pyflink.common import Configuration
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
+    from pyflink.util.java_utils import add_jars_to_context_class_loader
 
     config = Configuration()
     for key, value in conf.items():
         config.set_string(key, value)
+    # the JVM half (dev.headwater.flink.realtime) is called through the gateway: load its jars there too
+    add_jars_to_context_class_loader(conf["pipeline.jars"].split(";"))
     env = StreamExecutionEnvironment.get_execution_environment(config)
     settings = EnvironmentSettings.new_instance().in_streaming_mode().with_configuration(config).build()
-    return StreamTableEnvironment.create(env, environment_settings=settings)
+    return env, StreamTableEnvironment.create(env, environment_settings=settings)
 
 
-def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[TableResult, CompiledJob]:
-    """Compile ``plan``, register the functions and submit the job; returns at once (job runs on)."""
+def build(
+    plan: TierPlan, options: JobOptions, run: RunOptions
+) -> tuple[StreamExecutionEnvironment, RealtimeProgram]:
+    """Build the whole job in a fresh environment: SQL half, JVM half, dead-letter insert."""
+    from pyflink.java_gateway import get_gateway
+
     from headwater.pipelines.realtime import udfs
 
-    compiled = compile_job(plan, options)
-    t_env = table_environment({**configuration(run, plan, options.decode), **compiled.config})
-    source_topic = options.topic or plan.sources[0].topic
-    udfs.register(
-        t_env,
-        compiled.views,
-        plan.registry_hash,
-        run.redis_url,
-        run.namespace,
-        source_topic,
-        options.max_future_ms,
-        python_decode=options.decode == "python",
-    )
+    src = check_plan(plan)
+    program = compile_program(plan, src, StoreTarget(run.redis_url, run.namespace, run.flush_ms))
+    compiled = compile_job(plan, options, program)
+    env, t_env = table_environment(configuration(run, plan))
+    udfs.register(t_env, options.max_future_ms, python_decode=options.decode == "python")
     for statement in compiled.ddl:
         t_env.execute_sql(statement)
+    graph = get_gateway().jvm.dev.headwater.flink.realtime.RealtimeGraph
+    graph.attach(t_env._j_tenv, ROUTED, program.text, compiled.reason_column, DLQ_ROWS)
     statements = t_env.create_statement_set()
     for insert in compiled.inserts:
         statements.add_insert_sql(insert)
-    return statements.execute(), compiled
+    statements.attach_as_datastream()
+    return env, program
+
+
+def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[JobClient, RealtimeProgram]:
+    """Build the job and submit it; returns at once (the job runs on)."""
+    env, program = build(plan, options, run)
+    return env.execute_async(f"headwater-realtime-{layout_version(plan.registry_hash)}"), program
 
 
 def explain(plan: TierPlan, options: JobOptions, run: RunOptions) -> str:
-    """Return the optimized Flink plan of the job, without running it."""
-    from headwater.pipelines.realtime import udfs
-
-    compiled = compile_job(plan, options)
-    t_env = table_environment({**configuration(run, plan, options.decode), **compiled.config})
-    udfs.register(
-        t_env,
-        compiled.views,
-        plan.registry_hash,
-        run.redis_url,
-        run.namespace,
-        "events",
-        python_decode=options.decode == "python",
-    )
-    for statement in compiled.ddl:
-        t_env.execute_sql(statement)
-    statements = t_env.create_statement_set()
-    for insert in compiled.inserts:
-        statements.add_insert_sql(insert)
-    return str(statements.explain())
+    """Return the job's execution plan (JSON: every operator, SQL and JVM), without running it."""
+    env, _ = build(plan, options, run)
+    return str(env.get_execution_plan())

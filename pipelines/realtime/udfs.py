@@ -1,25 +1,24 @@
-"""The Python functions the SQL job calls: decode (vectorised), dead-letter headers, and the sinks.
+"""The functions the SQL half of the job calls: the Avro decode and the dead-letter headers.
 
-Imports of pyflink stay inside :func:`register`, so this module loads without Flink. The
-function objects are pickled into the Python workers; each opens what it needs (codec, Redis)
-in ``open`` and counts what it does in Flink metrics (``hw_decoded``, ``hw_dlq_<reason>``,
-``hw_rows_written``, ``hw_freshness_ms`` of the last batch).
+The decode runs in the JVM (``dev.headwater.flink.DecodeEvent``) or as a vectorised Python UDF; the
+dead-letter headers in the JVM (``dev.headwater.flink.realtime.DlqHeaders``, counting
+``hw_dlq_<reason>``).
+
+Imports of pyflink stay inside :func:`register`, so this module loads without Flink. With the JVM
+decode (the default) the job runs no Python worker at all; ``--decode python`` pickles
+:class:`DecodeFn` into one, which counts ``hw_decoded``.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
-from headwater.pipelines.events.codec import HEADER_PRODUCE_TS, HEADER_SCHEMA_FP, DeadLetter
+from headwater.pipelines.events.codec import HEADER_PRODUCE_TS, HEADER_SCHEMA_FP
 from headwater.pipelines.realtime.decode import DECODED_COLUMNS, DEFAULT_MAX_FUTURE_MS, decode_batch
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyflink.table import StreamTableEnvironment
-
-    from headwater.pipelines.realtime.sink import ViewSink
-    from headwater.pipelines.realtime.sql import ViewJob
 
 
 class DecodeFn:
@@ -74,130 +73,13 @@ def _decode_once(codec: Any, values: list[Any], headers: list[Any], max_future_m
     return batch
 
 
-def late_detail(detail: str, lateness_s: float) -> str:
-    """Complete a ``late`` dead letter's detail with the allowed lateness and the realtime tier's policy."""
-    return (
-        f"{detail} ({lateness_s:g} s); the realtime tier drops every event behind its watermark, "
-        "also within the allowed lateness: its pane has closed, Flink's window aggregation would drop it "
-        "and published boundaries are never revised (nearline and offline count events within the allowed "
-        "lateness)"
-    )
-
-
-class DlqHeadersFn:
-    """Headers of a dead letter (the record's own, then ``dlq-*``); counts dead letters per reason."""
-
-    def __init__(self, source_topic: str) -> None:
-        self.source_topic = source_topic
-        self._group: Any = None
-        self._counters: dict[str, Any] = {}
-
-    def open(self, function_context: Any) -> None:
-        """Keep the metric group; counters are made per reason on first use."""
-        self._group = function_context.get_metric_group()
-
-    def eval(
-        self,
-        headers: dict[str, bytes] | None,
-        reason: str,
-        detail: str,
-        partition: int,
-        offset: int,
-        lateness_s: float,
-    ) -> dict[str, bytes]:
-        """Build the headers for one rejected record."""
-        if reason == "late":
-            detail = late_detail(detail, lateness_s)
-        letter = DeadLetter(
-            value=None,
-            key=None,
-            reason=reason,
-            detail=detail,
-            source_topic=self.source_topic,
-            source_partition=partition,
-            source_offset=offset,
-            failed_at_ms=time.time_ns() // 1_000_000,
-            original_headers=list((headers or {}).items()),
-        )
-        counter = self._counters.get(reason)
-        if counter is None and self._group is not None:
-            counter = self._counters[reason] = self._group.counter(f"hw_dlq_{reason}")
-        if counter is not None:
-            counter.inc()
-        return dict(letter.kafka_headers())
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class SinkFn:
-    """Vectorised sink of one view: writes the batch to the online store, returns per-row status."""
-
-    deterministic = False
-    """It writes: the planner must neither fold nor repeat it."""
-
-    def __init__(self, job_view: ViewJob, registry_hash: str, redis_url: str, namespace: str) -> None:
-        self.job_view = job_view
-        self.registry_hash = registry_hash
-        self.redis_url = redis_url
-        self.namespace = namespace
-        self._sink: ViewSink | None = None
-        self._rows: Any = None
-        self._freshness: list[int] = [0]
-
-    def open(self, function_context: Any) -> None:
-        """Connect to Redis; build the view's layout and sink."""
-        from headwater.pipelines.realtime.sink import ViewSink
-        from headwater.pipelines.store import OnlineStore
-        from headwater.pipelines.windows import RedisDictionary, compile_view, view_layout
-
-        spec = compile_view(self.job_view.view)
-        store = OnlineStore.from_url(self.redis_url, namespace=self.namespace)
-        dictionary = RedisDictionary(store.client, namespace=self.namespace)
-        layout = view_layout(spec, self.registry_hash)
-        self._sink = ViewSink(spec, self.job_view.slots, layout, store, dictionary)
-        group = function_context.get_metric_group().add_group("view", self.job_view.view.name)
-        self._rows = group.counter("hw_rows_written")
-        group.gauge("hw_freshness_ms", lambda: self._freshness[0])
-
-    def eval(self, entity: pd.Series, boundary: pd.Series, *slots: pd.Series) -> Any:
-        """Write one Arrow batch of merged rows; returns the store status of each row."""
-        import numpy as np
-        import pandas as pd
-
-        if self._sink is None:
-            msg = "SinkFn.eval called before open()"
-            raise RuntimeError(msg)
-        b_ms = boundary.to_numpy(dtype="datetime64[ms]").astype(np.int64)
-        columns = {
-            s.name: col.astype(object).where(col.notna(), None).tolist()
-            for s, col in zip(self.job_view.slots, slots, strict=True)
-        }
-        result = self._sink.write(entity.tolist(), b_ms, columns)
-        now = time.time_ns() // 1_000_000
-        if len(b_ms):
-            self._freshness[0] = int(now - b_ms.max())
-        self._rows.inc(result.written)
-        return pd.Series(result.status, dtype="int64")
-
-    def close(self) -> None:
-        """Close the Redis connection."""
-        if self._sink is not None:
-            self._sink.store.close()
-
-
 def register(
     t_env: StreamTableEnvironment,
-    views: list[ViewJob],
-    registry_hash: str,
-    redis_url: str,
-    namespace: str,
-    source_topic: str,
     max_future_ms: int = DEFAULT_MAX_FUTURE_MS,
     *,
-    python_decode: bool = True,
+    python_decode: bool = False,
 ) -> None:
-    """Register the decode, dead-letter and per-view sink functions in ``t_env``.
+    """Register the decode and dead-letter functions in ``t_env``.
 
     With ``python_decode=False`` the decode functions are the JVM ones of infra/maven/flink-udfs
     (``dev.headwater.flink.DecodeEvent`` and ``EventTime``, on the job's class path).
@@ -242,16 +124,7 @@ def register(
     else:
         t_env.create_java_temporary_system_function("hw_decode", "dev.headwater.flink.DecodeEvent")
         t_env.create_java_temporary_system_function("hw_event_time", "dev.headwater.flink.EventTime")
-    headers_type = DataTypes.MAP(DataTypes.STRING(), DataTypes.BYTES())
-    t_env.create_temporary_system_function(
-        "hw_dlq_headers", udf(scalar(DlqHeadersFn(source_topic)), result_type=headers_type)
-    )
-    for job_view in views:
-        fn = scalar(SinkFn(job_view, registry_hash, redis_url, namespace))
-        t_env.create_temporary_system_function(
-            job_view.sink_function,
-            udf(fn, result_type=DataTypes.BIGINT(), func_type="pandas"),
-        )
+    t_env.create_java_temporary_system_function("hw_dlq_headers", "dev.headwater.flink.realtime.DlqHeaders")
 
 
 def _data_type(types: Any, sql_type: str) -> Any:

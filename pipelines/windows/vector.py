@@ -26,7 +26,9 @@ from headwater.registry.slots import feature_slots
 IdLookup = Callable[[str, Sequence[Any]], list[int]]
 """``(field, values) -> ids``: dictionary ids of values of one field (see :class:`RedisDictionary`)."""
 
-_ASSIGN_LUA = """
+# Dictionary ids, assigned atomically: KEYS = (the hash, its counter), ARGV = values; returns their ids.
+# The JVM sink of the realtime tier runs this same text (pipelines/realtime/program.py ships it).
+ASSIGN_LUA = """
 local out = {}
 for i = 1, #ARGV do
   local id = redis.call('HGET', KEYS[1], ARGV[i])
@@ -119,7 +121,7 @@ class RedisDictionary:
     def __init__(self, client: Any, namespace: str = "hw") -> None:
         self.client = client
         self.namespace = namespace
-        self._script = client.register_script(_ASSIGN_LUA)
+        self._script = client.register_script(ASSIGN_LUA)
         self._cache: dict[str, dict[str, int]] = {}
 
     def key(self, field: str) -> str:

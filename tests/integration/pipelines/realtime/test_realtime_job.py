@@ -1,4 +1,8 @@
-"""The realtime job end to end: Kafka -> Flink SQL -> Redis, exact values per aggregation kind, DLQ."""
+"""The realtime job end to end: Kafka -> Flink (SQL + JVM operators) -> Redis, exact values, DLQ.
+
+The job publishes a boundary as soon as its clock (the newest event time) passes it, and revises
+values when an out-of-order event arrives within the allowed lateness; later events are dead letters.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from .conftest import (
 )
 
 B_FINAL = T0 + 25_000
+"""The boundary checked at the end: the last event moves the job's clock to it."""
 
 
 def phase_one() -> list[dict[str, Any]]:
@@ -66,13 +71,17 @@ def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
             _, res = read_store(redis_url, names.namespace, tier_plan, "rt_all", ["u1"])
             return bool(res.found[0]) and int(res.event_time_ms[0]) >= b_ms
 
-        wait_for(lambda: published(T0 + 14_000), 240, "the watermark to pass T0+14 s", log)
+        # the clock is at T0+19.5 s (the newest event): boundary T0+19 s is out, 0.5 s after its
+        # last event, not after the 5 s out-of-orderness (the watermark is at T0+14.5 s)
+        wait_for(lambda: published(T0 + 19_000), 240, "boundary T0+19 s (clock T0+19.5 s)", log)
+        # 4.5 s behind the watermark, within the allowed lateness (60 s): it revises u1's values
+        feed.send(event(17, "u1", "click", 10_000, price=100.0, category="late"))
         late_offset = feed.offset
-        feed.send(event(17, "u1", "click", 10_000, price=100.0, category="late"))  # behind the watermark
-        feed.send(event(18, "zz", "impression", 30_000))  # moves the watermark to T0+25 s
+        feed.send(event(19, "u1", "click", -50_000, price=1000.0))  # 64.5 s behind: beyond the lateness
+        feed.send(event(18, "zz", "impression", 25_000))  # moves the clock to T0+25 s
         wait_for(lambda: published(B_FINAL), 120, "boundary T0+25 s", log)
 
-        accepted = [e for e in feed.sent if e["event_id"] != "e17"]
+        accepted = [e for e in feed.sent if e["event_id"] != "e19"]
         client = redis.Redis.from_url(redis_url)
         stale: list[int] = []
         try:
@@ -90,8 +99,9 @@ def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
             u1_ref = expected_vectors(tier_plan, "rt_all", accepted, ["u1"], client, names.namespace, B_FINAL)
             u1 = u1_ref[0]["u1"]
             assert u1["clicks_10s"] == 1.0  # e14 and its duplicate: one click in [15 s, 25 s)
-            assert u1["price_sum_20s"] == 9.5  # the late click's price 100 is not counted
-            assert u1["top_categories_20s"] == (("c1", 0.6), ("c2", 0.4))  # 3 of c1, 2 of c2 (dup once)
+            assert u1["price_sum_20s"] == 109.5  # 9.5 + the out-of-order click's 100; not e19's 1000
+            # 3 of c1, 2 of c2 (the duplicate once), 1 of "late"
+            assert u1["top_categories_20s"] == (("c1", 0.5), ("c2", 2 / 6))
         finally:
             client.close()
 

@@ -58,7 +58,7 @@ def after_kill() -> list[dict[str, Any]]:
         event(15, "u2", "click", 26_000, position=2, category="c1"),
         event(16, "u1", "click", 27_500, position=5, category="c2"),
         event(17, "u1", "purchase", 29_000, price=12.0, category="c2"),
-        event(18, "zz", "impression", 35_000),  # moves the watermark to T0+30 s
+        event(18, "zz", "impression", 30_000),  # moves the job's clock to T0+30 s
     ]
 
 
@@ -88,7 +88,7 @@ def test_kill_9_and_restart_from_checkpoint_gives_the_reference_values(
     job = JobProcess(state, names, chk_dir, log)
     try:
         feed.send(*before_kill())
-        first_start = "the watermark to pass T0+14 s (first start)"
+        first_start = "boundary T0+14 s (first start)"
         wait_for(lambda: published(T0 + 14_000, "u2"), 240, first_start, log)
         seen_at = time.time()
         wait_for(

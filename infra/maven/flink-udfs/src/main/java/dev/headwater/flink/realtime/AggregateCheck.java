@@ -1,0 +1,153 @@
+package dev.headwater.flink.realtime;
+
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.HashMap;
+import java.util.Map;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.flink.types.Row;
+
+/**
+ * Drives {@link Aggregator} over events given on stdin, without Flink, and prints every value it emits,
+ * so tests compare the JVM aggregation with the Python reference (pipelines/windows/reference.py) on the
+ * same events.
+ *
+ * <p>Input: the program JSON on the first line, then one line per event, a JSON array of the program's
+ * columns, or {@code {"clock": T}} to move the clock. The clock is the greatest event time seen (as in
+ * {@link ViewOperator} without the wall-clock cap); after each line every entity whose next change
+ * boundary the clock has passed is fired, entity by entity in order of that boundary.
+ * Output: one JSON object per emitted value: group, view, entity, event_time, slots (as text: NaN),
+ * dict; then a last line {"outcomes": {...}} with the count of each {@link Aggregator.Outcome}.
+ */
+public final class AggregateCheck {
+    private AggregateCheck() {}
+
+    public static void main(String[] args) throws IOException {
+        ObjectMapper json = new ObjectMapper();
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String text = in.readLine();
+        Program program = Program.parse(text);
+        Aggregator[] aggs = new Aggregator[program.groups.size()];
+        java.util.List<Map<String, KeyState>> states = new java.util.ArrayList<>();
+        for (Program.Group g : program.groups) {
+            aggs[g.index] = new Aggregator(g);
+            states.add(new HashMap<>());
+        }
+        StringBuilder out = new StringBuilder();
+        Map<String, Integer> outcomes = new HashMap<>();
+        long clock = Long.MIN_VALUE;
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            JsonNode node = json.readTree(line);
+            if (node.isObject()) {
+                clock = Math.max(clock, node.get("clock").asLong());
+            } else {
+                Row r = row(program, node);
+                long t = (Long) r.getField(program.eventTimeColumn);
+                String id = (String) r.getField(program.eventIdColumn);
+                clock = Math.max(clock, t);
+                for (Program.Group g : program.groups) {
+                    Object key = r.getField(g.keyColumn);
+                    if (key == null) {
+                        continue;
+                    }
+                    String entity = key.toString();
+                    KeyState st = states.get(g.index).get(entity);
+                    boolean fresh = st == null;
+                    if (fresh) {
+                        st = aggs[g.index].newState();
+                    }
+                    Aggregator.Outcome o = aggs[g.index].add(st, r, t, id, emitter(json, out, g, entity));
+                    outcomes.merge(o.name(), 1, Integer::sum);
+                    if (fresh && o == Aggregator.Outcome.ACCEPTED) {
+                        states.get(g.index).put(entity, st);
+                    }
+                }
+            }
+            fireAll(json, out, program, aggs, states, clock);
+        }
+        ObjectNode last = json.createObjectNode();
+        ObjectNode counts = last.putObject("outcomes");
+        outcomes.forEach(counts::put);
+        out.append(json.writeValueAsString(last)).append('\n');
+        System.out.print(out);
+    }
+
+    private static void fireAll(ObjectMapper json, StringBuilder out, Program program, Aggregator[] aggs,
+                                java.util.List<Map<String, KeyState>> states, long clock) {
+        if (clock == Long.MIN_VALUE) {
+            return;
+        }
+        for (Program.Group g : program.groups) {
+            Aggregator agg = aggs[g.index];
+            long upTo = agg.sliceOf(clock);
+            Map<String, KeyState> mine = states.get(g.index);
+            while (true) {
+                String due = null;
+                long dueAt = Long.MAX_VALUE;
+                for (Map.Entry<String, KeyState> e : mine.entrySet()) {
+                    long c = agg.nextChange(e.getValue());
+                    if (c != KeyState.NONE && c <= upTo && c < dueAt) {
+                        dueAt = c;
+                        due = e.getKey();
+                    }
+                }
+                if (due == null) {
+                    break;
+                }
+                KeyState st = mine.get(due);
+                agg.fire(st, upTo, emitter(json, out, g, due));
+                if (st.slices.isEmpty()) {
+                    mine.remove(due);
+                }
+            }
+        }
+    }
+
+    private static Aggregator.Emitter emitter(ObjectMapper json, StringBuilder out, Program.Group g, String entity) {
+        return (view, eventTime, slots, dict) -> {
+            ObjectNode o = json.createObjectNode();
+            o.put("group", g.id);
+            o.put("view", g.views.get(view).name);
+            o.put("entity", entity);
+            o.put("event_time", eventTime);
+            ArrayNode s = o.putArray("slots");
+            for (float f : slots) {
+                s.add(Float.toString(f));
+            }
+            ArrayNode d = o.putArray("dict");
+            for (String x : dict) {
+                d.add(x);
+            }
+            try {
+                out.append(json.writeValueAsString(o)).append('\n');
+            } catch (IOException e) {
+                throw new IllegalStateException(e);
+            }
+        };
+    }
+
+    private static Row row(Program program, JsonNode values) {
+        Row r = new Row(program.columns.size());
+        for (int i = 0; i < program.columns.size(); i++) {
+            JsonNode v = values.get(i);
+            if (v == null || v.isNull()) {
+                continue;
+            }
+            switch (program.columnTypes.get(i)) {
+                case "BIGINT": r.setField(i, v.asLong()); break;
+                case "INT": r.setField(i, v.asInt()); break;
+                case "DOUBLE": r.setField(i, v.asDouble()); break;
+                case "BOOLEAN": r.setField(i, v.asBoolean()); break;
+                default: r.setField(i, v.asText());
+            }
+        }
+        return r;
+    }
+}

@@ -1,0 +1,236 @@
+package dev.headwater.flink.realtime;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.TreeSet;
+
+import org.apache.flink.types.Row;
+
+/**
+ * The window arithmetic of one group (one join key and slide), on one entity's {@link KeyState};
+ * no Flink runtime here, so {@link AggregateCheck} drives the same code in tests.
+ *
+ * <p>Semantics (pipelines/windows, WINDOWS.md): a feature with window W and slide S has, as of
+ * boundary B (a multiple of S), the events with event time in {@code [B - W, B)}. The value of an
+ * entity changes only at a boundary where one of its slices enters ({@code s + S}) or leaves
+ * ({@code s + S + W}) a window, so {@link #fire} visits just those boundaries: work follows events,
+ * not entities x slides. Each view's value is emitted when it differs from the one emitted before,
+ * with the boundary of its last change as its event time.
+ */
+final class Aggregator {
+    /** What {@link #add} did with an event. */
+    enum Outcome { ACCEPTED, DUPLICATE, OUTSIDE, NO_FEATURE }
+
+    /** Receives the values to write: view index in the group, event time (a boundary), slots, text slots. */
+    interface Emitter {
+        void emit(int view, long eventTimeMs, float[] slots, String[] dict);
+    }
+
+    final Program.Group group;
+    final long slide;
+    final Agg[] aggs;
+    final long[] windows;
+    /** Per distinct window, the features that use it. */
+    final int[][] byWindow;
+    private final float[] scratch;
+    private final String[] scratchDict;
+
+    Aggregator(Program.Group group) {
+        this.group = group;
+        this.slide = group.slideMs;
+        List<Program.Feature> fs = group.features;
+        aggs = new Agg[fs.size()];
+        TreeSet<Long> ws = new TreeSet<>();
+        for (int i = 0; i < aggs.length; i++) {
+            aggs[i] = Agg.of(fs.get(i));
+            ws.add(fs.get(i).windowMs);
+        }
+        windows = ws.stream().mapToLong(Long::longValue).toArray();
+        byWindow = new int[windows.length][];
+        for (int w = 0; w < windows.length; w++) {
+            List<Integer> mine = new ArrayList<>();
+            for (int i = 0; i < aggs.length; i++) {
+                if (fs.get(i).windowMs == windows[w]) {
+                    mine.add(i);
+                }
+            }
+            byWindow[w] = mine.stream().mapToInt(Integer::intValue).toArray();
+        }
+        int dim = group.views.stream().mapToInt(v -> v.dim).max().orElse(0);
+        scratch = new float[dim];
+        scratchDict = new String[dim];
+    }
+
+    KeyState newState() {
+        KeyState st = new KeyState();
+        st.running = new Object[aggs.length];
+        for (int i = 0; i < aggs.length; i++) {
+            st.running[i] = aggs[i].newRunning();
+        }
+        st.views = new KeyState.ViewValue[group.views.size()];
+        for (int v = 0; v < st.views.length; v++) {
+            st.views[v] = new KeyState.ViewValue();
+        }
+        return st;
+    }
+
+    long sliceOf(long t) {
+        return Math.floorDiv(t, slide) * slide;
+    }
+
+    /**
+     * Fold one event into the entity's state.
+     *
+     * <p>Steps: 1. an event that no feature keeps changes nothing; 2. an event older than the longest
+     * window at the entity's boundary cannot change a value it will publish (OUTSIDE); 3. an id already
+     * in its slice is a duplicate; 4. the partials of its slice take it, and where the slice is already
+     * inside a feature's window (an out-of-order event), that feature's running accumulator too; 5. then
+     * the value at the current boundary has changed: it is emitted now, as a revision.
+     */
+    Outcome add(KeyState st, Row r, long t, String eventId, Emitter out) {
+        // Step 1
+        boolean any = false;
+        for (Agg a : aggs) {
+            if (a.hits(r)) {
+                any = true;
+                break;
+            }
+        }
+        if (!any) {
+            return Outcome.NO_FEATURE;
+        }
+        long s = sliceOf(t);
+        // Step 2
+        if (st.boundary == KeyState.NONE) {
+            st.boundary = s;  // the value at s holds nothing yet: the entity's first slice enters at s + S
+        } else if (s < st.boundary - group.maxWindowMs) {
+            return Outcome.OUTSIDE;
+        }
+        // Step 3
+        long id = EventIds.hash(eventId);
+        KeyState.Slice slice = st.slices.get(s);
+        if (slice != null && slice.has(id)) {
+            return Outcome.DUPLICATE;
+        }
+        if (slice == null) {
+            slice = new KeyState.Slice(aggs.length);
+            st.slices.put(s, slice);
+        }
+        slice.add(id);
+        // Step 4
+        boolean entered = s < st.boundary;
+        boolean revised = false;
+        for (int i = 0; i < aggs.length; i++) {
+            Agg a = aggs[i];
+            if (!a.hits(r)) {
+                continue;
+            }
+            Object p = slice.partials[i];
+            boolean live = entered && s >= st.boundary - group.features.get(i).windowMs;
+            if (live && p != null) {
+                a.minus(st.running[i], s, p);
+            }
+            p = a.add(p, r, t, eventId);
+            slice.partials[i] = p;
+            if (live) {
+                a.plus(st.running[i], s, p);
+                revised = true;
+            }
+        }
+        // Step 5
+        if (revised) {
+            computeViews(st, s + slide);
+            emitPending(st, out);
+        }
+        return Outcome.ACCEPTED;
+    }
+
+    /** The next boundary after the entity's where one of its slices enters or leaves a window. */
+    long nextChange(KeyState st) {
+        long b = st.boundary;
+        long best = Long.MAX_VALUE;
+        Long s = st.slices.ceilingKey(b);
+        if (s != null) {
+            best = s + slide;
+        }
+        for (long w : windows) {
+            s = st.slices.ceilingKey(b - w);
+            if (s != null) {
+                best = Math.min(best, s + slide + w);
+            }
+        }
+        return best == Long.MAX_VALUE ? KeyState.NONE : best;
+    }
+
+    /**
+     * Move the entity to the latest change boundary at or before {@code upTo} (the operator's clock),
+     * visiting each change boundary on the way, and emit the views whose value changed.
+     */
+    void fire(KeyState st, long upTo, Emitter out) {
+        for (long c = nextChange(st); c != KeyState.NONE && c <= upTo; c = nextChange(st)) {
+            advance(st, c);
+            computeViews(st, c);
+        }
+        st.slices.headMap(st.boundary - group.maxWindowMs, false).clear();  // left every window
+        emitPending(st, out);
+    }
+
+    /** Move the running accumulators from the entity's boundary to {@code to}: entering slices first. */
+    private void advance(KeyState st, long to) {
+        long from = st.boundary;
+        for (Map.Entry<Long, KeyState.Slice> e : st.slices.subMap(from, true, to, false).entrySet()) {
+            Object[] p = e.getValue().partials;
+            for (int i = 0; i < aggs.length; i++) {
+                if (p[i] != null) {
+                    aggs[i].plus(st.running[i], e.getKey(), p[i]);
+                }
+            }
+        }
+        for (int w = 0; w < windows.length; w++) {
+            long win = windows[w];
+            TreeMap<Long, KeyState.Slice> sl = st.slices;
+            for (Map.Entry<Long, KeyState.Slice> e : sl.subMap(from - win, true, to - win, false).entrySet()) {
+                Object[] p = e.getValue().partials;
+                for (int i : byWindow[w]) {
+                    if (p[i] != null) {
+                        aggs[i].minus(st.running[i], e.getKey(), p[i]);
+                    }
+                }
+            }
+        }
+        st.boundary = to;
+    }
+
+    /** Recompute every view's value; a view whose slots differ records {@code changedAt} as its change. */
+    private void computeViews(KeyState st, long changedAt) {
+        for (Program.View view : group.views) {
+            for (int j = 0; j < view.features.size(); j++) {
+                int i = view.firstFeature + j;
+                aggs[i].result(st.running[i], scratch, scratchDict, view.features.get(j).slotOffset);
+            }
+            KeyState.ViewValue vv = st.views[view.index];
+            boolean same = vv.slots != null
+                && Arrays.equals(vv.slots, 0, view.dim, scratch, 0, view.dim)
+                && Arrays.equals(vv.dict, 0, view.dim, scratchDict, 0, view.dim);
+            if (!same) {
+                vv.slots = Arrays.copyOf(scratch, view.dim);
+                vv.dict = Arrays.copyOf(scratchDict, view.dim);
+                vv.changedAt = Math.max(vv.changedAt, changedAt);
+                vv.pending = true;
+            }
+        }
+    }
+
+    private void emitPending(KeyState st, Emitter out) {
+        for (int v = 0; v < st.views.length; v++) {
+            KeyState.ViewValue vv = st.views[v];
+            if (vv.pending) {
+                vv.pending = false;
+                out.emit(v, vv.changedAt, vv.slots.clone(), vv.dict.clone());
+            }
+        }
+    }
+}

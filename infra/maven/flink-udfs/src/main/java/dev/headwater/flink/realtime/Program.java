@@ -1,0 +1,216 @@
+package dev.headwater.flink.realtime;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+
+/**
+ * The realtime plan as the JVM operators read it: compiled by pipelines/realtime/program.py from the
+ * registry's realtime plan (the contract between Python and the JVM, format 1). Parsed once per
+ * operator instance in {@code open()}; the operators carry the JSON text, not these objects.
+ *
+ * <p>The event rows the operators receive have the columns of {@link #columns}, in order: the event
+ * id, the event time (epoch ms), the fields the features read, and one BOOLEAN per distinct filter
+ * (evaluated by Flink SQL, so the registry's filter grammar has one implementation per engine).
+ */
+public final class Program {
+    public static final int FORMAT = 1;
+
+    public final int eventIdColumn;
+    public final int eventTimeColumn;
+    public final List<String> columns;
+    /** Flink SQL type of each column (STRING, BIGINT, INT, DOUBLE, BOOLEAN). */
+    public final List<String> columnTypes;
+    public final long outOfOrdernessMs;
+    public final long idleAdvanceMs;
+    public final String namespace;
+    public final String version;
+    public final Store store;
+    public final List<Group> groups;
+
+    /** Where and how the sink writes: the online store's Lua scripts come from Python, byte for byte. */
+    public static final class Store {
+        public final String url;
+        public final String writeScript;
+        public final String dictScript;
+        public final long flushMs;
+        public final int chunkRows;
+        public final int maxPendingRows;
+        /** Cap of a view's freshness log (pipelines/store/layout.py FRESHNESS_MAXLEN, as write.lua). */
+        public final long freshnessMaxLen;
+
+        Store(JsonNode n) {
+            url = text(n, "url");
+            writeScript = text(n, "write_script");
+            dictScript = text(n, "dict_script");
+            flushMs = n.path("flush_ms").asLong(100);
+            chunkRows = n.path("chunk_rows").asInt(256);
+            maxPendingRows = n.path("max_pending_rows").asInt(4096);
+            freshnessMaxLen = n.path("freshness_maxlen").asLong(20000);
+        }
+    }
+
+    /** The views of one (join key, slide): one keyed operator and one sink. */
+    public static final class Group {
+        public final int index;
+        public final String id;
+        public final int keyColumn;
+        public final long slideMs;
+        public final List<View> views = new ArrayList<>();
+        /** Every feature of every view of the group, in view order: the operator's state is indexed by it. */
+        public final List<Feature> features = new ArrayList<>();
+        public final long maxWindowMs;
+
+        Group(int index, JsonNode n) {
+            this.index = index;
+            id = text(n, "id");
+            keyColumn = n.path("key_column").asInt();
+            slideMs = positive(n, "slide_ms");
+            long longest = 0;
+            for (JsonNode v : n.path("views")) {
+                View view = new View(views.size(), features.size(), v);
+                views.add(view);
+                features.addAll(view.features);
+            }
+            for (Feature f : features) {
+                if (f.windowMs % slideMs != 0) {
+                    throw new IllegalArgumentException("group " + id + ": feature " + f.name + " window "
+                        + f.windowMs + " ms is not a multiple of the slide " + slideMs + " ms");
+                }
+                longest = Math.max(longest, f.windowMs);
+            }
+            if (views.isEmpty()) {
+                throw new IllegalArgumentException("group " + id + " has no views");
+            }
+            maxWindowMs = longest;
+        }
+    }
+
+    /** One feature view: its store layout and its features' slots. */
+    public static final class View {
+        public final int index;
+        public final String name;
+        public final long ttlMs;
+        public final long schemaHash;
+        public final int dim;
+        /** Index of this view's first feature in {@link Group#features}. */
+        public final int firstFeature;
+        public final List<Feature> features = new ArrayList<>();
+        /** Per slot: the dictionary field whose ids the slot holds, or null for a number. */
+        public final String[] dictFields;
+
+        View(int index, int firstFeature, JsonNode n) {
+            this.index = index;
+            this.firstFeature = firstFeature;
+            name = text(n, "name");
+            ttlMs = n.path("ttl_ms").asLong();
+            schemaHash = n.path("schema_hash").asLong();
+            dim = n.path("dim").asInt();
+            int offset = 0;
+            for (JsonNode f : n.path("features")) {
+                Feature feature = new Feature(f, offset);
+                features.add(feature);
+                offset += feature.slots;
+            }
+            if (offset != dim) {
+                throw new IllegalArgumentException("view " + name + ": features take " + offset
+                    + " slots, the layout has " + dim);
+            }
+            dictFields = new String[dim];
+            for (Feature f : features) {
+                if (f.dictField != null) {
+                    int tops = "top_k".equals(f.agg) ? f.k : 1;
+                    for (int i = 0; i < tops; i++) {
+                        dictFields[f.slotOffset + i] = f.dictField;
+                    }
+                }
+            }
+        }
+    }
+
+    /** One aggregation: kind, window, filter and field columns; a ratio has two operands. */
+    public static final class Feature {
+        public final String name;
+        public final String agg;
+        public final long windowMs;
+        /** Column of the filter's BOOLEAN, -1 for none. */
+        public final int hit;
+        /** Column of the field, -1 for none. */
+        public final int field;
+        public final int k;
+        /** Field whose values are stored as dictionary ids (top_k, and last of a text field); else null. */
+        public final String dictField;
+        public final Feature numerator;
+        public final Feature denominator;
+        public final int slotOffset;
+        public final int slots;
+
+        Feature(JsonNode n, int slotOffset) {
+            this.slotOffset = slotOffset;
+            name = text(n, "name");
+            agg = text(n, "agg");
+            windowMs = n.path("window_ms").asLong();
+            hit = n.path("hit").asInt(-1);
+            field = n.path("field").asInt(-1);
+            k = n.path("k").asInt(0);
+            dictField = n.hasNonNull("dict_field") ? n.get("dict_field").asText() : null;
+            numerator = n.hasNonNull("numerator") ? new Feature(n.get("numerator"), 0) : null;
+            denominator = n.hasNonNull("denominator") ? new Feature(n.get("denominator"), 0) : null;
+            slots = "top_k".equals(agg) ? 2 * k : 1;
+        }
+    }
+
+    private Program(JsonNode n) {
+        int format = n.path("format").asInt();
+        if (format != FORMAT) {
+            throw new IllegalArgumentException("realtime program format " + format + ", this jar reads "
+                + FORMAT + ": rebuild infra/ (`make setup`) or re-run `headwater apply`");
+        }
+        eventIdColumn = n.path("event_id_column").asInt();
+        eventTimeColumn = n.path("event_time_column").asInt();
+        List<String> cols = new ArrayList<>();
+        n.path("columns").forEach(c -> cols.add(c.asText()));
+        columns = List.copyOf(cols);
+        List<String> types = new ArrayList<>();
+        n.path("column_types").forEach(c -> types.add(c.asText()));
+        columnTypes = List.copyOf(types);
+        outOfOrdernessMs = n.path("out_of_orderness_ms").asLong();
+        idleAdvanceMs = n.path("idle_advance_ms").asLong(0);
+        namespace = text(n, "namespace");
+        version = text(n, "version");
+        store = new Store(n.path("store"));
+        List<Group> gs = new ArrayList<>();
+        for (JsonNode g : n.path("groups")) {
+            gs.add(new Group(gs.size(), g));
+        }
+        groups = List.copyOf(gs);
+    }
+
+    /** Parse the JSON text written by pipelines/realtime/program.py. */
+    public static Program parse(String json) {
+        try {
+            return new Program(new ObjectMapper().readTree(json));
+        } catch (IOException e) {
+            throw new IllegalArgumentException("realtime program is not valid JSON: " + e.getMessage(), e);
+        }
+    }
+
+    private static String text(JsonNode n, String key) {
+        JsonNode v = n.get(key);
+        if (v == null || v.isNull()) {
+            throw new IllegalArgumentException("realtime program: missing key '" + key + "' in " + n);
+        }
+        return v.asText();
+    }
+
+    private static long positive(JsonNode n, String key) {
+        long v = n.path(key).asLong();
+        if (v <= 0) {
+            throw new IllegalArgumentException("realtime program: '" + key + "' must be > 0, got " + n.get(key));
+        }
+        return v;
+    }
+}

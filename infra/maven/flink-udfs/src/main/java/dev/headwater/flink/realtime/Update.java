@@ -1,0 +1,34 @@
+package dev.headwater.flink.realtime;
+
+/**
+ * One value for the online store, from {@link ViewOperator} to {@link RedisSink}: the view (its index
+ * in the group), the entity, the event time (the window boundary of the value's last change), the
+ * float32 slots and, per slot, the text whose dictionary id the slot takes (null for a number).
+ *
+ * <p>An update with a null {@link #entity} is a progress mark: the operator's clock has passed
+ * boundary {@link #eventTimeMs} and every value up to it is published, changed or not.
+ *
+ * <p>A Flink POJO (public fields, no-arg constructor), so it travels without Kryo.
+ */
+public final class Update {
+    public int view;
+    public String entity;
+    public long eventTimeMs;
+    public float[] slots;
+    public String[] dict;
+
+    public Update() {}
+
+    public Update(int view, String entity, long eventTimeMs, float[] slots, String[] dict) {
+        this.view = view;
+        this.entity = entity;
+        this.eventTimeMs = eventTimeMs;
+        this.slots = slots;
+        this.dict = dict;
+    }
+
+    /** A progress mark of view {@code view} up to {@code boundaryMs}. */
+    public static Update progress(int view, long boundaryMs) {
+        return new Update(view, null, boundaryMs, null, null);
+    }
+}

@@ -1,0 +1,228 @@
+package dev.headwater.flink.realtime;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.PriorityQueue;
+import java.util.stream.Stream;
+
+import org.apache.flink.api.common.operators.ProcessingTimeService.ProcessingTimeCallback;
+import org.apache.flink.api.common.state.ValueState;
+import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.metrics.Counter;
+import org.apache.flink.metrics.MetricGroup;
+import org.apache.flink.runtime.state.VoidNamespace;
+import org.apache.flink.streaming.api.operators.AbstractStreamOperator;
+import org.apache.flink.streaming.api.operators.OneInputStreamOperator;
+import org.apache.flink.streaming.api.watermark.Watermark;
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
+import org.apache.flink.types.Row;
+
+/**
+ * The realtime tier's keyed window operator: every view of one (join key, slide) group, per entity.
+ *
+ * <p>Its clock is the greatest event time it has seen (or the watermark plus the source's
+ * out-of-orderness, whichever is ahead), never ahead of the wall clock. A boundary B is published as
+ * soon as the clock passes it, not when the watermark does: the watermark still bounds lateness
+ * (upstream, later events go to the dead-letter topic), but an out-of-order event that arrives after
+ * its boundary was published revises the value at once ({@link Aggregator#add}). So the write of a
+ * value follows its boundary by the pipeline's latency, not by the out-of-orderness.
+ *
+ * <p>Each entity's next change boundary (a slice entering or leaving a window) sits in a queue ordered
+ * by time; when the clock passes it, the entity is fired ({@link Aggregator#fire}). The queue is
+ * rebuilt from the keyed state on restore, so checkpoints hold only the keyed state (plus Kafka
+ * offsets upstream): after a kill -9 the job replays from the checkpoint's offsets and writes the same
+ * values (the store keeps the newer event time, and an equal value is a no-op).
+ *
+ * <p>Each time the clock passes a boundary, a progress mark per view goes to the sink, so the
+ * freshness log knows the tier published up to it even when no value changed.
+ */
+public final class ViewOperator extends AbstractStreamOperator<Update>
+        implements OneInputStreamOperator<Row, Update>, ProcessingTimeCallback {
+    private static final long serialVersionUID = 1L;
+    static final String STATE = "hw-entities";
+    /** The clock advances with the wall clock on an idle stream only when it is this close to it. */
+    static final long LIVE_HORIZON_MS = 10 * 60 * 1000L;
+    static final long TICK_MS = 100;
+
+    private final String programJson;
+    private final int groupIndex;
+
+    private transient Program program;
+    private transient Program.Group group;
+    private transient Aggregator agg;
+    private transient ValueState<KeyState> state;
+    private transient PriorityQueue<Due> queue;
+    private transient long maxEventTime;
+    private transient long watermarkClock;
+    private transient long clock;
+    private transient long lastElementAt;
+    private transient long published;
+    private transient Object currentKey;
+    private transient StreamRecord<Update> record;
+    private transient Aggregator.Emitter emitter;
+    private transient Counter events;
+    private transient Counter duplicates;
+    private transient Counter outside;
+    private transient Counter ignored;
+    private transient Counter emitted;
+
+    /** An entity's next change boundary in the queue (stale when the entity's state says otherwise). */
+    private static final class Due {
+        final long at;
+        final Object key;
+
+        Due(long at, Object key) {
+            this.at = at;
+            this.key = key;
+        }
+    }
+
+    public ViewOperator(String programJson, int groupIndex) {
+        this.programJson = programJson;
+        this.groupIndex = groupIndex;
+    }
+
+    @Override
+    public void open() throws Exception {
+        super.open();
+        program = Program.parse(programJson);
+        group = program.groups.get(groupIndex);
+        agg = new Aggregator(group);
+        state = getPartitionedState(new ValueStateDescriptor<>(STATE, new KeyStateSerializer()));
+        queue = new PriorityQueue<>((a, b) -> Long.compare(a.at, b.at));
+        maxEventTime = Long.MIN_VALUE;
+        watermarkClock = Long.MIN_VALUE;
+        clock = Long.MIN_VALUE;
+        published = Long.MIN_VALUE;
+        record = new StreamRecord<>(null);
+        emitter = (view, eventTime, slots, dict) -> {
+            emitted.inc();
+            output.collect(record.replace(new Update(view, (String) currentKey, eventTime, slots, dict)));
+        };
+        MetricGroup m = getMetricGroup().addGroup("group", group.id);
+        events = m.counter("hw_events");
+        duplicates = m.counter("hw_duplicates");
+        outside = m.counter("hw_outside_window");
+        ignored = m.counter("hw_no_feature");
+        emitted = m.counter("hw_values_emitted");
+        m.gauge("hw_clock_lag_ms", () -> clock == Long.MIN_VALUE ? -1L : now() - clock);
+        m.gauge("hw_queued_entities", () -> (long) queue.size());
+        restoreQueue();
+        lastElementAt = now();
+        getProcessingTimeService().registerTimer(now() + TICK_MS, this);
+    }
+
+    /** After a restore, queue every entity with a scheduled change (the queue is not checkpointed). */
+    private void restoreQueue() throws Exception {
+        List<Object> keys = new ArrayList<>();
+        try (Stream<Object> s = getKeyedStateBackend().getKeys(STATE, VoidNamespace.INSTANCE)) {
+            s.forEach(keys::add);
+        }
+        for (Object key : keys) {
+            setCurrentKey(key);
+            KeyState st = state.value();
+            if (st != null && st.scheduled != KeyState.NONE) {
+                queue.add(new Due(st.scheduled, key));
+            }
+        }
+    }
+
+    private long now() {
+        return getProcessingTimeService().getCurrentProcessingTime();
+    }
+
+    @Override
+    public void processElement(StreamRecord<Row> element) throws Exception {
+        Row r = element.getValue();
+        long t = (Long) r.getField(program.eventTimeColumn);
+        String id = (String) r.getField(program.eventIdColumn);
+        events.inc();
+        lastElementAt = now();
+        maxEventTime = Math.max(maxEventTime, t);
+        KeyState st = state.value();
+        boolean fresh = st == null;
+        if (fresh) {
+            st = agg.newState();
+        }
+        currentKey = getCurrentKey();
+        Aggregator.Outcome outcome = agg.add(st, r, t, id, emitter);
+        switch (outcome) {
+            case ACCEPTED:
+                if (fresh) {
+                    state.update(st);
+                }
+                schedule(st, currentKey);
+                break;
+            case DUPLICATE:
+                duplicates.inc();
+                break;
+            case OUTSIDE:
+                outside.inc();
+                break;
+            default:
+                ignored.inc();
+        }
+        advance();
+    }
+
+    @Override
+    public void processWatermark(Watermark mark) throws Exception {
+        super.processWatermark(mark);
+        long t = mark.getTimestamp();
+        if (t > Long.MIN_VALUE + program.outOfOrdernessMs && t < Long.MAX_VALUE - program.outOfOrdernessMs) {
+            watermarkClock = Math.max(watermarkClock, t + program.outOfOrdernessMs);
+        }
+        advance();
+    }
+
+    @Override
+    public void onProcessingTime(long time) throws Exception {
+        advance();
+        getProcessingTimeService().registerTimer(time + TICK_MS, this);
+    }
+
+    private void schedule(KeyState st, Object key) {
+        long c = agg.nextChange(st);
+        if (c != KeyState.NONE && (st.scheduled == KeyState.NONE || c < st.scheduled)) {
+            st.scheduled = c;
+            queue.add(new Due(c, key));
+        }
+    }
+
+    /** Move the clock, then fire every entity whose next change boundary it has passed. */
+    private void advance() throws Exception {
+        long now = now();
+        long c = Math.max(maxEventTime, watermarkClock);
+        boolean idle = now - lastElementAt >= program.idleAdvanceMs;
+        if (program.idleAdvanceMs > 0 && idle && c != Long.MIN_VALUE && now - c <= LIVE_HORIZON_MS) {
+            c = Math.max(c, now - program.idleAdvanceMs);  // a quiet live stream: windows still slide
+        }
+        clock = Math.max(clock, Math.min(c, now));
+        if (clock == Long.MIN_VALUE) {
+            return;
+        }
+        long upTo = agg.sliceOf(clock);
+        while (!queue.isEmpty() && queue.peek().at <= upTo) {
+            Due due = queue.poll();
+            setCurrentKey(due.key);
+            KeyState st = state.value();
+            if (st == null || st.scheduled != due.at) {
+                continue;  // stale: the entity was rescheduled earlier or is gone
+            }
+            st.scheduled = KeyState.NONE;
+            currentKey = due.key;
+            agg.fire(st, upTo, emitter);
+            if (st.slices.isEmpty()) {
+                state.clear();  // every slice has left every window: its empty value is written
+            } else {
+                schedule(st, due.key);
+            }
+        }
+        if (upTo > published) {
+            published = upTo;
+            for (int v = 0; v < group.views.size(); v++) {
+                output.collect(record.replace(Update.progress(v, upTo)));
+            }
+        }
+    }
+}

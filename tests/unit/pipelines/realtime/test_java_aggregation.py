@@ -1,0 +1,332 @@
+"""The JVM window operator's arithmetic (infra/maven/flink-udfs ``Aggregator``) against the reference.
+
+Runs ``dev.headwater.flink.realtime.AggregateCheck`` (a ``java`` process, no Flink runtime) over
+event streams, in arrival order, with the program :mod:`headwater.pipelines.realtime.program`
+compiles from a real plan; its hit columns are computed here from the plan's filters. For each
+(view, entity) the last value written (newer event time wins, as in write.lua) must equal
+:func:`headwater.pipelines.windows.reference_values` at the final boundary, and its event time must
+be the boundary at which the reference value last changed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from headwater.pipelines import jvm
+from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
+from headwater.pipelines.realtime.sql import check_plan
+from headwater.pipelines.windows import compile_view, empty_values, reference_values, to_vectors
+from headwater.registry.expr import from_json
+from headwater.registry.expr_eval import compile_predicate
+from headwater.registry.plans import TierPlan, read_plan
+from headwater.registry.testing import ScratchRepo
+
+from .test_java_decode import _classpath
+
+ROOT = Path(__file__).resolve().parents[4]
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+ALL_KINDS = """\
+feature_view: rt_all
+entity: user
+source: events
+tier: realtime
+freshness_sla: PT10S
+compute_cost: 20
+owner: feed-ranking
+description: every aggregation kind
+features:
+  - {name: clicks_10s, agg: count, where: "event_type = 'click'", window: 10s}
+  - {name: dwell_count_20s, agg: count, field: dwell_ms, window: 20s}
+  - {name: price_sum_20s, agg: sum, field: price, window: 20s}
+  - {name: dwell_avg_20s, agg: avg, field: dwell_ms, where: "event_type = 'dwell'", window: 20s}
+  - {name: position_min_20s, agg: min, field: position, window: 20s}
+  - {name: position_max_20s, agg: max, field: position, window: 20s}
+  - {name: last_item_20s, agg: last, field: item_id, window: 20s}
+  - {name: last_position_10s, agg: last, field: position, window: 10s}
+  - {name: sessions_20s, agg: distinct_count, field: session_id, window: 20s}
+  - {name: top_categories_20s, agg: top_k, field: category, k: 2, window: 20s}
+  - name: ctr_20s
+    agg: ratio
+    window: 20s
+    numerator: {agg: count, where: "event_type = 'click'"}
+    denominator: {agg: count, where: "event_type = 'impression'"}
+"""
+
+ITEMS = """\
+feature_view: rt_items
+entity: item
+source: events
+tier: realtime
+freshness_sla: PT10S
+compute_cost: 5
+owner: feed-ranking
+description: item counts with a 5 s slide
+features:
+  - {name: item_clicks_20s, agg: count, where: "event_type = 'click'", window: 20s, slide: 5s}
+  - name: item_buyers_20s
+    agg: distinct_count
+    field: user_id
+    where: "event_type = 'purchase'"
+    window: 20s
+    slide: 5s
+"""
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> TierPlan:
+    base = tmp_path_factory.mktemp("agg_plan")
+    repo = ScratchRepo(base / "features", template=ROOT / "features")
+    repo.write("rt_all.yaml", ALL_KINDS)
+    repo.write("rt_items.yaml", ITEMS)
+    exe = str(Path(sys.executable).parent / "headwater")
+    cmd = [exe, "apply", str(repo.root), "--state-dir", str(base / "state"), "--no-feast"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return read_plan(base / "state", "realtime")
+
+
+@pytest.fixture(scope="module")
+def program(plan: TierPlan) -> RealtimeProgram:
+    return compile_program(plan, check_plan(plan), StoreTarget("redis://127.0.0.1:6379/0"))
+
+
+def rows(program: RealtimeProgram, events: list[dict[str, Any]]) -> list[list[Any]]:
+    """The operator's input rows: the program's columns, hits evaluated from the plan's filters."""
+    hits = [compile_predicate(from_json(w.ast)) for w in program.hit_filters]
+    fields = [c.name for c in program.columns[: len(program.columns) - len(hits)]]
+    return [[e.get(n) for n in fields] + [bool(h(e)) for h in hits] for e in events]
+
+
+def run_check(program: RealtimeProgram, lines: list[Any]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    java = shutil.which("java")
+    if java is None:
+        pytest.skip("no `java` on PATH")
+    try:
+        jvm.jars("flink-udfs")
+    except jvm.MissingJarsError as exc:
+        pytest.skip(f"the JVM operators are not built here: {exc}")
+    text = program.text + "\n" + "".join(json.dumps(x) + "\n" for x in lines)
+    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.realtime.AggregateCheck"]
+    done = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(line) for line in done.stdout.splitlines()]
+    return out[:-1], out[-1]["outcomes"]
+
+
+def stored(updates: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """What the store keeps per (view, entity): the newest event time; an equal one is rewritten."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for u in updates:
+        key = (u["view"], u["entity"])
+        if key not in out or u["event_time"] >= out[key]["event_time"]:
+            out[key] = u
+    return out
+
+
+class Ids:
+    """A dictionary shared by both sides of the comparison: ids in order of first use."""
+
+    def __init__(self) -> None:
+        self.table: dict[tuple[str, str], int] = {}
+
+    def ids(self, field: str, values: Any) -> list[int]:
+        return [self.table.setdefault((field, str(v)), len(self.table) + 1) for v in values]
+
+
+def java_vector(program: RealtimeProgram, u: dict[str, Any], ids: Ids) -> np.ndarray:
+    view = next(v for g in program.data["groups"] for v in g["views"] if v["name"] == u["view"])
+    slots = np.array([float(s) for s in u["slots"]], dtype=np.float32)
+    offset = 0
+    for f in view["features"]:
+        width = 2 * f["k"] if f["agg"] == "top_k" else 1
+        for i in range(width):
+            text = u["dict"][offset + i]
+            if f["dict_field"] and text is not None:
+                slots[offset + i] = ids.ids(f["dict_field"], [text])[0]
+        offset += width
+    return slots
+
+
+def expected(
+    plan: TierPlan, view_name: str, events: list[dict[str, Any]], b_ms: int, ids: Ids
+) -> dict[str, Any]:
+    """Per entity: the reference vector at ``b_ms`` and the boundary where it last changed.
+
+    The walk back stops at the entity's first boundary: the operator writes an entity's first value
+    when the first slice of its group (any view with its join key and slide) enters, even unchanged.
+    """
+    view = next(v for v in plan.views if v.name == view_name)
+    spec = compile_view(view)
+    slide = round(view.features[0].slide_s * 1000)
+    group = [compile_view(v) for v in plan.views
+             if v.join_key == view.join_key and round(v.features[0].slide_s * 1000) == slide]  # fmt: skip
+    first: dict[str, int] = {}
+    for e in events:
+        key = e.get(view.join_key)
+        if key is not None and any(f.predicate(e) for g in group for f in g.features):
+            first[str(key)] = min(first.get(str(key), e["event_time"]), e["event_time"])
+    empty = empty_values(spec)
+
+    def vectors(b: int) -> dict[str, np.ndarray]:
+        ref = reference_values(spec, events, b)
+        rows_ = [[ref.get(x, empty)[f.name] for f in spec.features] for x in sorted(first)]
+        return dict(zip(sorted(first), to_vectors(spec, rows_, ids.ids), strict=True))
+
+    history: dict[int, dict[str, np.ndarray]] = {}
+    out = {}
+    for entity in sorted(first):
+        lowest = first[entity] // slide * slide + slide
+        b = b_ms
+        vec = history.setdefault(b, vectors(b))[entity]
+        while b - slide >= lowest:
+            before = history.setdefault(b - slide, vectors(b - slide))[entity]
+            if not np.allclose(before, vec, rtol=1e-6, equal_nan=True):
+                break
+            b -= slide
+        out[entity] = (vec, b)
+    return out
+
+
+def slot(program: RealtimeProgram, view: str, feature: str, i: int = 0) -> int:
+    """Index of slot ``i`` of ``feature`` in ``view``'s vector."""
+    offset = 0
+    for f in next(v for g in program.data["groups"] for v in g["views"] if v["name"] == view)["features"]:
+        if f["name"] == feature:
+            return offset + i
+        offset += 2 * f["k"] if f["agg"] == "top_k" else 1
+    raise KeyError(feature)
+
+
+def event(i: int, user: str, kind: str, t_ms: int, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "event_id": f"e{i}", "user_id": user, "item_id": None if kind == "search" else f"i{i % 3}",
+        "event_type": kind, "event_time": T0 + t_ms, "session_id": f"s-{user}-{i % 2}", "category": None,
+        "price": None, "dwell_ms": None, "query": "q" if kind == "search" else None, "position": None,
+        "device": "web",
+    }  # fmt: skip
+    base.update(fields)
+    return base
+
+
+def random_stream(seed: int, n: int, disorder_ms: int) -> list[dict[str, Any]]:
+    """``n`` events over about a minute, in arrival order: shuffled by up to ``disorder_ms``, some twice."""
+    rnd = random.Random(seed)
+    kinds = ["impression", "click", "dwell", "purchase", "search"]
+    events = []
+    for i in range(n):
+        kind = rnd.choice(kinds)
+        t = rnd.randrange(0, 60_000)
+        item = None if kind == "search" else f"i{rnd.randrange(5)}"
+        e = event(i, f"u{rnd.randrange(4)}", kind, t, item_id=item,
+                  category=rnd.choice([None, "c1", "c2", "c3"]), position=rnd.choice([None, 1, 2, 3, 7]),
+                  price=rnd.choice([None, 1.25, 9.5, 20.0]) if kind in ("purchase", "impression") else None,
+                  dwell_ms=rnd.randrange(100, 5000) if kind == "dwell" else None)  # fmt: skip
+        events.append(e)
+    arrival = sorted(events, key=lambda e: e["event_time"] + rnd.randrange(0, disorder_ms + 1))
+    for e in rnd.sample(arrival, n // 20):  # duplicates: the same event again, a little later
+        arrival.insert(min(len(arrival), arrival.index(e) + rnd.randrange(1, 30)), dict(e))
+    return arrival
+
+
+def compare(plan: TierPlan, program: RealtimeProgram, events: list[dict[str, Any]], end_ms: int,
+            exact_times: bool) -> int:  # fmt: skip
+    """Run the check with the clock moved to ``end_ms`` at the end; return the number of values compared."""
+    updates, _ = run_check(program, [*rows(program, events), {"clock": end_ms}])
+    got = stored(updates)
+    ids = Ids()
+    n = 0
+    for view in plan.views:
+        b = (end_ms // round(view.features[0].slide_s * 1000)) * round(view.features[0].slide_s * 1000)
+        for entity, (vec, changed) in expected(plan, view.name, events, b, ids).items():
+            u = got.get((view.name, entity))
+            if u is None:  # no event of the entity was kept by any feature: nothing written
+                assert np.isnan(vec).sum() + (vec == 0).sum() == len(vec), (view.name, entity)
+                continue
+            np.testing.assert_allclose(java_vector(program, u, ids), vec, rtol=1e-6, equal_nan=True,
+                                       err_msg=f"{view.name} {entity}")  # fmt: skip
+            if exact_times:
+                assert u["event_time"] == changed, (view.name, entity, u["event_time"] - T0, changed - T0)
+            else:  # a revision may date a value later than its last change, never earlier
+                assert changed <= u["event_time"] <= b, (view.name, entity)
+            n += 1
+    return n
+
+
+def test_in_order_stream_matches_the_reference_values_and_change_times(
+    plan: TierPlan, program: RealtimeProgram
+) -> None:
+    events = sorted(random_stream(1, 400, 0), key=lambda e: e["event_time"])
+    assert compare(plan, program, events, T0 + 63_500, exact_times=True) == 9  # 4 users, 5 items
+
+
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_out_of_order_stream_with_duplicates_matches_the_reference(
+    plan: TierPlan, program: RealtimeProgram, seed: int
+) -> None:
+    events = random_stream(seed, 500, 4_000)
+    assert compare(plan, program, events, T0 + 61_000, exact_times=False) == 9
+
+
+def test_values_close_to_empty_when_every_event_has_left_the_windows(
+    plan: TierPlan, program: RealtimeProgram
+) -> None:
+    events = [
+        event(1, "u1", "click", 500, position=2, category="c1"),
+        event(2, "u1", "dwell", 700, dwell_ms=40),
+    ]
+    clocks = [{"clock": T0 + t} for t in (1_500, 11_500, 21_500, 40_000)]
+    updates, _ = run_check(program, [*rows(program, events), *clocks])
+    rt_all = [u for u in updates if u["view"] == "rt_all"]
+    # first value at 1 s (its slice enters), then changes when the 10 s and 20 s windows drop it
+    assert [u["event_time"] - T0 for u in rt_all] == [1_000, 11_000, 21_000]
+    last = np.array([float(s) for s in rt_all[-1]["slots"]], dtype=np.float32)
+    zero = ["clicks_10s", "dwell_count_20s", "price_sum_20s", "sessions_20s"]
+    assert [last[slot(program, "rt_all", f)] for f in zero] == [0.0] * 4
+    assert last[slot(program, "rt_all", "top_categories_20s", 2)] == 0.0  # the first share
+    assert math.isnan(last[slot(program, "rt_all", "dwell_avg_20s")])  # the mean of nothing
+
+
+def test_duplicates_count_once_and_outside_events_are_counted(
+    plan: TierPlan, program: RealtimeProgram
+) -> None:
+    events = [
+        event(1, "u1", "click", 30_000, position=1),
+        event(1, "u1", "click", 30_000, position=1),  # the same event again
+        event(3, "u1", "dwell", 55_000, dwell_ms=10),  # keeps u1's state alive at the clock (60 s)
+        event(2, "u1", "click", 1_000, position=1),  # older than u1's longest window at the clock
+    ]
+    lines: list[Any] = [*rows(program, events[:2]), {"clock": T0 + 31_000}, *rows(program, events[2:3]),
+                        {"clock": T0 + 60_000}, *rows(program, events[3:])]  # fmt: skip
+    updates, outcomes = run_check(program, lines)
+    assert outcomes["DUPLICATE"] == 2  # once per group: the user's and the item's
+    assert outcomes["OUTSIDE"] == 1  # the user group (20 s windows at 60 s); its item is new, it counts
+    first = next(u for u in updates if u["view"] == "rt_all")
+    assert first["event_time"] == T0 + 31_000
+    assert float(first["slots"][slot(program, "rt_all", "clicks_10s")]) == 1.0  # one click, not two
+
+
+def test_last_breaks_time_ties_by_event_id_and_top_k_ties_by_value(
+    plan: TierPlan, program: RealtimeProgram
+) -> None:
+    events = [
+        event(1, "u1", "click", 2_000, item_id="iA", category="c2"),
+        event(2, "u1", "click", 2_000, item_id="iB", category="c1"),  # same time, greater id: its item wins
+    ]
+    updates, _ = run_check(program, [*rows(program, events), {"clock": T0 + 3_000}])
+    u = [x for x in updates if x["view"] == "rt_all"][-1]
+    assert u["dict"][slot(program, "rt_all", "last_item_20s")] == "iB"
+    assert (
+        u["dict"][slot(program, "rt_all", "top_categories_20s", 0)] == "c1"
+    )  # 1 each: the smaller value first
+    assert u["dict"][slot(program, "rt_all", "top_categories_20s", 1)] == "c2"
