@@ -5,11 +5,14 @@ Every SLA check, window check, cheaper-tier suggestion and cost estimate reads t
 The per-event CPU costs and pane costs below are PLACEHOLDER CONSTANTS, to be calibrated from
 the tiers' benchmarks under ``bench/`` (``bench/results/*.json``): measure CPU-seconds per
 event for one view with one count aggregation on each tier, and replace ``cpu_us_per_event``.
-The freshness floors: realtime 10 s (the seed said 5 s, but a value for boundary B is published
-only once the watermark, max event time - the source's 5 s out-of-orderness, passes B; add a 1 s
-slide and the job's own delay, measured by bench/bench_realtime.py at 5.8-6.2 s p50/p99 write - B
-for 1k events/s, and the read-time age of a value reaches about 8 s); nearline 3 min and offline
-24 h as in the seed (bench/bench_nearline.py measures nearline well inside its floor).
+The freshness floors: realtime 5 s. The realtime job publishes boundary B as soon as its clock
+(the newest event time it has seen) passes B and revises it when an out-of-order event arrives, so
+the read-time age of a value is at most one slide plus the job's delay: bench/bench_realtime.py
+measured write - B p50/p99 56/157 ms at 10k events/s and 59/563 ms at 20k events/s (2 min each, 1 s
+slides: event to write p99 1.1 s and 1.3 s); 5 s leaves room for load and GC pauses. (Until the
+JVM operator, values waited for the watermark, 5 s of out-of-orderness, and the floor was 10 s.)
+Nearline 3 min and offline 24 h as in the seed (bench/bench_nearline.py measures nearline well
+inside its floor).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ TIERS: dict[str, Tier] = {
     "realtime": Tier(
         name="realtime",
         cheapness=2,
-        freshness_floor_s=10,
+        freshness_floor_s=5,
         max_window_s=1 * HOUR,
         default_slide_s=1,
         cpu_us_per_event=20.0,

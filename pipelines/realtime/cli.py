@@ -66,6 +66,12 @@ DEFAULT_STATE = Path(os.environ.get("HEADWATER_STATE_DIR", ".headwater"))
     show_default=True,
     help="Avro decode in the JVM (infra/maven/flink-udfs, built by `make setup`) or in Python.",
 )
+@click.option(
+    "--jvm-heap",
+    default="2g",
+    show_default=True,
+    help="Heap of the local mini-cluster's JVM (-Xmx); JVM_ARGS in the environment wins.",
+)
 @click.option("--explain", "explain_only", is_flag=True, help="Print the Flink plan and exit.")
 def realtime(
     state_dir: Path,
@@ -81,6 +87,7 @@ def realtime(
     from_latest: bool,
     no_restore: bool,
     decode: str,
+    jvm_heap: str,
     explain_only: bool,
 ) -> None:
     """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis).
@@ -115,6 +122,7 @@ def realtime(
         checkpoint_interval_s=checkpoint_interval_s,
         jobmanager=jobmanager,
         restore=not no_restore,
+        jvm_heap=jvm_heap,
     )
     try:
         if explain_only:

@@ -22,6 +22,7 @@ release that compiled different SQL may not restore; start with ``--no-restore``
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,9 @@ class RunOptions:
     """Longest time a Python function (the ``--decode python`` UDF) buffers rows before processing them."""
     flush_ms: int = 100
     """Longest time the online-store sink buffers values before writing them."""
+    jvm_heap: str = "2g"
+    """Heap of the local mini-cluster's JVM (``-Xmx``; ``JVM_ARGS`` set by the caller wins). Without
+    a cap the JVM grows towards a quarter of the machine's memory under a high allocation rate."""
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -102,6 +106,7 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
         "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars()),
         # records are not kept across calls by any operator of the job, so no defensive copies
         "pipeline.object-reuse": "true",
+        "headwater.jvm-heap": run.jvm_heap,
     }
     if run.restore:
         chk = latest_checkpoint(folder)
@@ -127,6 +132,9 @@ def table_environment(conf: dict[str, str]) -> tuple[StreamExecutionEnvironment,
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
     from pyflink.util.java_utils import add_jars_to_context_class_loader
 
+    heap = conf.pop("headwater.jvm-heap", None)
+    if heap:  # read when PyFlink starts its gateway JVM (the first Java object), host of the mini-cluster
+        os.environ.setdefault("JVM_ARGS", f"-Xmx{heap} -XX:+UseG1GC")
     config = Configuration()
     for key, value in conf.items():
         config.set_string(key, value)

@@ -217,7 +217,7 @@ def _dlq_ddl(options: JobOptions) -> str:
 def late_condition(src: PlanSource) -> str:
     """Return SQL that is TRUE for an event behind the watermark by more than the allowed lateness."""
     lateness = interval(_ms(src.allowed_lateness_s or 0))
-    return f"rt <= CURRENT_WATERMARK(rt) - {lateness}"
+    return f"rt < CURRENT_WATERMARK(rt) - {lateness}"
 
 
 def _routed_view(src: PlanSource, program: RealtimeProgram) -> str:

@@ -31,7 +31,7 @@ def test_features_list_and_describe(example: Path) -> None:
     assert listed.exit_code == 0, listed.output
     rows = listed.output.splitlines()
     assert rows[0].split()[0] == "view"
-    assert any(r.split()[:3] == ["user_session_realtime", "realtime", "10s"] for r in rows)
+    assert any(r.split()[:3] == ["user_session_realtime", "realtime", "5s"] for r in rows)
     described = CliRunner().invoke(features, ["describe", "user_session_realtime", str(example)])
     assert described.exit_code == 0, described.output
     assert "- ctr_5m: ratio over 5m (slide 1s) -> float64" in described.output

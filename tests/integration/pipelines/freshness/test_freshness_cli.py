@@ -54,7 +54,7 @@ def test_json_reports_every_plan_view_and_exits_0_when_within_sla(
     views = {v["view"]: v for v in data["views"]}
     assert set(views) == {s.view for s in plan_views(state_dir)}
     rt = views["user_session_realtime"]
-    assert (rt["tier"], rt["sla_s"], rt["verdict"]) == ("realtime", 10.0, "ok")
+    assert (rt["tier"], rt["sla_s"], rt["verdict"]) == ("realtime", 5.0, "ok")
     assert rt["lag_window"] == {"p50": 2.0, "p99": 3.0}
     assert rt["rows_window"] == 4
     assert views["user_search_nearline"]["lag_window"] == {"p50": 60.0, "p99": 90.0}
@@ -107,7 +107,7 @@ def test_collector_histogram_is_cumulative_across_scrapes(
     assert value("headwater_pipeline_lag_seconds_bucket", le="0.25") == 1
     assert value("headwater_pipeline_lag_seconds_bucket", le="5.0") == 3
     assert value("headwater_pipeline_lag_seconds_sum") == pytest.approx(6.2)
-    assert value("headwater_freshness_sla_seconds") == 10.0
+    assert value("headwater_freshness_sla_seconds") == 5.0
     assert value("headwater_pipeline_lag_window_seconds", quantile="0.99") == 3.0
     publish(store, REALTIME, [10.0], now - 1000, first=100)
     assert value("headwater_pipeline_lag_seconds_count") == 4

@@ -104,7 +104,7 @@ def test_plan_views_reads_every_tier_with_its_sla(tmp_path: Path) -> None:
         plan_path(tmp_path, tier).parent.mkdir(parents=True, exist_ok=True)
         plan_path(tmp_path, tier).write_text(plan.model_dump_json())
     specs = {s.view: s for s in plan_views(tmp_path)}
-    assert specs["user_session_realtime"] == ViewSpec("user_session_realtime", "realtime", 10.0)
+    assert specs["user_session_realtime"] == ViewSpec("user_session_realtime", "realtime", 5.0)
     assert specs["user_search_nearline"] == ViewSpec("user_search_nearline", "nearline", 300.0)
     assert specs["item_popularity_offline"].sla_s == 86400.0
     assert len(specs) == len(result.views)

@@ -137,7 +137,7 @@ def test_decode_batch_keeps_bad_records_with_a_reason() -> None:
 def test_late_means_behind_the_watermark_by_more_than_the_allowed_lateness(plan: TierPlan) -> None:
     job = compile_job(plan, JobOptions(kafka_bootstrap="k:9092", dlq_topic="dlq"), program_of(plan))
     routed = job.ddl[-1]
-    assert f"CASE WHEN rt <= CURRENT_WATERMARK(rt) - {interval(60_000)} THEN 'late' END" in routed
+    assert f"CASE WHEN rt < CURRENT_WATERMARK(rt) - {interval(60_000)} THEN 'late' END" in routed
     assert "by more than the allowed lateness (60 s)" in routed
     assert job.inserts == [
         "INSERT INTO hw_dlq SELECT `k`, `value`, "
