@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from headwater.pipelines.settings import Settings
+from headwater.pipelines.store.testing import OwnRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
@@ -68,3 +69,12 @@ def _with(guard: Iterator[None], value: str) -> Iterator[str]:
     next(guard)
     yield value
     next(guard, None)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A private redis-server (started) that the test may stop and restart; stopped at the end."""
+    server = OwnRedis(tmp_path)
+    server.start()  # raises OwnRedisError (the test errors) when redis-server is missing or mute
+    yield server
+    server.stop()

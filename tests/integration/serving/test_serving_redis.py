@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ import pytest
 import redis
 import torch
 
+from headwater.pipelines.store.testing import OwnRedis
 from headwater.serving.app import create_app
 from headwater.serving.config import BatcherConfig, ServingConfig
 from headwater.serving.registry import BoundRegistry, registry_from_repo
@@ -192,42 +191,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not on PATH: install it (apt-get install redis-server) to run this test")
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            if client.ping():
-                return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"own redis-server on port {port} did not answer PING within 5 s")
-
-
-def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: World, tmp_path: Path) -> None:
-    port = _free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    proc = _start_redis(port, tmp_path)
+def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: World, own_redis: OwnRedis) -> None:
+    url = own_redis.url
     config = CONFIG.model_copy(update={"item_cache_ttl_s": 0.0})
     reader = OnlineStoreReader.from_url(url, timeout_s=0.3)
     write_demo(reader, config, rows)
@@ -235,7 +200,6 @@ def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: World, tmp_
     seen: list[tuple[int, str | None]] = []
 
     async def main() -> None:
-        nonlocal proc
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -246,11 +210,10 @@ def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: World, tmp_
 
                 for _ in range(3):
                     await ask()
-                proc.terminate()
-                proc.wait(10)
+                own_redis.stop()
                 for _ in range(5):
                     await ask()
-                proc = _start_redis(port, tmp_path)
+                own_redis.start()
                 await asyncio.to_thread(write_demo, reader, config, rows)
                 for _ in range(3):
                     await ask()
@@ -258,8 +221,6 @@ def test_redis_stopped_and_restarted_mid_test(model_dir: Path, rows: World, tmp_
     try:
         asyncio.run(main())
     finally:
-        proc.terminate()
-        proc.wait(10)
         reader.close()
     assert [code for code, _ in seen] == [200] * 11
     assert [fb for _, fb in seen[:3]] == [None] * 3

@@ -162,7 +162,15 @@ class Feed:
 class JobProcess:
     """``headwater run realtime`` in its own process group, so kill -9 takes the JVM with it."""
 
-    def __init__(self, state: Path, names: Names, checkpoints: Path, log: Path) -> None:
+    def __init__(
+        self,
+        state: Path,
+        names: Names,
+        checkpoints: Path,
+        log: Path,
+        redis_url: str | None = None,
+        flink_log_dir: Path | None = None,
+    ) -> None:
         cmd = [
             sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
             "--checkpoint-dir", str(checkpoints), "--topic", names.topic, "--dlq-topic", names.dlq,
@@ -170,8 +178,13 @@ class JobProcess:
             "--checkpoint-interval", "2", "--parallelism", "1",
         ]  # fmt: skip
         self.log = log.open("ab")
+        env = dict(os.environ)
+        if redis_url:
+            env["HEADWATER_REDIS_URL"] = redis_url
+        if flink_log_dir:  # the mini-cluster's own log (operators, sink), else pyflink/log/ in the venv
+            env["FLINK_LOG_DIR"] = str(flink_log_dir)
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
 
     def kill(self) -> None:
