@@ -78,6 +78,10 @@ class GeneratorConfig:
     out_of_order_max_ms: int = 5_000
     duplicate_share: float = 0.01
     malformed_share: float = 0.005
+    even_gaps: bool = False
+    """Space emissions by exactly 1 / rate (the diurnal curve still bends the rate) instead of
+    exponential gaps: a backfill of N events then ends where :func:`base_rate_for` says, instead of
+    about 1/sqrt(N) of its span early or late (into the future)."""
 
     def __post_init__(self) -> None:
         """Reject values outside their domain, naming the field, the range and the value."""
@@ -100,6 +104,29 @@ class GeneratorConfig:
     def field_names(cls) -> tuple[str, ...]:
         """Names of the settings (for CLIs and error messages)."""
         return tuple(f.name for f in fields(cls))
+
+
+def base_rate_for(config: GeneratorConfig, events: int, start_ms: int, end_ms: int) -> float:
+    """Return the ``rate`` at which ``events`` emissions of the diurnal curve fill ``[start_ms, end_ms]``.
+
+    The curve is ``rate * (1 + A cos(2 pi (hour - peak) / 24))``; its integral over the span is
+    ``rate * (span + A * 86400 / (2 pi) * (sin(phase_end) - sin(phase_start)))`` seconds.
+    """
+    span_s = (end_ms - start_ms) / 1000.0
+    if span_s <= 0 or events < 1:
+        msg = f"base_rate_for: needs a positive span and events >= 1; got {span_s} s and {events}"
+        raise ValueError(msg)
+
+    def phase(ms: int) -> float:
+        return 2.0 * math.pi * ((ms / 3_600_000.0) % 24.0 - config.diurnal_peak_hour) / 24.0
+
+    bend = (
+        config.diurnal_amplitude
+        * 86_400.0
+        / (2.0 * math.pi)
+        * (math.sin(phase(end_ms)) - math.sin(phase(start_ms)))
+    )
+    return events / (span_s + bend)
 
 
 def _check(name: str, value: float, low: float, high: float) -> None:
@@ -221,7 +248,8 @@ class EventGenerator(Iterator[Emission]):
     def _advance_clock(self) -> int:
         rate = self.rate_at(self._clock_ms)
         self._target_sessions = self._sessions_for(rate)
-        self._clock_ms += self._rng.expovariate(rate) * 1000.0
+        gap_s = 1.0 / rate if self.config.even_gaps else self._rng.expovariate(rate)
+        self._clock_ms += gap_s * 1000.0
         return int(self._clock_ms)
 
     def _next_event(self, now: int) -> BehaviorEvent:

@@ -9,7 +9,8 @@ the event it repeats. So event time matches the ``produce-ts`` header even when 
 cannot keep up with ``rate``.
 
 History mode (``history_s``) is for backfills and demos of the offline tier: the simulated clock
-starts ``history_s`` before now and spreads ``max_events`` evenly over that span; events are
+starts ``history_s`` before now and spreads ``max_events`` evenly over that span (even gaps along
+the diurnal curve, so the last event is just before now, never after); events are
 sent as fast as possible and keep their simulated (past) event times, so the last one is near
 the wall clock and a streaming tier that reads them afterwards sees an ordinary ordered stream.
 """
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from headwater.pipelines.events.codec import HEADER_PRODUCE_TS, EventCodec
-from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig, base_rate_for
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -164,12 +165,16 @@ def produce(
     flushed but not closed.
     """
     now_ms = time.time_ns() // 1_000_000
-    sim_rate = settings.rate if settings.rate > 0 else MAX_MODE_SIM_RATE
-    start_ms = now_ms
+    config = config or GeneratorConfig()
     if settings.history_s is not None and settings.max_events:
-        sim_rate = settings.max_events / settings.history_s
+        # evenly spaced, at the base rate whose diurnal curve fits one event more than the budget into
+        # the span: the last event lands about one gap before now, never in the future
         start_ms = now_ms - int(settings.history_s * 1000)
-    config = replace(config or GeneratorConfig(), start_ms=start_ms, rate=sim_rate)
+        sim_rate = base_rate_for(config, settings.max_events + 1, start_ms, now_ms)
+        config = replace(config, start_ms=start_ms, rate=sim_rate, even_gaps=True)
+    else:
+        sim_rate = settings.rate if settings.rate > 0 else MAX_MODE_SIM_RATE
+        config = replace(config, start_ms=now_ms, rate=sim_rate)
     codec = EventCodec()
     generator = EventGenerator(config, codec)
     own = producer is None

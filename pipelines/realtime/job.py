@@ -1,11 +1,17 @@
-"""Build and submit the realtime Flink job: configuration, checkpoints, restore, statement set.
+"""Build and submit the realtime Flink job: configuration, checkpoints, restore, the two halves.
+
+The job is built in one stream environment: the SQL half (:mod:`.sql`: Kafka source, decode,
+dead-letter routing) as statements of the table environment, then the JVM half attached to the
+routed table through the gateway (``RealtimeGraph.attach``: a keyed window operator and a Redis
+sink per group of :mod:`.program`), then the dead-letter insert, and one ``execute_async``.
 
 Checkpoints (operator state and Kafka offsets) go to ``<checkpoint_dir>/<version>/<job id>/chk-N``,
 one folder per registry version, since a job compiled from other definitions cannot restore
 another's state. On start the newest complete checkpoint of the version (one with a
 ``_metadata`` file) is restored, so a job killed with ``kill -9`` goes on where its last
-checkpoint was; writes between that checkpoint and the kill are replayed and rewrite the same
-bytes (the store keys each value by its window boundary), so the result equals a clean run
+checkpoint was; the sink flushes before every checkpoint barrier, and writes between that
+checkpoint and the kill are replayed and rewrite the same bytes (the store keeps the newer event
+time, and an equal value is a no-op), so the result equals a clean run
 (tests/integration/pipelines/realtime/test_realtime_restore.py kills the job's process group
 with SIGKILL mid-stream and checks this; Flink numbers the restored job's checkpoints after the
 one it loaded).
@@ -16,7 +22,7 @@ Configuration keys are the Flink 2.x names (FLIP-406), checked against the
 ``execution.checkpointing.externalized-checkpoint-retention``,
 ``execution.checkpointing.num-retained`` and ``execution.state-recovery.path`` (was
 ``execution.savepoint.path``). A checkpoint of one registry version taken by a headwater
-release that compiled different SQL may not restore; start with ``--no-restore`` then.
+release that compiled a different job may not restore; start with ``--no-restore`` then.
 """
 
 from __future__ import annotations
