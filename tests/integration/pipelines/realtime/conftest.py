@@ -20,6 +20,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
 from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.realtime.testing import ALL_KINDS_VIEW, ITEM_VIEW
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import (
     RedisDictionary,
@@ -34,44 +35,6 @@ from headwater.registry.testing import ScratchRepo
 
 ROOT = Path(__file__).resolve().parents[4]
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a multiple of every slide
-
-ALL_KINDS_VIEW = """\
-feature_view: rt_all
-entity: user
-source: events
-tier: realtime
-freshness_sla: PT10S
-compute_cost: 20
-owner: feed-ranking
-description: every aggregation kind, for the realtime tier's tests
-features:
-  - {name: clicks_10s, agg: count, where: "event_type = 'click'", window: 10s}
-  - {name: price_sum_20s, agg: sum, field: price, window: 20s}
-  - {name: dwell_avg_20s, agg: avg, field: dwell_ms, where: "event_type = 'dwell'", window: 20s}
-  - {name: position_min_20s, agg: min, field: position, window: 20s}
-  - {name: position_max_20s, agg: max, field: position, window: 20s}
-  - {name: last_item_20s, agg: last, field: item_id, window: 20s}
-  - {name: sessions_20s, agg: distinct_count, field: session_id, window: 20s}
-  - {name: top_categories_20s, agg: top_k, field: category, k: 2, window: 20s}
-  - name: ctr_20s
-    agg: ratio
-    window: 20s
-    numerator: {agg: count, where: "event_type = 'click'"}
-    denominator: {agg: count, where: "event_type = 'impression'"}
-"""
-
-ITEM_VIEW = """\
-feature_view: rt_items
-entity: item
-source: events
-tier: realtime
-freshness_sla: PT10S
-compute_cost: 5
-owner: feed-ranking
-description: item counts with a 5 s slide
-features:
-  - {name: item_clicks_20s, agg: count, where: "event_type = 'click'", window: 20s, slide: 5s}
-"""
 
 
 @pytest.fixture(scope="module")

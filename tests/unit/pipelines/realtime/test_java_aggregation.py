@@ -25,6 +25,7 @@ import pytest
 from headwater.pipelines import jvm
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import check_plan
+from headwater.pipelines.realtime.testing import ALL_KINDS_VIEW, ITEM_VIEW
 from headwater.pipelines.windows import compile_view, empty_values, reference_values, to_vectors
 from headwater.registry.expr import from_json
 from headwater.registry.expr_eval import compile_predicate
@@ -36,59 +37,13 @@ from .test_java_decode import _classpath
 ROOT = Path(__file__).resolve().parents[4]
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
-ALL_KINDS = """\
-feature_view: rt_all
-entity: user
-source: events
-tier: realtime
-freshness_sla: PT10S
-compute_cost: 20
-owner: feed-ranking
-description: every aggregation kind
-features:
-  - {name: clicks_10s, agg: count, where: "event_type = 'click'", window: 10s}
-  - {name: dwell_count_20s, agg: count, field: dwell_ms, window: 20s}
-  - {name: price_sum_20s, agg: sum, field: price, window: 20s}
-  - {name: dwell_avg_20s, agg: avg, field: dwell_ms, where: "event_type = 'dwell'", window: 20s}
-  - {name: position_min_20s, agg: min, field: position, window: 20s}
-  - {name: position_max_20s, agg: max, field: position, window: 20s}
-  - {name: last_item_20s, agg: last, field: item_id, window: 20s}
-  - {name: last_position_10s, agg: last, field: position, window: 10s}
-  - {name: sessions_20s, agg: distinct_count, field: session_id, window: 20s}
-  - {name: top_categories_20s, agg: top_k, field: category, k: 2, window: 20s}
-  - name: ctr_20s
-    agg: ratio
-    window: 20s
-    numerator: {agg: count, where: "event_type = 'click'"}
-    denominator: {agg: count, where: "event_type = 'impression'"}
-"""
-
-ITEMS = """\
-feature_view: rt_items
-entity: item
-source: events
-tier: realtime
-freshness_sla: PT10S
-compute_cost: 5
-owner: feed-ranking
-description: item counts with a 5 s slide
-features:
-  - {name: item_clicks_20s, agg: count, where: "event_type = 'click'", window: 20s, slide: 5s}
-  - name: item_buyers_20s
-    agg: distinct_count
-    field: user_id
-    where: "event_type = 'purchase'"
-    window: 20s
-    slide: 5s
-"""
-
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory: pytest.TempPathFactory) -> TierPlan:
     base = tmp_path_factory.mktemp("agg_plan")
     repo = ScratchRepo(base / "features", template=ROOT / "features")
-    repo.write("rt_all.yaml", ALL_KINDS)
-    repo.write("rt_items.yaml", ITEMS)
+    repo.write("rt_all.yaml", ALL_KINDS_VIEW)
+    repo.write("rt_items.yaml", ITEM_VIEW)
     exe = str(Path(sys.executable).parent / "headwater")
     cmd = [exe, "apply", str(repo.root), "--state-dir", str(base / "state"), "--no-feast"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
