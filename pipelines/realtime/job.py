@@ -112,7 +112,6 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
         "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars()),
         # records are not kept across calls by any operator of the job, so no defensive copies
         "pipeline.object-reuse": "true",
-        "headwater.jvm-heap": run.jvm_heap,
     }
     if run.restore:
         chk = latest_checkpoint(folder)
@@ -131,16 +130,21 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
     return conf
 
 
-def table_environment(conf: dict[str, str]) -> tuple[StreamExecutionEnvironment, StreamTableEnvironment]:
-    """Return a stream environment and its table environment with ``conf`` applied."""
+def table_environment(
+    conf: dict[str, str], jvm_heap: str | None = None
+) -> tuple[StreamExecutionEnvironment, StreamTableEnvironment]:
+    """Return a stream environment and its table environment with ``conf`` applied.
+
+    ``jvm_heap`` caps the gateway JVM (the local mini-cluster's host) unless ``JVM_ARGS`` is set; it
+    takes effect only if this call starts that JVM.
+    """
     from pyflink.common import Configuration
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
     from pyflink.util.java_utils import add_jars_to_context_class_loader
 
-    heap = conf.pop("headwater.jvm-heap", None)
-    if heap:  # read when PyFlink starts its gateway JVM (the first Java object), host of the mini-cluster
-        os.environ.setdefault("JVM_ARGS", f"-Xmx{heap} -XX:+UseG1GC")
+    if jvm_heap:  # read when PyFlink starts its gateway JVM, at the first Java object below
+        os.environ.setdefault("JVM_ARGS", f"-Xmx{jvm_heap} -XX:+UseG1GC")
     config = Configuration()
     for key, value in conf.items():
         config.set_string(key, value)
@@ -162,7 +166,7 @@ def build(
     src = check_plan(plan)
     program = compile_program(plan, src, StoreTarget(run.redis_url, run.namespace, run.flush_ms))
     compiled = compile_job(plan, options, program)
-    env, t_env = table_environment(configuration(run, plan))
+    env, t_env = table_environment(configuration(run, plan), run.jvm_heap)
     udfs.register(t_env, options.max_future_ms, python_decode=options.decode == "python")
     for statement in compiled.ddl:
         t_env.execute_sql(statement)
