@@ -37,6 +37,8 @@ final class Aggregator {
     final int[][] byWindow;
     private final float[] scratch;
     private final String[] scratchDict;
+    /** Per feature, whether the event being added passes its filter (evaluated once per event). */
+    private final boolean[] hits;
 
     Aggregator(Program.Group group) {
         this.group = group;
@@ -62,6 +64,7 @@ final class Aggregator {
         int dim = group.views.stream().mapToInt(v -> v.dim).max().orElse(0);
         scratch = new float[dim];
         scratchDict = new String[dim];
+        hits = new boolean[aggs.length];
     }
 
     KeyState newState() {
@@ -93,11 +96,9 @@ final class Aggregator {
     Outcome add(KeyState st, Row r, long t, String eventId, Emitter out) {
         // Step 1
         boolean any = false;
-        for (Agg a : aggs) {
-            if (a.hits(r)) {
-                any = true;
-                break;
-            }
+        for (int i = 0; i < aggs.length; i++) {
+            hits[i] = aggs[i].hits(r);
+            any |= hits[i];
         }
         if (!any) {
             return Outcome.NO_FEATURE;
@@ -124,10 +125,10 @@ final class Aggregator {
         boolean entered = s < st.boundary;
         boolean revised = false;
         for (int i = 0; i < aggs.length; i++) {
-            Agg a = aggs[i];
-            if (!a.hits(r)) {
+            if (!hits[i]) {
                 continue;
             }
+            Agg a = aggs[i];
             Object p = slice.partials[i];
             boolean live = entered && s >= st.boundary - group.features.get(i).windowMs;
             if (live && p != null) {
