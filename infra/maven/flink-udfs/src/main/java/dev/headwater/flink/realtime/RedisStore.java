@@ -11,6 +11,7 @@ import java.util.HashMap;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 
 import redis.clients.jedis.Jedis;
 import redis.clients.jedis.Pipeline;
@@ -89,33 +90,34 @@ final class RedisStore implements AutoCloseable {
         return (namespace + ":{" + view + "}:" + entity).getBytes(StandardCharsets.UTF_8);
     }
 
-    /** Dictionary ids of {@code values} of {@code field}, assigning new ones atomically in Redis. */
-    int[] dictionaryIds(String field, List<String> values) {
+    /** Make sure every value of {@code field} in {@code values} has an id (assigned atomically in Redis). */
+    void assignIds(String field, Set<String> values) {
         Map<String, Integer> cache = ids.computeIfAbsent(field, f -> new HashMap<>());
         List<String> missing = new ArrayList<>();
         for (String v : values) {
-            if (!cache.containsKey(v) && !missing.contains(v)) {
+            if (!cache.containsKey(v)) {
                 missing.add(v);
             }
         }
-        if (!missing.isEmpty()) {
-            missing.sort(PyText::compare);
-            String hash = namespace + ":dict:{" + field + "}";
-            List<byte[]> keys = List.of(bytes(hash), bytes(hash + ":next"));
-            List<byte[]> args = new ArrayList<>();
-            for (String v : missing) {
-                args.add(bytes(v));
-            }
-            List<?> got = (List<?>) client().eval(dictScript, keys, args);
-            for (int i = 0; i < missing.size(); i++) {
-                cache.put(missing.get(i), ((Number) got.get(i)).intValue());
-            }
+        if (missing.isEmpty()) {
+            return;
         }
-        int[] out = new int[values.size()];
-        for (int i = 0; i < out.length; i++) {
-            out[i] = cache.get(values.get(i));
+        missing.sort(PyText::compare);
+        String hash = namespace + ":dict:{" + field + "}";
+        List<byte[]> keys = List.of(bytes(hash), bytes(hash + ":next"));
+        List<byte[]> args = new ArrayList<>();
+        for (String v : missing) {
+            args.add(bytes(v));
         }
-        return out;
+        List<?> got = (List<?>) client().eval(dictScript, keys, args);
+        for (int i = 0; i < missing.size(); i++) {
+            cache.put(missing.get(i), ((Number) got.get(i)).intValue());
+        }
+    }
+
+    /** The dictionary id of {@code value}, after {@link #assignIds} was given it. */
+    int id(String field, String value) {
+        return ids.get(field).get(value);
     }
 
     /** Run the write chunks in one pipeline; returns each chunk's status string (write.lua's reply). */

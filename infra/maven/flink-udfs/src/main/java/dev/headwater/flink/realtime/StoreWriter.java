@@ -4,8 +4,10 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 
 import org.apache.flink.api.common.operators.ProcessingTimeService;
 import org.apache.flink.api.connector.sink2.SinkWriter;
@@ -163,26 +165,19 @@ final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.Pro
     }
 
     private void fillDictionaryIds(Program.View view, List<Update> batch) {
-        Map<String, List<String>> wanted = new LinkedHashMap<>();
+        Map<String, Set<String>> wanted = new LinkedHashMap<>();
         for (Update u : batch) {
             for (int i = 0; i < view.dim; i++) {
                 if (view.dictFields[i] != null && u.dict[i] != null) {
-                    wanted.computeIfAbsent(view.dictFields[i], f -> new ArrayList<>()).add(u.dict[i]);
+                    wanted.computeIfAbsent(view.dictFields[i], f -> new LinkedHashSet<>()).add(u.dict[i]);
                 }
             }
         }
-        Map<String, Map<String, Integer>> table = new LinkedHashMap<>();
-        for (Map.Entry<String, List<String>> e : wanted.entrySet()) {
-            int[] got = store.dictionaryIds(e.getKey(), e.getValue());
-            Map<String, Integer> m = table.computeIfAbsent(e.getKey(), f -> new LinkedHashMap<>());
-            for (int i = 0; i < got.length; i++) {
-                m.put(e.getValue().get(i), got[i]);
-            }
-        }
+        wanted.forEach(store::assignIds);
         for (Update u : batch) {
             for (int i = 0; i < view.dim; i++) {
                 if (view.dictFields[i] != null && u.dict[i] != null) {
-                    u.slots[i] = table.get(view.dictFields[i]).get(u.dict[i]);
+                    u.slots[i] = store.id(view.dictFields[i], u.dict[i]);
                 }
             }
         }
