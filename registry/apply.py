@@ -1,7 +1,8 @@
 """``headwater apply``: push a checked repo to Feast and write the tier plans and the snapshot.
 
 Steps (in this order, so a failure leaves the previous apply intact for the pipelines):
-    1. Refuse when ``check`` found errors.
+    1. Refuse when ``check`` found errors, or when a source would drop a schema version that the
+       applied plan lists (events written with it may still be in the topic).
     2. Hash the checked definitions (the registry hash stamped everywhere).
     3. Apply entities, sources and views to the Feast registry (deleting views no longer defined).
     4. Write one plan per tier, each atomically (temp file + rename).
@@ -18,7 +19,7 @@ from pathlib import Path
 from headwater.registry.compiled import CheckResult
 from headwater.registry.feast_compile import apply_to_feast
 from headwater.registry.plan import SNAPSHOT_FILE, snapshot
-from headwater.registry.plans import build_plans, plan_path, registry_hash
+from headwater.registry.plans import PlanSource, build_plans, plan_path, registry_hash
 
 
 class ApplyError(RuntimeError):
@@ -44,6 +45,25 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def dropped_schema_versions(state_dir: Path, sources: list[PlanSource]) -> list[str]:
+    """Schema versions of the applied plan that ``sources`` no longer list, as sentences."""
+    applied = plan_path(state_dir, "offline")
+    if not applied.is_file():
+        return []
+    try:
+        old = json.loads(applied.read_text(encoding="utf-8")).get("sources", [])
+    except (OSError, ValueError):
+        return []
+    new = {s.name: {v.fingerprint for v in s.schemas} for s in sources}
+    out = []
+    for src in old:
+        kept = new.get(src.get("name"))
+        for version in src.get("schemas", []) if kept is not None else []:
+            if version.get("fingerprint") not in kept:
+                out.append(f"source {src['name']!r} would drop schema version {version.get('fingerprint')}")
+    return out
+
+
 def apply_repo(
     result: CheckResult, state_dir: Path, redis_url: str, kafka_bootstrap: str, feast: bool = True
 ) -> ApplyOutcome:
@@ -55,6 +75,12 @@ def apply_repo(
     # Step 1
     if not result.ok:
         msg = f"{len(result.diagnostics.errors)} error(s) found by check; fix them before apply"
+        raise ApplyError(msg)
+    dropped = dropped_schema_versions(state_dir, build_plans(result, "")["offline"].sources)
+    if dropped:
+        msg = "; ".join(dropped) + (
+            ": keep each old .avsc file and list it under the source's `previous_schemas` in sources.yaml"
+        )
         raise ApplyError(msg)
     # Step 2
     reg_hash = registry_hash(result)

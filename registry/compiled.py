@@ -76,11 +76,21 @@ class CompiledView:
 
 
 @dataclass(frozen=True)
+class SourceRule:
+    """A condition every valid event of a source meets (``rules`` in ``sources.yaml``)."""
+
+    text: str
+    expr: Expr
+
+
+@dataclass(frozen=True)
 class CompiledSource:
-    """A source with its event schema loaded."""
+    """A source with its current event schema, every earlier version, and its parsed rules."""
 
     spec: SourceSpec
     schema: EventSchema
+    previous: tuple[EventSchema, ...] = ()
+    rules: tuple[SourceRule, ...] = ()
 
 
 @dataclass

@@ -44,6 +44,16 @@ def compile_predicate(expr: Expr | None) -> Callable[[Event], bool]:
     return lambda event: tri(event) is True
 
 
+def compile_rule(expr: Expr) -> Callable[[Event], bool]:
+    """Turn a source rule into an ``event -> holds`` closure with a SQL CHECK's meaning.
+
+    A rule fails only when it is ``False``; an unknown result (a null compared) holds, as a CHECK
+    constraint does in SQL, so the realtime SQL (``(rule) IS FALSE``) rejects the same events.
+    """
+    check = _compile(expr)
+    return lambda event: check(event) is not False
+
+
 def _compile(expr: Expr) -> Callable[[Event], Tri]:
     if isinstance(expr, Compare):
         return _compare(expr)

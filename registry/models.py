@@ -63,15 +63,33 @@ class EntitiesFile(Spec):
 
 
 class SourceSpec(Spec):
-    """An event stream: a Kafka topic with an Avro schema and its expected rate."""
+    """An event stream: a Kafka topic with an Avro schema, its keys and its event-time rules.
+
+    Every rule the tiers apply to a source's events is declared here and resolved once by the
+    registry into the plan (:class:`~headwater.registry.plans.PlanSource`); no tier keeps a default
+    of its own. Unset values take the defaults of :mod:`headwater.registry.sources`.
+    """
 
     name: Name
     topic: NonEmpty
     schema_path: NonEmpty = Field(alias="schema")
+    previous_schemas: list[NonEmpty] = Field(default_factory=list)
+    """Every schema the topic's events were written with before ``schema``, oldest first, so old
+    events still decode (each must be readable by the current schema: Avro's resolution rules)."""
     event_time: Name
+    key: Name | None = None
+    """The field the topic is keyed (partitioned) by; unset: records are not keyed."""
+    event_id: Name | None = None
+    """The field that identifies an event, so a duplicate delivery counts once; unset: no dedup."""
     expected_rate_per_s: Annotated[float, Field(gt=0)]
     max_out_of_orderness: DurationField | None = None
     allowed_lateness: DurationField | None = None
+    max_future: DurationField | None = None
+    """Events further ahead of the tier's clock are dead-lettered as ``future_dated``."""
+    min_event_time: Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$")] | None = None
+    """Events before this UTC date are invalid (history of any age: set it early enough)."""
+    rules: list[NonEmpty] = Field(default_factory=list)
+    """Conditions every valid event meets (the ``where`` grammar); a failing event is dead-lettered."""
     description: str = ""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)

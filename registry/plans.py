@@ -17,12 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledView, Operand
+from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView, Operand
 from headwater.registry.expr import Expr, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
+from headwater.registry.sources import resolve_timing
 from headwater.registry.tiers import TIER_NAMES, TIERS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class PlanModel(BaseModel):
@@ -83,17 +84,67 @@ class PlanView(PlanModel):
     defined_at: str
 
 
+class PlanSchema(PlanModel):
+    """One version of a source's Avro schema: its fingerprint and its JSON text."""
+
+    fingerprint: str
+    """CRC-64-AVRO of the Parsing Canonical Form: the ``schema-fp`` header of events written with it."""
+    json_text: str
+
+
+class PlanField(PlanModel):
+    """One field of a source's current (reader) schema, as the registry types it."""
+
+    name: str
+    kind: str
+    """string | enum | int | long | float | double | boolean | timestamp."""
+    nullable: bool
+    symbols: list[str] = []
+    time_unit: str = ""
+    """``ms`` or ``us`` for a timestamp."""
+
+
 class PlanSource(PlanModel):
-    """A source: topic, schema and event-time handling."""
+    """A source: its topic, every schema version, keys, rules and event-time limits.
+
+    Everything a tier needs to read the source's events is here, resolved: no tier keeps a field
+    name, a topic or a default of its own (the defaults live in :mod:`headwater.registry.sources`).
+    Times are milliseconds.
+    """
 
     name: str
     topic: str
-    schema_path: str
-    schema_sha256: str
+    schemas: list[PlanSchema]
+    """Every version the topic's events may be written with, oldest first; the last is current."""
+    fields: list[PlanField]
+    """The current schema's fields, in Avro order: what every tier decodes events into."""
     event_time: str
+    key: str | None
+    """The field the topic is keyed by (records of one key stay in order in one partition)."""
+    event_id: str | None
+    """The field that identifies an event for de-duplication; None: events are not de-duplicated."""
     expected_rate_per_s: float
-    max_out_of_orderness_s: float | None
-    allowed_lateness_s: float | None
+    max_out_of_orderness_ms: int
+    allowed_lateness_ms: int
+    max_future_ms: int
+    min_event_time_ms: int
+    max_event_time_ms: int
+    rules: list[PlanWhere]
+    """Conditions every valid event meets; a failing event is dead-lettered as ``invalid_field``."""
+
+    @property
+    def current(self) -> PlanSchema:
+        """The schema events are read into (the newest version)."""
+        return self.schemas[-1]
+
+    @property
+    def event_time_unit(self) -> str:
+        """``ms`` or ``us``: the unit of the event-time field on the wire."""
+        return next(f.time_unit or "ms" for f in self.fields if f.name == self.event_time)
+
+    def field(self, name: str) -> PlanField | None:
+        """The current schema's field ``name``, or None."""
+        return next((f for f in self.fields if f.name == name), None)
 
 
 class TierPlan(PlanModel):
@@ -159,26 +210,35 @@ def plan_view(v: CompiledView) -> PlanView:
     )
 
 
+def plan_source(src: CompiledSource) -> PlanSource:
+    """Build the plan form of a checked source (defaults resolved by :func:`resolve_timing`)."""
+    spec = src.spec
+    timing = resolve_timing(spec)
+    versions = [*src.previous, src.schema]
+    return PlanSource(
+        name=spec.name,
+        topic=spec.topic,
+        schemas=[PlanSchema(fingerprint=s.fingerprint, json_text=s.raw_json) for s in versions],
+        fields=[
+            PlanField(name=f.name, kind=f.kind, nullable=f.nullable, symbols=list(f.symbols), time_unit=f.time_unit)
+            for f in src.schema.fields.values()
+        ],
+        event_time=spec.event_time,
+        key=spec.key,
+        event_id=spec.event_id,
+        expected_rate_per_s=spec.expected_rate_per_s,
+        max_out_of_orderness_ms=timing.max_out_of_orderness_ms,
+        allowed_lateness_ms=timing.allowed_lateness_ms,
+        max_future_ms=timing.max_future_ms,
+        min_event_time_ms=timing.min_event_time_ms,
+        max_event_time_ms=timing.max_event_time_ms,
+        rules=[w for r in src.rules if (w := _where(r.expr, r.text)) is not None],
+    )
+
+
 def plan_sources(result: CheckResult) -> list[PlanSource]:
-    """Build the plan form of every checked source."""
-    out = []
-    for name, src in sorted(result.sources.items()):
-        spec = src.spec
-        out.append(
-            PlanSource(
-                name=name,
-                topic=spec.topic,
-                schema_path=spec.schema_path,
-                schema_sha256=hashlib.sha256(src.schema.raw_json.encode()).hexdigest(),
-                event_time=spec.event_time,
-                expected_rate_per_s=spec.expected_rate_per_s,
-                max_out_of_orderness_s=spec.max_out_of_orderness.seconds
-                if spec.max_out_of_orderness
-                else None,
-                allowed_lateness_s=spec.allowed_lateness.seconds if spec.allowed_lateness else None,
-            )
-        )
-    return out
+    """Build the plan form of every checked source, by name."""
+    return [plan_source(src) for _, src in sorted(result.sources.items())]
 
 
 def registry_hash(result: CheckResult) -> str:

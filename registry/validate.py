@@ -2,7 +2,7 @@
 
 Steps:
     1. Load every file (:mod:`headwater.registry.load`), keeping what validates.
-    2. Load each source's Avro schema and check its event-time field.
+    2. Check each source: its schema versions, keys, rules (:mod:`headwater.registry.sources`).
     3. For each view: unique name, known entity and source, join key in the event schema, SLA
        against the tier table, then each feature (:mod:`headwater.registry.validate_features`).
     4. Estimate each view's cost and compare it with the declared ``compute_cost``.
@@ -16,7 +16,6 @@ import difflib
 from dataclasses import replace
 from pathlib import Path
 
-from headwater.registry.avro import SchemaError, load_event_schema
 from headwater.registry.budget import check_budget, check_declared_cost
 from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView
 from headwater.registry.cost import estimate_view
@@ -24,6 +23,7 @@ from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.durations import format_seconds
 from headwater.registry.load import LoadedRepo, Located, load_repo
 from headwater.registry.models import ViewSpec
+from headwater.registry.sources import check_sources
 from headwater.registry.tiers import TIERS, Tier, cheaper_tier_meeting
 from headwater.registry.validate_features import FeatureContext, check_feature
 
@@ -34,7 +34,7 @@ def check_repo(root: Path) -> CheckResult:
     diags = repo.diagnostics
     result = CheckResult(root=root, diagnostics=diags, view_files=repo.view_files)
     result.entities = {name: loc.spec for name, loc in repo.entities.items()}
-    result.sources = _load_sources(repo, diags)
+    result.sources = check_sources(repo.root, repo.sources, diags)
     result.budget = repo.budget.spec if repo.budget else None
     seen: dict[str, Located[ViewSpec]] = {}
     for view in repo.views:
@@ -61,44 +61,6 @@ def check_repo(root: Path) -> CheckResult:
     if repo.budget is not None:
         check_budget(result.views, repo.budget, diags)
     return result
-
-
-def _load_sources(repo: LoadedRepo, diags: Diagnostics) -> dict[str, CompiledSource]:
-    sources = {}
-    for name, loc in repo.sources.items():
-        try:
-            schema = load_event_schema(repo.root / loc.spec.schema_path)
-        except SchemaError as exc:
-            diags.add(
-                Diagnostic(
-                    code="bad-schema",
-                    message=str(exc),
-                    file=loc.file,
-                    line=loc.line_of("schema"),
-                    expected="a readable Avro record schema, relative to the repo",
-                    found=loc.spec.schema_path,
-                    hint="fix the `schema` path or the .avsc file",
-                )
-            )
-            continue
-        event_time = schema.fields.get(loc.spec.event_time)
-        if event_time is None or event_time.kind not in ("timestamp", "long"):
-            found = event_time.describe() if event_time else "no such field"
-            diags.add(
-                Diagnostic(
-                    code="unknown-field",
-                    message=f"event_time '{loc.spec.event_time}' is not a "
-                    f"timestamp field of {schema.path.name}",
-                    file=loc.file,
-                    line=loc.line_of("event_time"),
-                    expected="a timestamp-millis (long) field",
-                    found=found,
-                    hint=f"use one of: {schema.field_list()}",
-                )
-            )
-            continue
-        sources[name] = CompiledSource(spec=loc.spec, schema=schema)
-    return sources
 
 
 def _unknown(view: Located[ViewSpec], key: str, kind: str, name: str, known: list[str]) -> Diagnostic:

@@ -1,6 +1,7 @@
-"""The behaviour-event stream: Avro schema, codec, a synthetic generator, the producer and tail.
+"""Event streams: the generic codec of any source, the example behaviour events, producer and tail.
 
-Every tier reads events through :mod:`headwater.pipelines.events.codec`: ``EventCodec.decode``
+Every tier reads a source's events through :mod:`headwater.pipelines.events.codec`, built from
+the source in the applied plan: ``EventCodec.decode``
 never raises on broken input, it returns a :class:`DecodeError` with a reason code, and
 ``dead_letter`` turns such a record into one for the dead-letter topic.
 """
@@ -16,7 +17,7 @@ from headwater.pipelines.events.codec import (
     dead_letter,
     parse_dead_letter,
 )
-from headwater.pipelines.events.schema import BehaviorEvent, EventSchema, load_schema
+from headwater.pipelines.events.schema import BehaviorEvent, behavior_source
 
 __all__ = [
     "HEADER_PRODUCE_TS",
@@ -26,9 +27,8 @@ __all__ = [
     "DecodeError",
     "DecodedEvent",
     "EventCodec",
-    "EventSchema",
     "Reason",
+    "behavior_source",
     "dead_letter",
-    "load_schema",
     "parse_dead_letter",
 ]

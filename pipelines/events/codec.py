@@ -1,31 +1,41 @@
-"""Encode and decode behaviour events; build dead-letter records for what cannot be decoded.
+"""Encode and decode any source's events; build dead-letter records for what cannot be decoded.
 
-Wire format of one Kafka record on topic ``events``:
+The codec is generic: it is built from a source of the applied plan
+(:class:`~headwater.registry.plans.PlanSource`), which carries every version of the source's
+Avro schema, the key and event-id fields, the rules and the event-time limits. Nothing here
+knows a field name.
 
-- key: ``user_id`` as UTF-8 (so a user's events stay in one partition, in order);
-- value: the Avro binary encoding of one :class:`BehaviorEvent` (no container, no magic byte);
+Wire format of one Kafka record on a source's topic:
+
+- key: the source's ``key`` field as UTF-8 text (so one key's events stay in order in one partition);
+- value: the Avro binary encoding of one record (no container, no magic byte);
 - headers: ``schema-fp`` = the writer schema's CRC-64-AVRO fingerprint (16 hex digits, ASCII),
   ``produce-ts`` = the produce time in UTC milliseconds (ASCII decimal).
 
 :meth:`EventCodec.decode` never raises on bad input: it returns a :class:`DecodeError` with a
 :class:`Reason`, so a consumer sends the record to the dead-letter topic (see
-:func:`dead_letter`) and goes on.
+:func:`dead_letter`) and goes on. The writer's fingerprint selects the writer schema among the
+source's versions, and the record is resolved into the current schema (Avro's rules), so events
+written before a compatible schema change decode into the same fields as new ones.
 """
 
 from __future__ import annotations
 
+import copy
 import io
-import math
+import json
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from headwater.pipelines.events.schema import BehaviorEvent, EventSchema, load_schema
+from headwater.registry.expr import from_json
+from headwater.registry.expr_eval import compile_rule
+from headwater.registry.plans import PlanSource
 
 HEADER_SCHEMA_FP = "schema-fp"
 HEADER_PRODUCE_TS = "produce-ts"
@@ -33,14 +43,15 @@ HEADER_PRODUCE_TS = "produce-ts"
 Headers = Sequence[tuple[str, bytes | None]]
 """Kafka headers as kafka-python gives and takes them."""
 
-MIN_EVENT_TIME_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
-MAX_EVENT_TIME_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+Event = dict[str, Any]
+"""A decoded event: the current schema's fields by name (timestamps as integers in their unit)."""
+
 MAX_ID_CHARS = 128
 MAX_DETAIL_CHARS = 500
 
 # What fastavro's reader raises on bytes that are not a valid encoding (found by fuzzing:
 # truncation, bit flips, random bytes; see tests/unit/pipelines/events/test_events_codec.py).
-_CORRUPT_ERRORS = (EOFError, IndexError, UnicodeDecodeError, ValueError, OverflowError, struct.error)
+_CORRUPT_ERRORS = (EOFError, IndexError, UnicodeDecodeError, ValueError, OverflowError, struct.error, KeyError, TypeError)
 
 
 class Reason(StrEnum):
@@ -60,11 +71,19 @@ class Reason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class DecodedEvent:
-    """A record that decoded and validated."""
+    """A record that decoded and validated.
 
-    event: BehaviorEvent
+    Attributes:
+        event: the current schema's fields.
+        fingerprint: the writer schema's fingerprint.
+        produce_ts_ms: the ``produce-ts`` header, when present.
+        event_time_ms: the event time in UTC milliseconds (whatever the field's unit on the wire).
+    """
+
+    event: Event
     fingerprint: str
     produce_ts_ms: int | None
+    event_time_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,47 +95,99 @@ class DecodeError:
 
 
 class EncodeError(ValueError):
-    """An event could not be encoded with the writer schema (a bug in the caller)."""
+    """An event could not be encoded with the writer schema (a bug in the caller, or a bad input row)."""
+
+
+def wire_schema(json_text: str) -> dict[str, Any]:
+    """Parse a schema version for the wire: logical timestamp types dropped, so times stay integers.
+
+    The bytes and the canonical form are the same; only the Python value differs (an ``int`` in the
+    field's unit instead of a ``datetime``), which is what window arithmetic wants.
+    """
+    raw = json.loads(json_text)
+    wire = copy.deepcopy(raw)
+    for entry in wire.get("fields", []):
+        entry["type"] = _strip_logical(entry["type"])
+    return dict(parse_schema(wire))
+
+
+def _strip_logical(avro_type: Any) -> Any:
+    if isinstance(avro_type, list):
+        return [_strip_logical(t) for t in avro_type]
+    if isinstance(avro_type, dict) and avro_type.get("type") == "long" and "logicalType" in avro_type:
+        return "long"
+    return avro_type
 
 
 class EventCodec:
-    """Avro codec for behaviour events, bound to one schema (the writer and the only reader).
+    """Avro codec for one source's events: writes its current schema, reads every version.
 
-    A payload whose ``schema-fp`` is not this schema's fingerprint is rejected as
-    ``unknown_fingerprint``: deploy a consumer that knows a new schema before a producer that
-    writes it. One instance reuses its parsed schema and an output buffer, so it is cheap per
-    event but not thread-safe: use one per thread.
+    A payload whose ``schema-fp`` is none of the source's versions is rejected as
+    ``unknown_fingerprint``: apply a registry that lists a new schema (and restart the tiers)
+    before producers write it. One instance reuses its parsed schemas and an output buffer, so it
+    is cheap per event but not thread-safe: use one per thread.
     """
 
-    def __init__(self, schema: EventSchema | None = None) -> None:
-        """Bind to ``schema`` (default: :func:`load_schema`)."""
-        self.schema = schema if schema is not None else load_schema()
-        self._wire: dict[str, Any] = self.schema.wire
-        self._fp_header: bytes = self.schema.fingerprint_header
-        self._fingerprint: str = self.schema.fingerprint
+    def __init__(self, source: PlanSource | None = None) -> None:
+        """Bind to ``source`` (default: the example behaviour-event source, for the demo generator and tests)."""
+        if source is None:
+            from headwater.pipelines.events.schema import behavior_source
+
+            source = behavior_source()
+        self.source = source
+        current = source.current
+        self._fingerprint = current.fingerprint
+        self._fp_header = current.fingerprint.encode("ascii")
+        self._wire = wire_schema(current.json_text)
+        # fingerprint header -> writer schema; None for the current one (read without resolution).
+        self._writers: dict[bytes, dict[str, Any] | None] = {
+            v.fingerprint.encode("ascii"): (None if v is current else wire_schema(v.json_text)) for v in source.schemas
+        }
+        self._time = source.event_time
+        self._time_div = 1000 if source.event_time_unit == "us" else 1
+        self._ids = tuple(
+            name for name in (source.key, source.event_id) if name and (f := source.field(name)) and f.kind == "string"
+        )
+        self._rules = [(w.text, compile_rule(from_json(w.ast))) for w in source.rules]
         self._buffer = io.BytesIO()
 
     @property
     def fingerprint(self) -> str:
-        """The writer schema's fingerprint (16 hex digits)."""
+        """The current schema's fingerprint (16 hex digits)."""
         return self._fingerprint
 
-    def encode(self, event: BehaviorEvent) -> bytes:
-        """Return the Avro binary encoding of ``event``.
+    @property
+    def fingerprint_header(self) -> bytes:
+        """The current fingerprint as the ASCII bytes of the ``schema-fp`` header."""
+        return self._fp_header
+
+    def encode(self, event: Mapping[str, Any]) -> bytes:
+        """Return the Avro binary encoding of ``event`` with the current schema.
 
         Raises:
-            EncodeError: a field has a type the schema does not allow (for example an unknown
-                ``event_type``); the message names the event.
+            EncodeError: a field has a type the schema does not allow; the message names the source.
         """
         buffer = self._buffer
         buffer.seek(0)
         buffer.truncate()
         try:
             schemaless_writer(buffer, self._wire, event)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            msg = f"cannot encode event {event.get('event_id')!r} with {self.schema.path}: {exc!r}"
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            ident = event.get(self.source.event_id) if self.source.event_id else None
+            msg = f"cannot encode event {ident!r} of source {self.source.name!r}: {exc!r}"
             raise EncodeError(msg) from exc
         return buffer.getvalue()
+
+    def key(self, event: Mapping[str, Any]) -> bytes | None:
+        """The Kafka key of ``event``: its ``key`` field as UTF-8 text (None for an unkeyed source)."""
+        if self.source.key is None:
+            return None
+        value = event.get(self.source.key)
+        return None if value is None else str(value).encode("utf-8")
+
+    def event_time_ms(self, event: Mapping[str, Any]) -> int:
+        """The event time of a decoded (or to-be-encoded) event in UTC milliseconds."""
+        return int(event[self._time]) // self._time_div
 
     def headers(self, produce_ts_ms: int | None = None) -> list[tuple[str, bytes]]:
         """Kafka headers for a record produced now (or at ``produce_ts_ms``)."""
@@ -126,86 +197,85 @@ class EventCodec:
     def decode(self, value: bytes | None, headers: Headers | None) -> DecodedEvent | DecodeError:
         """Decode and validate one record; never raises on malformed input.
 
-        Steps: 1. check the ``schema-fp`` header names this schema; 2. parse ``produce-ts``;
-        3. read the Avro payload and require that it uses every byte; 4. validate the fields.
+        Steps: 1. the ``schema-fp`` header names one of the source's schema versions; 2. parse
+        ``produce-ts``; 3. read the Avro payload with that writer schema into the current one and
+        require that it uses every byte; 4. validate (:meth:`validate`).
         """
         # Step 1
         fp = _header(headers, HEADER_SCHEMA_FP)
         if fp is None:
             return DecodeError(Reason.MISSING_FINGERPRINT, f"no {HEADER_SCHEMA_FP!r} header on the record")
-        if fp != self._fp_header:
+        if fp not in self._writers:
+            known = ", ".join(v.fingerprint for v in self.source.schemas)
             return DecodeError(
                 Reason.UNKNOWN_FINGERPRINT,
-                f"{HEADER_SCHEMA_FP} {fp[:40]!r} is not the schema this consumer knows "
-                f"({self._fingerprint}, {self.schema.path})",
+                f"{HEADER_SCHEMA_FP} {fp[:40]!r} is no schema version of source {self.source.name!r} "
+                f"(known: {known}); list the new schema in sources.yaml and apply",
             )
         # Step 2
         produce_ts: int | None = None
         raw_ts = _header(headers, HEADER_PRODUCE_TS)
         if raw_ts is not None:
             if not raw_ts.isdigit() or len(raw_ts) > 16:
-                detail = (
-                    f"{HEADER_PRODUCE_TS} must be UTC milliseconds in ASCII digits, found {raw_ts[:40]!r}"
-                )
+                detail = f"{HEADER_PRODUCE_TS} must be UTC milliseconds in ASCII digits, found {raw_ts[:40]!r}"
                 return DecodeError(Reason.INVALID_HEADER, detail)
             produce_ts = int(raw_ts)
         # Step 3
         if not value:
             return DecodeError(Reason.EMPTY_PAYLOAD, "the record has no value (tombstone or empty bytes)")
         stream = io.BytesIO(value)
+        writer = self._writers[fp]
         try:
-            record = schemaless_reader(stream, self._wire, None)
+            if writer is None:
+                record = schemaless_reader(stream, self._wire, None)
+            else:
+                record = schemaless_reader(stream, writer, self._wire)
         except _CORRUPT_ERRORS as exc:
-            detail = f"not an Avro {self.schema.raw.get('name')} record: {type(exc).__name__}: {exc}"
+            detail = f"not an Avro record of source {self.source.name!r}: {type(exc).__name__}: {exc}"
             return DecodeError(Reason.CORRUPT_PAYLOAD, detail[:MAX_DETAIL_CHARS])
         if stream.tell() != len(value):
             detail = f"{len(value) - stream.tell()} trailing bytes after a {stream.tell()}-byte record"
             return DecodeError(Reason.CORRUPT_PAYLOAD, detail)
         # Step 4
-        event = cast(BehaviorEvent, record)
-        problem = validate_event(event)
+        event: Event = record  # type: ignore[assignment]
+        problem = self.validate(event)
         if problem is not None:
             return DecodeError(Reason.INVALID_FIELD, problem[:MAX_DETAIL_CHARS])
-        return DecodedEvent(event=event, fingerprint=self._fingerprint, produce_ts_ms=produce_ts)
+        return DecodedEvent(event=event, fingerprint=self._fingerprint if writer is None else fp.decode("ascii"),
+                            produce_ts_ms=produce_ts, event_time_ms=int(event[self._time]) // self._time_div)
+
+    def validate(self, event: Mapping[str, Any]) -> str | None:
+        """Check what Avro cannot express; return what is wrong, or None when the event is valid.
+
+        Rules: the event time lies in the source's ``[min_event_time, 2100)``; the string key and
+        event-id fields are 1..128 characters; every rule of the source holds (a rule that is
+        unknown because of a null, as in a SQL CHECK constraint, holds).
+        """
+        src = self.source
+        ts = event.get(self._time)
+        if ts is None:
+            return f"{self._time}: the event time is null"
+        ms = int(ts) // self._time_div
+        if not src.min_event_time_ms <= ms < src.max_event_time_ms:
+            return (
+                f"{self._time}: expected UTC ms in [{src.min_event_time_ms}, {src.max_event_time_ms}) "
+                f"(source {src.name!r}: min_event_time in sources.yaml), found {ms}"
+            )
+        for name in self._ids:
+            text = event.get(name)
+            if text is None or not 0 < len(text) <= MAX_ID_CHARS:
+                size = "null" if text is None else f"{len(text)} ({text[:40]!r})"
+                return f"{name}: expected 1..{MAX_ID_CHARS} characters, found {size}"
+        for text, holds in self._rules:
+            if not holds(event):
+                return f"rule {text!r} of source {src.name!r} does not hold"
+        return None
 
 
 def _header(headers: Headers | None, name: str) -> bytes | None:
     for key, value in headers or ():
         if key == name:
             return value
-    return None
-
-
-def validate_event(event: BehaviorEvent) -> str | None:
-    """Check the rules Avro cannot express; return what is wrong, or None when the event is valid.
-
-    Rules: ids are 1..128 characters; ``event_time`` lies in 2000..2100; ``item_id`` is set for
-    every type but ``search``; a search has a ``query``; a dwell has ``dwell_ms``; ``price`` is
-    finite and >= 0; ``dwell_ms`` >= 0; ``position`` (1 = top of the slate) >= 1.
-    """
-    for name in ("event_id", "user_id", "session_id"):
-        value: str = event[name]
-        if not 0 < len(value) <= MAX_ID_CHARS:
-            return f"{name}: expected 1..{MAX_ID_CHARS} characters, found {len(value)} ({value[:40]!r})"
-    kind = event["event_type"]
-    ts = event["event_time"]
-    if not MIN_EVENT_TIME_MS <= ts < MAX_EVENT_TIME_MS:
-        return f"event_time: expected UTC ms between years 2000 and 2100, found {ts}"
-    if kind != "search" and not event["item_id"]:
-        return f"item_id: required for a {kind} event, found {event['item_id']!r}"
-    if kind == "search" and not event["query"]:
-        return f"query: required for a search event, found {event['query']!r}"
-    dwell = event["dwell_ms"]
-    if kind == "dwell" and dwell is None:
-        return "dwell_ms: required for a dwell event, found null"
-    if dwell is not None and dwell < 0:
-        return f"dwell_ms: expected >= 0, found {dwell}"
-    price = event["price"]
-    if price is not None and not (math.isfinite(price) and price >= 0):
-        return f"price: expected a finite number >= 0, found {price}"
-    position = event["position"]
-    if position is not None and position < 1:
-        return f"position: expected >= 1 (1 = top of the slate), found {position}"
     return None
 
 
