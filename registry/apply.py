@@ -46,7 +46,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def dropped_schema_versions(state_dir: Path, sources: list[PlanSource]) -> list[str]:
-    """Schema versions of the applied plan that ``sources`` no longer list, as sentences."""
+    """List the schema versions of the applied plan that ``sources`` no longer list, as sentences."""
     applied = plan_path(state_dir, "offline")
     if not applied.is_file():
         return []

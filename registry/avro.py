@@ -29,7 +29,7 @@ TIME_UNITS = {"timestamp-millis": "ms", "timestamp-micros": "us"}
 FINGERPRINT_ALGORITHM = "CRC-64-AVRO"
 SUPPORTED = (
     "string, int, long, float, double, boolean, an enum, or a long with logicalType "
-    "timestamp-millis/timestamp-micros; each may be nullable as [\"null\", T]"
+    'timestamp-millis/timestamp-micros; each may be nullable as ["null", T]'
 )
 # Avro's promotions: a reader of the right-hand type reads a writer's left-hand type.
 _PROMOTIONS = {
@@ -109,12 +109,12 @@ class EventSchema:
         return ", ".join(self.fields)
 
     def line_of(self, field: str) -> int:
-        """The line of ``field``'s declaration in the ``.avsc`` file (1 when not found)."""
+        """Return the line of ``field``'s declaration in the ``.avsc`` file (1 when not found)."""
         return field_line(self.raw_json, field)
 
 
 def field_line(raw: str, field: str) -> int:
-    """The 1-based line of ``"name": "<field>"`` in the schema text (1 when not found)."""
+    """Return the 1-based line of ``"name": "<field>"`` in the schema text (1 when not found)."""
     found = re.search(r'"name"\s*:\s*"' + re.escape(field) + '"', raw)
     return raw.count("\n", 0, found.start()) + 1 if found else 1
 
@@ -204,10 +204,13 @@ def _field(name: str, avro_type: Any, has_default: bool, path: Path, raw: str) -
             symbols = tuple(str(s) for s in avro_type["symbols"])
             return EventField(name, "enum", nullable, symbols, has_default=has_default)
         if kind == "long" and logical in TIME_UNITS:
-            return EventField(name, "timestamp", nullable, time_unit=TIME_UNITS[logical], has_default=has_default)
+            return EventField(
+                name, "timestamp", nullable, time_unit=TIME_UNITS[logical], has_default=has_default
+            )
         if kind in _PRIMITIVES and logical is None:
             return EventField(name, kind, nullable, has_default=has_default)
-    msg = f"field '{name}' in {path}: unsupported Avro type {json.dumps(avro_type)[:120]}; supported: {SUPPORTED}"
+    found = json.dumps(avro_type)[:120]
+    msg = f"field '{name}' in {path}: unsupported Avro type {found}; supported: {SUPPORTED}"
     raise SchemaError(msg, field_line(raw, name), name)
 
 
@@ -221,7 +224,7 @@ class Incompatibility:
 
 
 def compatibility_problems(writer: EventSchema, reader: EventSchema) -> list[Incompatibility]:
-    """What a reader of ``reader`` cannot read from events written with ``writer`` (Avro's rules).
+    """List what a reader of ``reader`` cannot read from events written with ``writer`` (Avro's rules).
 
     A field added without a default, a type change that is not an Avro promotion, a nullable field
     made required, an enum symbol removed, or a timestamp unit changed: each is a problem. A field
@@ -232,11 +235,21 @@ def compatibility_problems(writer: EventSchema, reader: EventSchema) -> list[Inc
         old = writer.fields.get(name)
         if old is None:
             if not new.has_default:
-                out.append(Incompatibility(name, "added without a default", 'give it a default (e.g. "default": null with a ["null", T] type)'))
+                out.append(
+                    Incompatibility(
+                        name,
+                        "added without a default",
+                        'give it a default (e.g. "default": null with a ["null", T] type)',
+                    )
+                )
             continue
         problem = _type_change(old, new)
         if problem is not None:
-            out.append(Incompatibility(name, problem, "keep the old type, or add a new field and stop writing the old one"))
+            out.append(
+                Incompatibility(
+                    name, problem, "keep the old type, or add a new field and stop writing the old one"
+                )
+            )
     return out
 
 

@@ -143,7 +143,7 @@ class PlanSource(PlanModel):
         return next(f.time_unit or "ms" for f in self.fields if f.name == self.event_time)
 
     def field(self, name: str) -> PlanField | None:
-        """The current schema's field ``name``, or None."""
+        """Return the current schema's field ``name``, or None."""
         return next((f for f in self.fields if f.name == name), None)
 
 
@@ -220,7 +220,9 @@ def plan_source(src: CompiledSource) -> PlanSource:
         topic=spec.topic,
         schemas=[PlanSchema(fingerprint=s.fingerprint, json_text=s.raw_json) for s in versions],
         fields=[
-            PlanField(name=f.name, kind=f.kind, nullable=f.nullable, symbols=list(f.symbols), time_unit=f.time_unit)
+            PlanField(
+                name=f.name, kind=f.kind, nullable=f.nullable, symbols=list(f.symbols), time_unit=f.time_unit
+            )
             for f in src.schema.fields.values()
         ],
         event_time=spec.event_time,

@@ -65,7 +65,9 @@ def resolve_timing(spec: SourceSpec) -> ResolvedTiming:
     )
 
 
-def check_sources(root: Path, sources: dict[str, Located[SourceSpec]], diags: Diagnostics) -> dict[str, CompiledSource]:
+def check_sources(
+    root: Path, sources: dict[str, Located[SourceSpec]], diags: Diagnostics
+) -> dict[str, CompiledSource]:
     """Check every source (see the module docstring); return those without errors."""
     out = {}
     for name, loc in sources.items():
@@ -79,12 +81,24 @@ def _check_source(root: Path, loc: Located[SourceSpec], diags: Diagnostics) -> C
     spec = loc.spec
     # Step 1
     schema = _schema(root, loc, spec.schema_path, ("schema",), diags)
-    previous = [_schema(root, loc, p, ("previous_schemas", i), diags) for i, p in enumerate(spec.previous_schemas)]
+    previous = [
+        _schema(root, loc, p, ("previous_schemas", i), diags) for i, p in enumerate(spec.previous_schemas)
+    ]
     if spec.min_event_time is not None:
         try:
             date.fromisoformat(spec.min_event_time)
         except ValueError:
-            diags.add(_source_diag(loc, "bad-value", ("min_event_time",), f"min_event_time {spec.min_event_time!r} is not a date", "a UTC date YYYY-MM-DD", spec.min_event_time, "write e.g. 1995-01-01"))
+            diags.add(
+                _source_diag(
+                    loc,
+                    "bad-value",
+                    ("min_event_time",),
+                    f"min_event_time {spec.min_event_time!r} is not a date",
+                    "a UTC date YYYY-MM-DD",
+                    spec.min_event_time,
+                    "write e.g. 1995-01-01",
+                )
+            )
             return None
     if schema is None or any(p is None for p in previous):
         return None
@@ -123,7 +137,9 @@ def _check_source(root: Path, loc: Located[SourceSpec], diags: Diagnostics) -> C
     return CompiledSource(spec=spec, schema=schema, previous=tuple(versions), rules=tuple(rules))
 
 
-def _schema(root: Path, loc: Located[SourceSpec], rel: str, key: tuple[str | int, ...], diags: Diagnostics) -> EventSchema | None:
+def _schema(
+    root: Path, loc: Located[SourceSpec], rel: str, key: tuple[str | int, ...], diags: Diagnostics
+) -> EventSchema | None:
     path = root / rel
     try:
         return load_event_schema(path)
@@ -143,7 +159,14 @@ def _schema(root: Path, loc: Located[SourceSpec], rel: str, key: tuple[str | int
         return None
 
 
-def _check_field(loc: Located[SourceSpec], schema: EventSchema, key: str, name: str, kinds: frozenset[str], diags: Diagnostics) -> bool:
+def _check_field(
+    loc: Located[SourceSpec],
+    schema: EventSchema,
+    key: str,
+    name: str,
+    kinds: frozenset[str],
+    diags: Diagnostics,
+) -> bool:
     found = schema.fields.get(name)
     if found is not None and found.kind in kinds and (key == "event_time" or not found.nullable):
         return True
@@ -163,7 +186,9 @@ def _check_field(loc: Located[SourceSpec], schema: EventSchema, key: str, name: 
     return False
 
 
-def _rule(loc: Located[SourceSpec], schema: EventSchema, index: int, text: str, diags: Diagnostics) -> SourceRule | None:
+def _rule(
+    loc: Located[SourceSpec], schema: EventSchema, index: int, text: str, diags: Diagnostics
+) -> SourceRule | None:
     try:
         expr = parse(text)
         problems = check_expr(expr, schema)
@@ -187,7 +212,13 @@ def _rule(loc: Located[SourceSpec], schema: EventSchema, index: int, text: str, 
 
 
 def _source_diag(
-    loc: Located[SourceSpec], code: str, key: tuple[str | int, ...], message: str, expected: str, found: str, hint: str
+    loc: Located[SourceSpec],
+    code: str,
+    key: tuple[str | int, ...],
+    message: str,
+    expected: str,
+    found: str,
+    hint: str,
 ) -> Diagnostic:
     return Diagnostic(
         code=code,

@@ -17,6 +17,7 @@ Counters (``sent``, ``dropped``, ``failed``, ``invalid``, buffered) are read by 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from headwater.pipelines.events.codec import EncodeError, EventCodec, validate_event
+from headwater.pipelines.events.codec import EncodeError, EventCodec
 from headwater.pipelines.events.schema import BehaviorEvent, Device, EventType
 from headwater.serving.store import now_ms
 
@@ -221,9 +222,7 @@ class FeedbackProducer:
             logger.error("feedback event not sent: %s", exc)
             return
         try:
-            future = sink.send(
-                self.topic, value=value, key=event["user_id"].encode("utf-8"), headers=codec.headers()
-            )
+            future = sink.send(self.topic, value=value, key=codec.key(event), headers=codec.headers())
         except (KafkaError, OSError) as exc:
             with self._lock:
                 self.counters.failed += 1
@@ -298,8 +297,14 @@ def feedback_event(
         "position": position,
         "device": device,
     }
-    problem = validate_event(event)
+    problem = _validator().validate(event)
     if problem is not None:
         msg = f"event {event_id!r} is not a valid behaviour event: {problem}"
         raise ValueError(msg)
     return event
+
+
+@functools.cache
+def _validator() -> EventCodec:
+    """Return the behaviour source's codec, used only to validate (its rules come from sources.yaml)."""
+    return EventCodec()

@@ -91,7 +91,7 @@ def test_unknown_entity_and_source_in_one_run(repo: Repo) -> None:
     entity = only(diags, "unknown-entity")
     assert entity.line == line_of(text, "entity:")
     assert entity.hint == "did you mean 'user'?"
-    assert entity.expected == "one of: user, item"
+    assert entity.expected == "one of: user, item, account, merchant"
     source = only(diags, "unknown-source")
     assert source.line == line_of(text, "source:")
     assert source.found == "clicks"
