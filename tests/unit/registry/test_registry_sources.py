@@ -64,7 +64,7 @@ def test_example_sources_resolve_into_the_plan(repo: Repo) -> None:
     assert [f.name for f in payments.fields][:3] == ["payment_id", "account_id", "merchant_id"]
     assert payments.field("method") is not None
     assert payments.field("method").symbols == ["card", "wallet", "bank_transfer"]  # type: ignore[union-attr]
-    assert [r.text for r in payments.rules][0] == "amount >= 0"
+    assert payments.rules[0].text == "amount >= 0"
     assert payments.rules[0].sql["flink"] == "`amount` >= 0"
     assert len(payments.schemas) == 1
     assert len(payments.current.fingerprint) == 16
@@ -199,5 +199,5 @@ def test_apply_refuses_to_drop_an_applied_schema_version(repo: Repo, tmp_path: P
     _write_schema(repo, schema)
     second = repo.check()
     assert second.ok
-    with pytest.raises(ApplyError, match="would drop schema version .*previous_schemas"):
+    with pytest.raises(ApplyError, match=r"would drop schema version .*previous_schemas"):
         apply_repo(second, state, "redis://127.0.0.1:1/0", "127.0.0.1:1", feast=False)
