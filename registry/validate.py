@@ -23,7 +23,7 @@ from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.durations import format_seconds
 from headwater.registry.load import LoadedRepo, Located, load_repo
 from headwater.registry.models import ViewSpec
-from headwater.registry.sources import check_sources
+from headwater.registry.sources import KEY_KINDS, check_sources
 from headwater.registry.tiers import TIERS, Tier, cheaper_tier_meeting
 from headwater.registry.validate_features import FeatureContext, check_feature
 
@@ -95,7 +95,8 @@ def _check_view(
     features = _check_features(view, source, tier, diags)
     if entity is None:
         return None
-    if entity.join_key not in source.schema.fields:
+    key_field = source.schema.fields.get(entity.join_key)
+    if key_field is None or key_field.kind not in KEY_KINDS:
         diags.add(
             Diagnostic(
                 code="unknown-field",
@@ -104,9 +105,9 @@ def _check_view(
                 file=view.file,
                 line=view.line_of("entity"),
                 view=spec.feature_view,
-                expected=f"a field of {source.schema.path.name}",
-                found=entity.join_key,
-                hint="key the entity by an event field, or use another source",
+                expected=f"a string or integer field of {source.schema.path.name}",
+                found=entity.join_key if key_field is None else f"{entity.join_key}: {key_field.describe()}",
+                hint="key the entity by a string or integer event field, or use another source",
             )
         )
         return None
