@@ -2,7 +2,7 @@
 
 The demo produces two days of history with past event times; on top of an earlier demo's data the
 streaming tiers (whose watermarks have moved on) would reject all of it as late. Only the local
-default's own names are touched: the `events` / `events.dlq` topics, the nearline tier's
+default's own names are touched: the example repo's source topics (`events`, `payments`), the DLQ, the nearline tier's
 `headwater-nearline*` topics, Redis keys under the default `hw:` namespace, and the demo's folders.
 """
 
@@ -18,6 +18,7 @@ import redis
 from kafka import KafkaAdminClient
 
 from headwater.pipelines.settings import Settings
+from headwater.registry.validate import check_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".headwater"
@@ -28,7 +29,7 @@ def main() -> None:
     """Delete the demo's topics, keys and folders, then recreate the topics."""
     settings = Settings.from_env()
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="headwater-demo-reset")
-    names = {settings.events_topic, settings.dlq_topic}
+    names = {settings.dlq_topic, *(src.spec.topic for src in check_repo(ROOT / "features").sources.values())}
     doomed = sorted(t for t in admin.list_topics() if t in names or t.startswith("headwater-nearline"))
     if doomed:
         admin.delete_topics(doomed)
