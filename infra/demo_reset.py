@@ -2,8 +2,9 @@
 
 The demo produces two days of history with past event times; on top of an earlier demo's data the
 streaming tiers (whose watermarks have moved on) would reject all of it as late. Only the local
-default's own names are touched: the example repo's source topics (`events`, `payments`), the DLQ, the nearline tier's
-`headwater-nearline*` topics, Redis keys under the default `hw:` namespace, and the demo's folders.
+default's own names are touched: the example repo's source topics (`events`, `payments`), the DLQ,
+the nearline tier's `headwater-nearline*` topics, Redis keys under the default `hw:` namespace, and
+the demo's folders.
 """
 
 from __future__ import annotations
