@@ -24,6 +24,8 @@ from headwater.registry.durations import format_seconds
 MINUTE = 60
 HOUR = 3600
 DAY = 86400
+ALL_AGGS = frozenset({"count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k", "ratio"})
+ALL_OPERANDS = frozenset({"count", "sum", "avg", "min", "max", "distinct_count"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Tier:
             (streaming tiers merge panes incrementally; the offline tier re-reads each pane).
         view_overhead_units: per-event cost units every view pays on top of its aggregations
             (deserialising, keying, writing the online value).
+        aggregations: the aggregations the tier computes (capability table: what passes ``check``
+            runs in its tier).
+        ratio_operands: the aggregations a ``ratio`` may divide on this tier.
+        one_slide_per_view: whether every feature of a view must share one slide (the realtime job
+            publishes a view at one slide).
     """
 
     name: str
@@ -52,6 +59,9 @@ class Tier:
     cpu_us_per_event: float
     pane_cost: float
     view_overhead_units: float
+    aggregations: frozenset[str] = ALL_AGGS
+    ratio_operands: frozenset[str] = ALL_OPERANDS
+    one_slide_per_view: bool = False
 
     def describe(self) -> str:
         """E.g. ``realtime (freshness floor 5s, windows up to 1h)``."""
@@ -71,6 +81,7 @@ TIERS: dict[str, Tier] = {
         cpu_us_per_event=20.0,
         pane_cost=0.002,
         view_overhead_units=1.0,
+        one_slide_per_view=True,
     ),
     "nearline": Tier(
         name="nearline",
@@ -91,6 +102,8 @@ TIERS: dict[str, Tier] = {
         cpu_us_per_event=0.5,
         pane_cost=1.0,
         view_overhead_units=1.0,
+        # Spark merges per-pane partials; a distinct count has no mergeable scalar partial.
+        ratio_operands=ALL_OPERANDS - {"distinct_count"},
     ),
 }
 TIER_NAMES = tuple(TIERS)

@@ -128,6 +128,8 @@ def _check_view(
         line=view.line,
         tags=tuple(sorted(spec.tags.items())),
     )
+    if not _tier_runs(view, compiled, tier, diags):
+        return None
     _warn_cheaper_tier(view, compiled, tier, diags)
     estimate = estimate_view(features, source.spec.expected_rate_per_s, tier)
     check_declared_cost(view, estimate, diags)
@@ -187,6 +189,28 @@ def _check_sla(view: Located[ViewSpec], tier: Tier, diags: Diagnostics) -> None:
             hint=to_do,
         )
     )
+
+
+def _tier_runs(view: Located[ViewSpec], compiled: CompiledView, tier: Tier, diags: Diagnostics) -> bool:
+    """Whether ``tier`` can run the view as a whole (its features were checked one by one)."""
+    slides = sorted({f.slide.seconds for f in compiled.features})
+    if not tier.one_slide_per_view or len(slides) == 1:
+        return True
+    detail = ", ".join(f"{f.name}: {f.slide}" for f in compiled.features)
+    diags.add(
+        Diagnostic(
+            code="tier-cannot-run",
+            message=f"the {tier.name} tier publishes a view at one slide; its features slide at "
+            f"{len(slides)} different steps",
+            file=view.file,
+            line=view.line_of("features"),
+            view=compiled.name,
+            expected="one `slide` shared by every feature of the view",
+            found=detail,
+            hint="give the features the same `slide`, or split the view in two",
+        )
+    )
+    return False
 
 
 def _warn_cheaper_tier(

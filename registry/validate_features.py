@@ -17,7 +17,7 @@ from headwater.registry.expr import And, Expr, ExprError, parse
 from headwater.registry.expr_check import check_expr, unknown_field
 from headwater.registry.load import Located
 from headwater.registry.models import FeatureSpec, OperandSpec, ViewSpec
-from headwater.registry.tiers import Tier, tiers_keeping
+from headwater.registry.tiers import TIERS, Tier, tiers_keeping
 
 
 @dataclass
@@ -232,6 +232,16 @@ def _operand(
 ) -> Operand | None:
     if spec is None:
         return None
+    if spec.agg not in ctx.tier.ratio_operands:
+        ctx.error(
+            (side, "agg"),
+            "tier-cannot-run",
+            f"the {ctx.tier.name} tier cannot divide a {spec.agg} in a ratio",
+            expected=f"one of: {', '.join(sorted(ctx.tier.ratio_operands))}",
+            found=spec.agg,
+            hint="use another operand, or move the view to a tier that computes it "
+            f"({', '.join(t.name for t in TIERS.values() if spec.agg in t.ratio_operands)})",
+        )
     _check_field(ctx, (side, "field"), spec.agg, spec.field)
     own = _parse_where(ctx, (side, "where"), spec.where)
     parts = [e for e in (outer, own) if e is not None]

@@ -15,6 +15,7 @@ from headwater.registry.sources import (
     DEFAULT_MAX_FUTURE_S,
     DEFAULT_MAX_OUT_OF_ORDERNESS_S,
 )
+from headwater.registry.testing import MINIMAL_VIEW as MINIMAL_REALTIME
 from headwater.registry.testing import ScratchRepo as Repo
 from headwater.registry.testing import line_of
 
@@ -201,3 +202,42 @@ def test_apply_refuses_to_drop_an_applied_schema_version(repo: Repo, tmp_path: P
     assert second.ok
     with pytest.raises(ApplyError, match=r"would drop schema version .*previous_schemas"):
         apply_repo(second, state, "redis://127.0.0.1:1/0", "127.0.0.1:1", feast=False)
+
+
+OFFLINE_RATIO = """\
+feature_view: v1
+entity: user
+source: events
+tier: offline
+freshness_sla: P1D
+compute_cost: 5
+owner: team-a
+description: a ratio over a distinct count
+features:
+  - name: clicks_per_item_7d
+    agg: ratio
+    window: 7d
+    numerator: {agg: count, where: "event_type = 'click'"}
+    denominator: {agg: distinct_count, field: item_id}
+"""
+
+
+def test_check_knows_what_each_tier_can_run(repo: Repo) -> None:
+    repo.write("v1.yaml", OFFLINE_RATIO)
+    diag = only(repo.check().diagnostics.items, "tier-cannot-run")
+    assert diag.line == line_of(OFFLINE_RATIO, "denominator:")
+    assert diag.found == "distinct_count"
+    assert "nearline" in (diag.hint or "")
+    assert "realtime" in (diag.hint or "")
+    nearline = OFFLINE_RATIO.replace("tier: offline", "tier: nearline").replace("P1D", "PT10M")
+    nearline = nearline.replace("window: 7d", "window: 1d")
+    repo.write("v1.yaml", nearline)
+    assert [d.code for d in repo.check().diagnostics.errors] == []
+
+
+def test_realtime_views_publish_at_one_slide(repo: Repo) -> None:
+    text = MINIMAL_REALTIME + "  - name: clicks_5m\n    agg: count\n    window: 5m\n    slide: 5s\n"
+    repo.write("v1.yaml", text)
+    diag = only(repo.check().diagnostics.items, "tier-cannot-run")
+    assert diag.line == line_of(text, "features:")
+    assert "clicks_5m: 5s" in (diag.found or "")
