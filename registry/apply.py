@@ -58,7 +58,9 @@ def dropped_schema_versions(state_dir: Path, sources: list[PlanSource]) -> list[
     out = []
     for src in old:
         kept = new.get(src.get("name"))
-        for version in src.get("schemas", []) if kept is not None else []:
+        if kept is None:  # a removed source: its events are no longer read
+            continue
+        for version in src.get("schemas", []):
             if version.get("fingerprint") not in kept:
                 out.append(f"source {src['name']!r} would drop schema version {version.get('fingerprint')}")
     return out
