@@ -12,6 +12,9 @@ Grammar (keywords are case-insensitive)::
     op        := "=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">="
     literal   := 'string' | "string" | number | true | false
 
+Parentheses and ``not`` may nest at most :data:`MAX_NESTING` deep (the parser, the checker, the
+evaluator and the SQL back ends all recurse per level); deeper text is an :class:`ExprError`.
+
 Nothing is ever evaluated with ``eval``: the AST is checked against the event schema
 (:mod:`headwater.registry.expr_check`), evaluated over a dict event
 (:mod:`headwater.registry.expr_eval`) and compiled to SQL (:mod:`headwater.registry.expr_sql`).
@@ -29,6 +32,8 @@ from typing import Any
 Literal = str | int | float | bool
 COMPARE_OPS = ("=", "!=", "<", "<=", ">", ">=")
 _OP_ALIASES = {"==": "=", "<>": "!="}
+#: Deepest nesting of parentheses and ``not`` a filter may use; real filters use two or three.
+MAX_NESTING = 32
 _KEYWORDS = {"and", "or", "not", "in", "is", "null", "true", "false"}
 _TOKEN = re.compile(
     r"""(?P<ws>\s+)
@@ -173,6 +178,7 @@ class _Parser:
     def __init__(self, tokens: list[Token]) -> None:
         self.tokens = tokens
         self.index = 0
+        self.depth = 0
 
     def peek(self) -> Token:
         return self.tokens[self.index]
@@ -208,13 +214,25 @@ class _Parser:
         return args[0] if len(args) == 1 else And(tuple(args))
 
     def parse_unary(self) -> Expr:
+        token = self.peek()
         if self.accept("keyword", "not"):
-            return Not(self.parse_unary())
+            self._enter(token)
+            inner = Not(self.parse_unary())
+            self.depth -= 1
+            return inner
         if self.accept("punct", "("):
+            self._enter(token)
             inner = self.parse_or()
             self.expect("punct", ")", "')' to close the parenthesis")
+            self.depth -= 1
             return inner
         return self.parse_predicate()
+
+    def _enter(self, token: Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            msg = f"parentheses and 'not' nest deeper than {MAX_NESTING} levels at position {token.pos + 1}"
+            raise ExprError(msg, token.pos, "remove redundant parentheses, or split the condition")
 
     def parse_predicate(self) -> Expr:
         token = self.take()

@@ -118,18 +118,35 @@ def _read(repo: LoadedRepo, path: Path) -> tuple[str, YamlDoc | None]:
             )
         )
         return file, None
+    raw = path.read_bytes()
     try:
-        return file, parse_yaml(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        repo.diagnostics.add(
+            Diagnostic(
+                code="bad-encoding",
+                message=f"the file is not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}",
+                file=file,
+                line=raw.count(b"\n", 0, exc.start) + 1,
+                expected="a UTF-8 encoded YAML file",
+                found=f"{exc.reason} (byte 0x{raw[exc.start]:02x})",
+                hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or remove the stray byte",
+            )
+        )
+        return file, None
+    try:
+        return file, parse_yaml(text)
     except YamlSyntaxError as exc:
         repo.diagnostics.add(
             Diagnostic(
-                code="bad-yaml",
-                message=f"not valid YAML: {exc}",
+                code=exc.code,
+                message=f"not valid YAML: {exc}" if exc.code == "bad-yaml" else str(exc),
                 file=file,
                 line=exc.line,
                 expected="a YAML mapping",
-                found="a syntax error",
-                hint="fix the YAML at this line (indentation, a missing ':' or an unclosed quote)",
+                found="a syntax error" if exc.code == "bad-yaml" else exc.code.replace("-", " "),
+                hint=exc.hint
+                or "fix the YAML at this line (indentation, a missing ':' or an unclosed quote)",
             )
         )
         return file, None
