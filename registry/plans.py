@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView, Operand
-from headwater.registry.expr import Expr, to_json
+from headwater.registry.expr import Expr, fields_of, from_json, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
 from headwater.registry.sources import resolve_timing
 from headwater.registry.tiers import TIER_NAMES, TIERS
@@ -69,6 +69,8 @@ class PlanView(PlanModel):
     """One feature view as the tiers see it."""
 
     name: str
+    version: str
+    """What defines the view's values (see :func:`view_version`): a new version restarts its state."""
     entity: str
     join_key: str
     source: str
@@ -190,10 +192,12 @@ def plan_feature(f: CompiledFeature) -> PlanFeature:
     )
 
 
-def plan_view(v: CompiledView) -> PlanView:
-    """Build the plan form of a compiled view."""
+def plan_view(v: CompiledView, source: PlanSource) -> PlanView:
+    """Build the plan form of a compiled view that reads ``source``."""
+    features = [plan_feature(f) for f in v.features]
     return PlanView(
         name=v.name,
+        version=view_version(v.entity, v.join_key, v.tier, features, source),
         entity=v.entity,
         join_key=v.join_key,
         source=v.source,
@@ -205,9 +209,74 @@ def plan_view(v: CompiledView) -> PlanView:
         owner=v.owner,
         description=v.description,
         tags=dict(v.tags),
-        features=[plan_feature(f) for f in v.features],
+        features=features,
         defined_at=f"{v.file}:{v.line}",
     )
+
+
+_VALUE_KEYS = (
+    "name",
+    "agg",
+    "dtype",
+    "window_s",
+    "slide_s",
+    "field",
+    "k",
+    "where",
+    "numerator",
+    "denominator",
+)
+
+
+def view_version(
+    entity: str, join_key: str, tier: str, features: list[PlanFeature], source: PlanSource
+) -> str:
+    """Hash what defines a view's values, and nothing else: ``v`` + 16 hex digits.
+
+    In: the entity and join key, the tier, each feature's aggregation, dtype, field, filter, window
+    and slide, and of the source what these values are computed from (topic, event-time field and
+    rules, event id, rules, and the types of the fields the view reads). Out: description, owner,
+    cost, SLA, tags, and schema changes to fields the view does not read. Editing only those keeps
+    the view's streaming state and online values.
+    """
+    used = {source.event_time, join_key, *(n for n in (source.event_id,) if n)}
+    for f in features:
+        for part in (f, f.numerator, f.denominator):
+            if part is None:
+                continue
+            used.update(n for n in (part.field,) if n)
+            if part.where is not None:
+                used.update(leaf.field for leaf in fields_of(from_json(part.where.ast)))
+    payload = {
+        "entity": entity,
+        "join_key": join_key,
+        "tier": tier,
+        "features": [{k: _plain(getattr(f, k)) for k in _VALUE_KEYS} for f in features],
+        "source": {
+            "name": source.name,
+            "topic": source.topic,
+            "event_time": source.event_time,
+            "event_id": source.event_id,
+            "timing": [
+                source.max_out_of_orderness_ms,
+                source.allowed_lateness_ms,
+                source.max_future_ms,
+                source.min_event_time_ms,
+            ],
+            "rules": [r.text for r in source.rules],
+            "fields": [f.model_dump() for f in source.fields if f.name in used],
+        },
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return "v" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, PlanWhere):
+        return value.ast
+    if isinstance(value, PlanOperand):
+        return {"agg": value.agg, "field": value.field, "where": value.where.ast if value.where else None}
+    return value
 
 
 def plan_source(src: CompiledSource) -> PlanSource:
@@ -243,11 +312,15 @@ def plan_sources(result: CheckResult) -> list[PlanSource]:
     return [plan_source(src) for _, src in sorted(result.sources.items())]
 
 
+def plan_views(result: CheckResult) -> list[PlanView]:
+    """Build the plan form of every checked view, by name."""
+    sources = {s.name: s for s in plan_sources(result)}
+    return [plan_view(v, sources[v.source]) for v in sorted(result.views, key=lambda v: v.name)]
+
+
 def registry_hash(result: CheckResult) -> str:
     """sha256 of the checked definitions (not of file names or line numbers)."""
-    views = [
-        plan_view(v).model_dump(exclude={"defined_at"}) for v in sorted(result.views, key=lambda v: v.name)
-    ]
+    views = [v.model_dump(exclude={"defined_at"}) for v in plan_views(result)]
     payload = {
         "entities": {n: e.join_key for n, e in sorted(result.entities.items())},
         "sources": [s.model_dump() for s in plan_sources(result)],
@@ -265,7 +338,7 @@ def build_plans(result: CheckResult, reg_hash: str) -> dict[str, TierPlan]:
     plans = {}
     for tier in TIER_NAMES:
         t = TIERS[tier]
-        views = [plan_view(v) for v in sorted(result.views, key=lambda v: v.name) if v.tier == tier]
+        views = [v for v in plan_views(result) if v.tier == tier]
         plans[tier] = TierPlan(
             schema_version=SCHEMA_VERSION,
             tier=tier,

@@ -43,6 +43,7 @@ def plan_feature(
 def plan_view(name: str, features: list[PlanFeature], **overrides: Any) -> PlanView:
     """Return a nearline view keyed by user (``overrides`` replace any other field)."""
     fields: dict[str, Any] = {
+        "version": f"vtest-{name}",
         "entity": "user",
         "join_key": "user_id",
         "source": "events",

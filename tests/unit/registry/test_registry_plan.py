@@ -26,7 +26,8 @@ def test_plan_before_any_apply_adds_everything(repo: ScratchRepo, tmp_path: Path
     assert out.exit_code == 0, out.output
     assert "registry (nothing applied yet)" in out.output
     assert "+ v1 [realtime] cost 0.00 -> 10.00 (+10.00 CPU-h/day), sla 10s" in out.output
-    assert "1 to add, 0 to change, 0 to remove" in out.output
+    assert "1 to add, 0 to change (state restarts), 0 metadata only, 0 to remove" in out.output
+    assert "version new: state starts empty (no backfill yet)" in out.output
 
 
 def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) -> None:
@@ -59,8 +60,34 @@ def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) ->
     assert any(c.startswith("~ feature clicks_30s: window 30s -> 1m") for c in v1["changes"])
     assert changes["v2"]["cost_delta"] == -10.0
     text = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)]).output
-    assert "~ v1 [realtime] cost 10.00 -> 12.00 (+2.00 CPU-h/day), sla 10s -> 20s" in text
-    assert "1 to add, 1 to change, 1 to remove; charged cost +2.00 CPU-h/day." in text
+    assert "! v1 [realtime] cost 10.00 -> 12.00 (+2.00 CPU-h/day), sla 10s -> 20s" in text
+    assert f"{v1['version_before']} -> {v1['version_after']}, restarts" in text
+    assert "1 to add, 1 to change (state restarts), 0 metadata only, 1 to remove; charged cost +2.00" in text
+
+
+def test_metadata_edits_keep_the_view_version(repo: ScratchRepo, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    repo.write("v1.yaml", MINIMAL_VIEW)
+    repo.write("v2.yaml", MINIMAL_VIEW.replace("v1", "v2"))
+    _apply(repo, state)
+    before = {v.name: v.version for v in read_plan(state, "realtime").views}
+    repo.write(
+        "v1.yaml",
+        MINIMAL_VIEW.replace("compute_cost: 10", "compute_cost: 11")
+        .replace("a small test view", "a small test view, described again")
+        .replace("owner: team-a", "owner: team-b")
+        .replace("freshness_sla: PT10S", "freshness_sla: PT15S"),
+    )
+    repo.write("v2.yaml", MINIMAL_VIEW.replace("v1", "v2").replace("window: 30s", "window: 1m"))
+    out = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state), "--format", "json"])
+    kinds = {c["name"]: c["kind"] for c in json.loads(out.output)["changes"]}
+    assert kinds == {"v1": "metadata", "v2": "changed"}
+    _apply(repo, state)
+    after = {v.name: v.version for v in read_plan(state, "realtime").views}
+    assert after["v1"] == before["v1"]
+    assert after["v2"] != before["v2"]
+    text = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)]).output
+    assert "No changes" in text
 
 
 def test_plan_refuses_a_repo_with_errors(repo: ScratchRepo, tmp_path: Path) -> None:
