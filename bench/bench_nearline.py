@@ -94,7 +94,7 @@ def _drop_group(env: h.Env) -> None:
 
     admin = KafkaAdminClient(bootstrap_servers=env.settings.kafka_bootstrap)
     try:
-        admin.delete_topics([f"{env.group}-changelog"])
+        admin.delete_topics([t for t in admin.list_topics() if t.startswith(f"{env.group}-")])
     finally:
         admin.close()
     store = OnlineStore.from_url(env.settings.redis_url, namespace=env.namespace)
@@ -159,11 +159,16 @@ def cpu_breakdown(env: h.Env, records: int, batch: int = 20_000) -> dict[str, An
         poll_us = (time.process_time() - t0) / got * 1e6
     finally:
         consumer.close()
-    plan = NearlinePlan.from_plan(read_plan(env.tmp, "nearline"))
-    codec, changes = EventCodec(), 0
+    source = NearlinePlan.from_plan(read_plan(env.tmp, "nearline")).source("events")
+    codec, changes = EventCodec(source.source), 0
     tasks = [
         PartitionTask(
-            tp.partition, PartitionStore(env.tmp / "cpu", tp.partition), plan.views, plan.timing, "", codec
+            tp.partition,
+            PartitionStore(env.tmp / "cpu", tp.partition),
+            source.views,
+            source.timing,
+            "",
+            codec,
         )
         for tp in tps
     ]
@@ -325,7 +330,8 @@ def restore(settings: Settings, keys: int) -> dict[str, Any]:
     ensure_topics(settings, {topic: {"cleanup.policy": "compact"}}, 1)
     try:
         plan = NearlinePlan.from_plan(h.write_plan(tmp))
-        view = plan.views[0]
+        source = plan.source("events")
+        view = source.views[0]
         producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=50, batch_size=1 << 20)
         t0 = time.monotonic()
         base = 1_767_225_600_000
@@ -339,7 +345,9 @@ def restore(settings: Settings, keys: int) -> dict[str, Any]:
         producer.close()
         produce_s = time.monotonic() - t0
         store = PartitionStore(tmp / "stores", 0)
-        task = PartitionTask(0, store, plan.views, plan.timing, plan.registry_hash, EventCodec())
+        task = PartitionTask(
+            0, store, source.views, source.timing, plan.registry_hash, EventCodec(source.source)
+        )
         t1 = time.monotonic()
         replayed = restore_partition(settings, topic, 0, store, task)
         took = time.monotonic() - t1

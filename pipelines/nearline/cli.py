@@ -16,8 +16,11 @@ from types import FrameType
 
 import click
 
+from headwater.pipelines.nearline.plan import NearlinePlan
 from headwater.pipelines.nearline.runner import NearlineConfig, run_worker
 from headwater.pipelines.settings import Settings
+from headwater.registry.options import STATE_HELP, resolved_state_dir
+from headwater.registry.plans import read_plan
 
 RESTART_BACKOFF_S = 5.0
 
@@ -33,9 +36,9 @@ RESTART_BACKOFF_S = 5.0
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
-    default=Path(".headwater"),
-    show_default=True,
-    help="Where `headwater apply` wrote the plans.",
+    default=None,
+    callback=resolved_state_dir,
+    help=f"Where `headwater apply` wrote the plans {STATE_HELP}.",
 )
 @click.option(
     "--store-dir",
@@ -48,7 +51,14 @@ RESTART_BACKOFF_S = 5.0
     "group_id",
     default="headwater-nearline",
     show_default=True,
-    help="Consumer group id; the changelog topic is <group>-changelog.",
+    help="Consumer group id; internal topics are <group>-<source>-changelog and <group>-<source>-by-<field>.",
+)
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    metavar="NAME",
+    help="Run only this source's views (repeatable; default: every source with a nearline view).",
 )
 @click.option("--namespace", default="hw", show_default=True, help="Redis key namespace of the online store.")
 @click.option("--max-poll-records", type=click.IntRange(1), default=20_000, show_default=True)
@@ -94,6 +104,7 @@ def run_nearline(
     state_dir: Path,
     store_dir: Path | None,
     group_id: str,
+    sources: tuple[str, ...],
     namespace: str,
     max_poll_records: int,
     session_timeout_ms: int,
@@ -102,11 +113,16 @@ def run_nearline(
     idle_timeout_s: float,
     idle_exit_s: float | None,
 ) -> None:
-    """Run the nearline tier: window aggregates over `events` kept in RocksDB, written to Redis.
+    """Run the nearline tier: window aggregates over every source of the plan, in RocksDB, to Redis.
 
-    Reads the nearline plan applied with `headwater apply`. Stop with Ctrl-C (each worker
-    finishes its batch). Stats per worker go to <store-dir>/stats-<i>.json.
+    Reads the nearline plan applied with `headwater apply`: each source's topic, schema, key and
+    event-time rules come from it. Stop with Ctrl-C (each worker finishes its batch). Stats per
+    worker go to <store-dir>/stats-<i>.json.
     """
+    try:  # a plan that cannot run stops here, not in a worker the supervisor restarts forever
+        NearlinePlan.from_plan(read_plan(state_dir, "nearline"), sources)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
     root = store_dir if store_dir is not None else state_dir / "nearline" / group_id
     root.mkdir(parents=True, exist_ok=True)
     configs = [
@@ -122,6 +138,7 @@ def run_nearline(
             refresh_unchanged=refresh_unchanged,
             check_crcs=None if check_crcs == "auto" else check_crcs == "on",
             idle_timeout_s=idle_timeout_s or None,
+            sources=tuple(sources),
         )
         for i in range(processes)
     ]

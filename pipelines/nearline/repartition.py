@@ -1,14 +1,18 @@
-"""Views keyed by another field than the topic's key (``item_id``): a repartition through Kafka.
+"""Views keyed by another field than their source's key: a repartition through Kafka.
 
-``events`` is keyed by ``user_id``, so an item's events are spread over every partition. The
-events task of each source partition (stage A) forwards them to the internal topic
-``<group>-by-<field>`` and a :class:`RepartitionedTask` per partition of that topic (stage B)
-computes the views keyed by the field, with the same window code and commit protocol.
+A source's topic is keyed by its ``key`` field (``events`` by ``user_id``, ``payments`` by
+``account_id``), so the events of one value of any other field (an item, a merchant) are spread
+over every partition; a source without a key spreads every field's values. The task of each
+source partition (stage A) forwards them to the internal topic ``<group>-<source>-by-<field>``
+and a :class:`RepartitionedTask` per partition of that topic (stage B) computes the views keyed
+by the field, with the same window code and commit protocol. One such pair of topics exists per
+(source, join key) of the plan's views.
 
 Stage A, in step 1 of the commit protocol (with the changelog, before the RocksDB commit):
 
 - each accepted, first-seen event with the field set: key = the field's value, value = the event
-  as JSON, header ``hw-src`` = ``<source partition>:<source offset>``;
+  as JSON (with ``event_time`` in UTC ms and ``event_id`` set, see ``task.py``), header ``hw-src``
+  = ``<source partition>:<source offset>``;
 - then a watermark marker to every partition of the topic: header ``hw-wm`` =
   ``<source partition>:<watermark>`` (no key, no value).
 
@@ -37,7 +41,7 @@ import orjson
 
 from headwater.pipelines.events.codec import EventCodec, Reason, dead_letter
 from headwater.pipelines.nearline.state import PartitionStore
-from headwater.pipelines.nearline.task import BatchOutput, PartitionTask, SourceTiming
+from headwater.pipelines.nearline.task import EVENT_TIME, BatchOutput, PartitionTask, SourceTiming
 from headwater.pipelines.windows import ViewSpec
 
 SOURCE_HEADER = "hw-src"
@@ -45,14 +49,14 @@ MARKER_HEADER = "hw-wm"
 IDLE_HEADER = "hw-idle"
 
 
-def repartition_topic(group: str, field: str) -> str:
-    """Return the internal topic that holds ``events`` keyed by ``field``."""
-    return f"{group}-by-{field}"
+def repartition_topic(group: str, source: str, field: str) -> str:
+    """Return the internal topic that holds the events of ``source`` keyed by ``field``."""
+    return f"{group}-{source}-by-{field}"
 
 
-def repartition_changelog(group: str, field: str) -> str:
-    """Return the changelog topic of the stage-B stores of ``field``."""
-    return f"{group}-by-{field}-changelog"
+def repartition_changelog(group: str, source: str, field: str) -> str:
+    """Return the changelog topic of the stage-B stores of ``source`` keyed by ``field``."""
+    return f"{group}-{source}-by-{field}-changelog"
 
 
 def forwarded_record(event: dict[str, Any], source_partition: int, offset: int) -> tuple[bytes, list[Any]]:
@@ -117,11 +121,16 @@ class RepartitionedTask(PartitionTask):
         views: Sequence[ViewSpec],
         timing: SourceTiming,
         registry_hash: str,
+        codec: EventCodec,
         upstream_partitions: int,
         refresh_all: bool = True,
     ) -> None:
-        """Own ``store``; ``timing`` is the source's (it sets how long event ids are kept)."""
-        super().__init__(partition, store, views, timing, registry_hash, EventCodec(), refresh_all)
+        """Own ``store``; ``timing`` and ``codec`` are the source's.
+
+        They set how long event ids are kept and whether there are any; ``upstream_partitions`` is
+        the source topic's partition count (the watermark waits for a marker from each).
+        """
+        super().__init__(partition, store, views, timing, registry_hash, codec, refresh_all)
         self.upstream_partitions = upstream_partitions
         self.wm_src: dict[int, int] = {}
         self.src_hw: dict[int, int] = {}
@@ -169,9 +178,10 @@ class RepartitionedTask(PartitionTask):
         except orjson.JSONDecodeError as exc:
             out.dead.append(dead_letter(rec, Reason.CORRUPT_PAYLOAD, f"not a forwarded event: {exc}", now_ms))
             return None
-        t = event["event_time"]
-        if self.max_t is None or t > self.max_t:
-            self.max_t = t
+        t = event[EVENT_TIME]
+        seen_t = t if t <= now_ms else now_ms  # as in stage A: the future does not expire dedup ids
+        if self.max_t is None or seen_t > self.max_t:
+            self.max_t = seen_t
         return event
 
     def _watermark(self) -> int | None:

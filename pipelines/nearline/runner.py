@@ -1,7 +1,9 @@
-"""The nearline worker: a kafka-python consumer group member that owns some partitions of ``events``.
+"""The nearline worker: a kafka-python consumer group member that owns some partitions of the sources.
 
-It also consumes the repartition topics of views keyed by another field (``repartition.py``):
-a partition of any topic it owns is one task with its own store and changelog partition.
+One consumer reads the topic of every source of the plan (``plan.py``) and the repartition topics
+of the views keyed by another field than their source's key (``repartition.py``): a partition of
+any topic it owns is one task with its own store and changelog partition, and the records of a
+source's partition are decoded with that source's codec (built from the plan's source).
 Each poll batch is committed in this order (a kill -9 between any two steps loses nothing and
 counts nothing twice):
 
@@ -28,7 +30,7 @@ counts nothing twice):
 5. **Kafka offset commit.** Only for monitoring and lag: on (re)assignment a partition resumes
    from the offset in its store, never from the group's committed offset.
 
-Idle source partitions: stage B's watermark is the minimum over the source partitions, so one
+Idle source partitions: stage B's watermark is the minimum over its source's partitions, so one
 source partition without events would hold the repartitioned views' boundary back forever. A
 source partition that is caught up (position = high watermark) and got no record for
 ``idle_timeout_s`` is announced idle to stage B (``repartition.py``), like Flink's
@@ -38,6 +40,7 @@ source partition that is caught up (position = high watermark) and got no record
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -51,7 +54,7 @@ from typing import Any
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 
 from headwater.pipelines.events.codec import EventCodec
-from headwater.pipelines.nearline.plan import NearlinePlan
+from headwater.pipelines.nearline.plan import NearlinePlan, SourcePlan, changelog_topic
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
     RepartitionedTask,
@@ -92,11 +95,8 @@ class NearlineConfig:
     check_crcs: bool | None = None
     """Verify record CRCs when consuming; None: only when the C ``crc32c`` module is installed
     (kafka-python's pure-Python CRC-32C costs more than the rest of the pipeline together)."""
-
-    @property
-    def changelog_topic(self) -> str:
-        """The compacted changelog topic of this consumer group."""
-        return f"{self.group_id}-changelog"
+    sources: tuple[str, ...] = ()
+    """Run only these sources of the plan (empty: every source with a nearline view)."""
 
 
 class NearlineCommitError(RuntimeError):
@@ -121,11 +121,22 @@ class NearlineWorker:
     def __init__(self, config: NearlineConfig, plan: NearlinePlan) -> None:
         self.config = config
         self.plan = plan
-        self.codec = EventCodec()
         s = config.settings
-        self.topic = s.events_topic
-        self.by_key = {repartition_topic(config.group_id, k): k for k in plan.repartitioned}
-        """Repartition topic -> the join key it is keyed by."""
+        self.sources = {sp.topic: sp for sp in plan.sources}
+        """Source topic -> its plan."""
+        self.codecs = {sp.topic: EventCodec(sp.source) for sp in plan.sources}
+        """Source topic -> the codec of its source (one per worker: codecs are not thread-safe)."""
+        self.by_key = {
+            repartition_topic(config.group_id, sp.name, k): (sp, k)
+            for sp in plan.sources
+            for k in sp.repartitioned
+        }
+        """Repartition topic -> (its source, the join key it is keyed by)."""
+        self.forwards = {
+            sp.topic: [repartition_topic(config.group_id, sp.name, k) for k in sp.repartitioned]
+            for sp in plan.sources
+        }
+        """Source topic -> its repartition topics (empty: no view behind a repartition)."""
         self.consumer = KafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap,
             group_id=config.group_id,
@@ -152,8 +163,12 @@ class NearlineWorker:
         self.online = OnlineStore.from_url(s.redis_url, namespace=config.namespace)
         self.dictionary = RedisDictionary(self.online.client, namespace=config.namespace)
         self.tasks: dict[TopicPartition, PartitionTask] = {}
-        self.idle = IdleSources(config.idle_timeout_s if self.by_key else None)
-        self.upstream_partitions = 0
+        self.idle = {
+            topic: IdleSources(config.idle_timeout_s if self.forwards[topic] else None)
+            for topic in self.sources
+        }
+        """Source topic -> the idle timer of its partitions (never fires without a repartition)."""
+        self.upstream_partitions: dict[str, int] = {}
         self.changelogs: dict[TopicPartition, str] = {}
         self.last_checkpoint = time.monotonic()
         self.counters: dict[str, float] = {
@@ -170,30 +185,46 @@ class NearlineWorker:
 
     # -- assignment ----------------------------------------------------------------------------
     def _new_task(self, tp: TopicPartition) -> tuple[PartitionTask, str]:
-        """Return the task of an assigned partition and its changelog topic."""
-        c, plan, p = self.config, self.plan, tp.partition
-        if tp.topic == self.topic:
-            store = PartitionStore(c.state_root, p)
+        """Return the task of an assigned partition and its changelog topic.
+
+        Stores live under ``<state root>/<source>/p<N>`` (stage A) and
+        ``<state root>/<source>/by-<field>/p<N>`` (stage B).
+        """
+        c, p = self.config, tp.partition
+        sp = self.sources.get(tp.topic)
+        if sp is not None:
+            store = PartitionStore(c.state_root / sp.name, p)
             task = PartitionTask(
                 p,
                 store,
-                plan.views,
-                plan.timing,
-                plan.registry_hash,
-                self.codec,
+                sp.views,
+                sp.timing,
+                self.plan.registry_hash,
+                self.codecs[sp.topic],
                 refresh_all=c.refresh_unchanged,
-                forward_keys=tuple(plan.repartitioned),
+                forward_keys=tuple(sp.repartitioned),
             )
-            return task, c.changelog_topic
-        key = self.by_key[tp.topic]
-        store = PartitionStore(c.state_root / f"by-{key}", p)
-        upstream = self.upstream_partitions or len(self.producer.partitions_for(self.topic))
-        self.upstream_partitions = upstream
-        views = plan.repartitioned[key]
+            return task, changelog_topic(c.group_id, sp.name)
+        sp, key = self.by_key[tp.topic]
+        store = PartitionStore(c.state_root / sp.name / f"by-{key}", p)
         task = RepartitionedTask(
-            p, store, views, plan.timing, plan.registry_hash, upstream, refresh_all=c.refresh_unchanged
+            p,
+            store,
+            sp.repartitioned[key],
+            sp.timing,
+            self.plan.registry_hash,
+            self.codecs[sp.topic],
+            self._upstream(sp),
+            refresh_all=c.refresh_unchanged,
         )
-        return task, repartition_changelog(c.group_id, key)
+        return task, repartition_changelog(c.group_id, sp.name, key)
+
+    def _upstream(self, sp: SourcePlan) -> int:
+        """Return the partition count of the source's topic (stage B's watermark waits on each)."""
+        n = self.upstream_partitions.get(sp.topic)
+        if n is None:
+            n = self.upstream_partitions[sp.topic] = len(self.producer.partitions_for(sp.topic))
+        return n
 
     def open_tasks(self, assigned: list[TopicPartition]) -> None:
         """Restore each assigned partition (local store, checkpoint, changelog) and seek to its offset."""
@@ -207,8 +238,8 @@ class NearlineWorker:
                 self.consumer.seek_to_beginning(tp)
             self.tasks[tp] = task
             self.changelogs[tp] = changelog
-            if tp.topic == self.topic:
-                self.idle.active(tp.partition, time.monotonic())
+            if tp.topic in self.idle:
+                self.idle[tp.topic].active(tp.partition, time.monotonic())
             took = time.monotonic() - started
             self.counters["restore_s"] += took
             log.info(
@@ -226,15 +257,15 @@ class NearlineWorker:
         """Close the stores of revoked partitions (their state is committed after every batch)."""
         for tp in revoked:
             task = self.tasks.pop(tp, None)
-            if tp.topic == self.topic:
-                self.idle.forget(tp.partition)
+            if tp.topic in self.idle:
+                self.idle[tp.topic].forget(tp.partition)
             if task is not None:
                 task.store.close()
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> None:
         """Poll and commit until ``stop`` is set (or ``idle_exit_s`` without records)."""
-        self.consumer.subscribe([self.topic, *self.by_key], listener=_Listener(self))
+        self.consumer.subscribe([*self.sources, *self.by_key], listener=_Listener(self))
         idle_since = time.monotonic()
         try:
             while not stop.is_set():
@@ -256,17 +287,20 @@ class NearlineWorker:
         """Send an idle marker for each source partition caught up and without records for the timeout."""
         now = time.monotonic()
         for tp in polled:
-            if tp.topic == self.topic and tp in self.tasks:
-                self.idle.active(tp.partition, now)
-        for p in self.idle.due(now, self._caught_up):
-            task = self.tasks[TopicPartition(self.topic, p)]
-            self._markers(idle_headers(p, task.watermark()))
-            log.info(
-                "source partition %d idle: left out of the repartitioned watermark until it has events", p
-            )
+            if tp.topic in self.idle and tp in self.tasks:
+                self.idle[tp.topic].active(tp.partition, now)
+        for topic, timer in self.idle.items():
+            for p in timer.due(now, functools.partial(self._caught_up, topic)):
+                task = self.tasks[TopicPartition(topic, p)]
+                self._markers(topic, idle_headers(p, task.watermark()))
+                log.info(
+                    "%s partition %d idle: left out of the repartitioned watermark until it has events",
+                    topic,
+                    p,
+                )
 
-    def _caught_up(self, partition: int) -> bool:
-        tp = TopicPartition(self.topic, partition)
+    def _caught_up(self, topic: str, partition: int) -> bool:
+        tp = TopicPartition(topic, partition)
         task, end = self.tasks.get(tp), self.consumer.highwater(tp)
         return task is not None and end is not None and (task.next_offset or 0) >= end
 
@@ -316,8 +350,8 @@ class NearlineWorker:
                         self.config.settings.dlq_topic, key=dl.key, value=dl.value, headers=dl.kafka_headers()
                     )
                 )
-            if self.by_key and tp.topic == self.topic:
-                sent += self._forward(tp.partition, out)
+            if self.forwards.get(tp.topic):
+                sent += self._forward(tp, out)
             changelog = self.changelogs[tp]
             for key, value in out.changes.items():
                 if key != META_KEY:
@@ -340,22 +374,23 @@ class NearlineWorker:
         self.producer.flush()
         return {tp: future.get(timeout=30).offset for tp, future in metas.items()}
 
-    def _forward(self, partition: int, out: BatchOutput) -> list[Any]:
-        """Send the batch's events to each repartition topic, then a watermark marker to every partition."""
+    def _forward(self, tp: TopicPartition, out: BatchOutput) -> list[Any]:
+        """Send the batch's events to their repartition topics, then a watermark marker to every partition."""
         sent = []
+        name = self.sources[tp.topic].name
         for key, value, event, offset in out.forward:
-            payload, headers = forwarded_record(event, partition, offset)
-            topic = repartition_topic(self.config.group_id, key)
+            payload, headers = forwarded_record(event, tp.partition, offset)
+            topic = repartition_topic(self.config.group_id, name, key)
             sent.append(self.producer.send(topic, key=str(value).encode(), value=payload, headers=headers))
         if out.watermark is not None:
-            sent += self._markers(marker_headers(partition, out.watermark))
+            sent += self._markers(tp.topic, marker_headers(tp.partition, out.watermark))
         return sent
 
-    def _markers(self, headers: list[tuple[str, bytes]]) -> list[Any]:
-        """Send one marker (no key, no value) to every partition of every repartition topic."""
+    def _markers(self, source_topic: str, headers: list[tuple[str, bytes]]) -> list[Any]:
+        """Send one marker (no key, no value) to every partition of the source's repartition topics."""
         return [
             self.producer.send(topic, value=b"", partition=q, headers=headers)
-            for topic in self.by_key
+            for topic in self.forwards[source_topic]
             for q in sorted(self.producer.partitions_for(topic))
         ]
 

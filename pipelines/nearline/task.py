@@ -6,13 +6,24 @@ malformed, late and future-dated ones), drops duplicate event ids, folds the eve
 pane records of every view, advances the watermark and each view's published boundary, expires
 dead panes, and returns the store changes and the (view, entities) to publish. Nothing leaves
 the process here: the runner persists and publishes (see :mod:`headwater.pipelines.nearline.runner`).
+
+The task is generic over the source: its codec (built from the plan's source) decodes and
+validates; the event-time rules are the source's (:meth:`SourceTiming.of`). The window code reads
+an event's time in UTC ms as ``event_time`` and its identity as ``event_id``, so each accepted
+event gets both from the source's own fields (its event-time field in whatever unit, its event-id
+field; a source without one gets the record's coordinates, and is not de-duplicated).
+
+Time from the future does not move the watermark past the wall clock: an accepted event ahead of
+the clock (up to the source's ``max_future``) is folded, but the partition's max event time only
+advances to the batch's clock, so the events after it are not judged late against a time that has
+not come yet (issue 16, item 1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from headwater.pipelines.events.codec import DeadLetter, DecodeError, EventCodec, Reason, dead_letter
 from headwater.pipelines.nearline.state import (
@@ -26,16 +37,29 @@ from headwater.pipelines.nearline.state import (
     pane_key,
 )
 from headwater.pipelines.windows import PaneAggregator, Panes, ViewSpec
+from headwater.registry.plans import PlanSource
+
+EVENT_TIME = "event_time"
+"""Where the window code (:mod:`headwater.pipelines.windows`) reads an event's time, in UTC ms."""
+EVENT_ID = "event_id"
+"""Where the window code reads an event's identity (``last`` breaks ties on it; dedup keys on it)."""
 
 
 @dataclass(frozen=True)
 class SourceTiming:
-    """Event-time handling of the source, in ms (from the plan's source)."""
+    """Event-time handling of the source, in ms (from the plan's source: :meth:`of`)."""
 
     max_out_of_orderness_ms: int
-    allowed_lateness_ms: int | None
-    max_future_ms: int = 3_600_000
+    """The watermark trails the partition's max event time by this much."""
+    allowed_lateness_ms: int
+    """An event older than the watermark minus this is a dead letter (``late``)."""
+    max_future_ms: int
     """An event this far ahead of the wall clock is a dead letter (``future_dated``)."""
+
+    @classmethod
+    def of(cls, source: PlanSource) -> SourceTiming:
+        """Return the timing the plan resolved for ``source``."""
+        return cls(source.max_out_of_orderness_ms, source.allowed_lateness_ms, source.max_future_ms)
 
 
 @dataclass
@@ -108,6 +132,17 @@ class PartitionTask:
         self.max_t: int | None = None
         self.next_offset: int | None = None
         self.pending_outbox: dict[str, Any] = {}
+        src = codec.source
+        self.dedup = src.event_id is not None
+        """Whether events are de-duplicated by the source's event-id field."""
+        id_field = src.field(src.event_id) if src.event_id else None
+        self._id_field = src.event_id
+        self._copy_id = src.event_id is not None and not (
+            src.event_id == EVENT_ID and id_field is not None and id_field.kind == "string"
+        )
+        """False when the id is already a string under ``event_id`` (the codec refuses a null one)."""
+        self._set_time = not (src.event_time == EVENT_TIME and src.event_time_unit == "ms")
+        """False when the event time is already UTC ms under ``event_time``."""
 
     # -- restore -------------------------------------------------------------------------------
     def load(self, loaded: Loaded) -> None:
@@ -165,6 +200,7 @@ class PartitionTask:
         late_touch: dict[str, set[str]] = {name: set() for name in self.views}
         new_ids: dict[int, dict[str, int]] = {}
         seen = self.seen
+        dedup = self.dedup
         filters = tuple(self.filters.items())
         views = [
             (name, vs.spec.join_key, vs.entities, vs.index, vs.agg.fold, vs.t_pub, late_touch[name])
@@ -174,17 +210,19 @@ class PartitionTask:
             event = self._accept(rec, now_ms, out)
             if event is None:
                 continue
-            eid, off = event["event_id"], rec.offset
-            first = seen.get(eid)
-            if first is not None and first != off:
-                out.duplicates += 1
-                continue
-            if first is None:
-                seen[eid] = off
-                bucket = new_ids.get(event["event_time"] // DEDUP_BUCKET_MS)
-                if bucket is None:
-                    bucket = new_ids[event["event_time"] // DEDUP_BUCKET_MS] = {}
-                bucket[eid] = off
+            off = rec.offset
+            if dedup:
+                eid = event[EVENT_ID]
+                first = seen.get(eid)
+                if first is not None and first != off:
+                    out.duplicates += 1
+                    continue
+                if first is None:
+                    seen[eid] = off
+                    bucket = new_ids.get(event[EVENT_TIME] // DEDUP_BUCKET_MS)
+                    if bucket is None:
+                        bucket = new_ids[event[EVENT_TIME] // DEDUP_BUCKET_MS] = {}
+                    bucket[eid] = off
             out.events += 1
             if forward:
                 for fk in forward:
@@ -254,21 +292,35 @@ class PartitionTask:
         if isinstance(decoded, DecodeError):
             out.dead.append(dead_letter(rec, decoded.reason, decoded.detail, now_ms))
             return None
-        event = cast(dict[str, Any], decoded.event)  # a fresh dict from the Avro reader: no copy
-        t, timing = event["event_time"], self.timing
+        event = decoded.event  # a fresh dict from the Avro reader: no copy
+        t, timing = decoded.event_time_ms, self.timing
         if t > now_ms + timing.max_future_ms:
-            detail = f"event_time {t} is more than {timing.max_future_ms} ms ahead of the clock ({now_ms})"
+            detail = (
+                f"{self.codec.source.event_time} {t} ms is more than {timing.max_future_ms} ms ahead of the "
+                f"clock ({now_ms}; max_future of source {self.codec.source.name!r})"
+            )
             out.dead.append(dead_letter(rec, Reason.FUTURE_DATED, detail, now_ms))
             return None
         max_t = self.max_t
-        if max_t is not None and timing.allowed_lateness_ms is not None:
+        if max_t is not None:
             horizon = max_t - timing.max_out_of_orderness_ms - timing.allowed_lateness_ms
             if t < horizon:
-                detail = f"event_time {t} is {horizon - t} ms before watermark - allowed lateness ({horizon})"
+                detail = (
+                    f"{self.codec.source.event_time} {t} ms is {horizon - t} ms before watermark - allowed "
+                    f"lateness ({horizon}; source {self.codec.source.name!r})"
+                )
                 out.dead.append(dead_letter(rec, Reason.LATE, detail, now_ms))
                 return None
-        if max_t is None or t > max_t:
-            self.max_t = t
+        seen_t = t if t <= now_ms else now_ms  # the future does not move the watermark (module docstring)
+        if max_t is None or seen_t > max_t:
+            self.max_t = seen_t
+        if self._set_time:
+            event[EVENT_TIME] = t
+        if self._copy_id:
+            ident = event.get(self._id_field) if self._id_field else None
+            event[EVENT_ID] = f"{rec.partition}:{rec.offset}" if ident is None else str(ident)
+        elif not self.dedup:
+            event[EVENT_ID] = f"{rec.partition}:{rec.offset}"  # only breaks ties of `last`
         return event
 
     def _dedup_changes(self, new_ids: dict[int, dict[str, int]], first_offset: int, out: BatchOutput) -> None:
@@ -280,10 +332,7 @@ class PartitionTask:
             out.changes[key] = dumps(merged)  # the whole batch's ids of the bucket
         if self.max_t is None:
             return
-        lateness = self.timing.allowed_lateness_ms
-        if lateness is None:
-            lateness = max(vs.spec.longest_window_ms for vs in self.views.values())
-        horizon = self.max_t - self.timing.max_out_of_orderness_ms - lateness
+        horizon = self.max_t - self.timing.max_out_of_orderness_ms - self.timing.allowed_lateness_ms
         for bucket in [b for b in self.buckets if (b + 1) * DEDUP_BUCKET_MS <= horizon]:
             for key, id_list in self.buckets.pop(bucket).items():
                 for i in id_list:

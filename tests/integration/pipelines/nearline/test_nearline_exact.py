@@ -157,14 +157,14 @@ def test_idle_source_partition_does_not_hold_back_the_item_boundary(item_env: h.
     """
     env = item_env
     day_ms = 86_400_000
-    by_item = f"{env.group}-by-item_id"
+    by_item = f"{env.group}-events-by-item_id"
     ensure_topics(env.settings, {by_item: {"retention.ms": str(day_ms)}}, env.partitions)
     h.produce(env.settings, 9_000, seed=17, only_partitions=3)
     exp = h.expected(env.settings)
     assert sorted(exp.accepted) == [0, 1, 2]
     # Fixed data: the three partitions' final watermarks lie in one minute (the item view's tick),
     # so the final boundary is the same whichever partition the worker finds idle first.
-    wms = [max(e["event_time"] for e in evs) - int(h.OOO_S * 1000) for evs in exp.accepted.values()]
+    wms = [max(e["event_time"] for e in evs) - h.OOO_MS for evs in exp.accepted.values()]
     assert len({w // 60_000 for w in wms}) == 1
     proc = env.start(20.0, 2000, 1, "--idle-timeout", "3")
     assert wait(proc, 120) == 0
@@ -174,7 +174,7 @@ def test_idle_source_partition_does_not_hold_back_the_item_boundary(item_env: h.
     idle = {t["partition"]: t["idle_sources"] for t in stats["tasks"] if "idle_sources" in t}
     assert len(idle) == env.partitions
     assert all(3 in sources for sources in idle.values())
-    want = 30 * 60_000 + int(h.LATENESS_S * 1000) + day_ms  # longest item window 30 min
+    want = 30 * 60_000 + h.LATENESS_MS + day_ms  # longest item window 30 min
     assert topic_retention_ms(env.settings, by_item) == want
 
 

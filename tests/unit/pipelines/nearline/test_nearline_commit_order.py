@@ -15,9 +15,11 @@ import pytest
 from kafka import TopicPartition
 
 from headwater.pipelines.events.codec import DeadLetter
+from headwater.pipelines.events.schema import behavior_source
+from headwater.pipelines.nearline.plan import SourcePlan
 from headwater.pipelines.nearline.runner import NearlineCommitError, NearlineConfig, NearlineWorker
 from headwater.pipelines.nearline.state import META_KEY, OUTBOX_KEY, pane_key
-from headwater.pipelines.nearline.task import BatchOutput
+from headwater.pipelines.nearline.task import BatchOutput, SourceTiming
 from headwater.pipelines.settings import Settings
 
 
@@ -56,11 +58,13 @@ def _worker(producer: Recorder, tmp: Path) -> NearlineWorker:
     worker = object.__new__(NearlineWorker)  # no consumer, no Redis: only the send path is exercised
     worker.config = NearlineConfig(Settings.from_env(), tmp, tmp, group_id="g")
     worker.producer = producer  # type: ignore[assignment]
-    worker.topic = "events"
-    worker.by_key = {"g-by-item_id": "item_id"}
+    source = SourcePlan(behavior_source(), SourceTiming(0, 0, 0), (), {"item_id": ()})
+    worker.sources = {"events": source}
+    worker.forwards = {"events": ["g-events-by-item_id"]}
+    worker.by_key = {"g-events-by-item_id": (source, "item_id")}
     worker.changelogs = {
-        TopicPartition("events", 0): "g-changelog",
-        TopicPartition("g-by-item_id", 1): "g-b-cl",
+        TopicPartition("events", 0): "g-events-changelog",
+        TopicPartition("g-events-by-item_id", 1): "g-b-cl",
     }
     return worker
 
@@ -71,7 +75,7 @@ def _outputs() -> dict[TopicPartition, BatchOutput]:
     event = {"event_id": "e1", "item_id": "i1", "event_time": 1}
     a = BatchOutput(changes=dict(changes), dead=[dead], forward=[("item_id", "i1", event, 7)], watermark=0)
     b = BatchOutput(changes=dict(changes))
-    return {TopicPartition("events", 0): a, TopicPartition("g-by-item_id", 1): b}
+    return {TopicPartition("events", 0): a, TopicPartition("g-events-by-item_id", 1): b}
 
 
 def test_meta_records_are_sent_after_everything_else_is_flushed(tmp_path: Path) -> None:
@@ -80,23 +84,27 @@ def test_meta_records_are_sent_after_everything_else_is_flushed(tmp_path: Path) 
     first_flush = rec.log.index(("flush", None, None))
     before, after = rec.log[:first_flush], rec.log[first_flush + 1 :]
     topics = [t for _, t, _ in before]
-    assert topics.count("g-by-item_id") == 1 + 2  # the forwarded event, a marker per partition
+    assert topics.count("g-events-by-item_id") == 1 + 2  # the forwarded event, a marker per partition
     assert topics.count(Settings.from_env().dlq_topic) == 1
-    assert [k for _, t, k in before if t in ("g-changelog", "g-b-cl")] == [
+    assert [k for _, t, k in before if t in ("g-events-changelog", "g-b-cl")] == [
         pane_key("v", "u1", 0),
         OUTBOX_KEY,
     ] * 2
     assert all(k != META_KEY for _, _, k in before)
-    assert after == [("send", "g-changelog", META_KEY), ("send", "g-b-cl", META_KEY), ("flush", None, None)]
+    assert after == [
+        ("send", "g-events-changelog", META_KEY),
+        ("send", "g-b-cl", META_KEY),
+        ("flush", None, None),
+    ]
     # the store remembers the changelog offset of each task's meta record
     assert positions == {
         TopicPartition("events", 0): len(before) + 2,
-        TopicPartition("g-by-item_id", 1): len(before) + 3,
+        TopicPartition("g-events-by-item_id", 1): len(before) + 3,
     }
 
 
 def test_an_unacknowledged_forward_stops_the_batch_before_its_meta_record(tmp_path: Path) -> None:
-    rec = Recorder(fail_topic="g-by-item_id")
+    rec = Recorder(fail_topic="g-events-by-item_id")
     with pytest.raises(NearlineCommitError, match="3 of 8 records"):
         _worker(rec, tmp_path)._send(_outputs())
     assert all(k != META_KEY for _, _, k in rec.log)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record as Rec
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
@@ -19,7 +20,7 @@ from headwater.pipelines.windows.testing import plan_feature, plan_view
 
 MIN = 60_000
 T0 = 1_767_225_600_000
-TIMING = SourceTiming(5_000, 60_000)
+TIMING = SourceTiming(5_000, 60_000, 300_000)
 
 
 class Log:
@@ -51,7 +52,7 @@ def _spec() -> ViewSpec:
 
 
 def _task(tmp: Path, upstream: int = 3) -> RepartitionedTask:
-    return RepartitionedTask(0, PartitionStore(tmp, 0), [_spec()], TIMING, "x", upstream)
+    return RepartitionedTask(0, PartitionStore(tmp, 0), [_spec()], TIMING, "x", EventCodec(), upstream)
 
 
 def test_idle_source_leaves_the_minimum_until_its_next_marker(tmp_path: Path) -> None:

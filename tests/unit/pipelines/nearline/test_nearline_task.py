@@ -37,11 +37,13 @@ def test_task_matches_reference_and_restores_from_its_store(tmp_path: Path) -> N
             assert em.malformed is not None
             recs.append(Rec(i, em.malformed.value, list(em.malformed.headers)))
     specs = [compile_view(v) for v in h.nearline_views()]
-    timing = SourceTiming(5_000, 60_000)
+    timing = SourceTiming.of(h.BEHAVIOUR)
+    assert (timing.max_out_of_orderness_ms, timing.allowed_lateness_ms) == (5_000, 60_000)
+    now = max(e["event_time"] for e in events)  # the clock: no event is ahead of it
     task = PartitionTask(0, PartitionStore(tmp_path, 0), specs, timing, "sha256:x", codec)
     dead: list[Any] = []
     for s in range(0, len(recs), 700):
-        out = task.process(recs[s : s + 700], now_ms=events[-1]["event_time"])
+        out = task.process(recs[s : s + 700], now_ms=now)
         task.store.commit(out.changes, s)
         dead += out.dead
     accepted, late = split_late(events, 5_000, 60_000)
