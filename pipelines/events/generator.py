@@ -9,7 +9,7 @@ clicks (depending on position and on the user's taste, see ``world.py``), each c
 by a dwell and maybe a like, share or purchase.
 
 On top of that stream, each emission is independently, with the configured shares:
-malformed (bytes that do not decode or that break a field rule), a duplicate (a recent event
+malformed (bytes that do not decode, or an event that breaks a source rule), a duplicate (a recent event
 repeated with the same ``event_id``), late (event time minutes behind the clock) or out of
 order (event time a few seconds behind the clock).
 
@@ -321,12 +321,7 @@ class EventGenerator(Iterator[Emission]):
         pending.append(self._template(session, "click", item, position=position))
         dwell_ms = int(4_000 * factor * math.exp(rng.gauss(0.0, 0.8)))
         pending.append(self._template(session, "dwell", item, dwell_ms=dwell_ms))
-        follow_ups: tuple[tuple[EventType, float], ...] = (
-            ("like", 0.15),
-            ("share", 0.04),
-            ("purchase", 0.03),
-        )
-        for kind, base in follow_ups:
+        for kind, base in _FOLLOW_UPS:
             if rng.random() < base * factor:
                 pending.append(self._template(session, kind, item))
 
@@ -364,7 +359,7 @@ class EventGenerator(Iterator[Emission]):
         stray = _Session(user, f"s-{rng.getrandbits(64):016x}", self.users.device[user], 0)
         event = self._template(stray, "impression", item, position=1)
         event["event_id"], event["event_time"] = f"{rng.getrandbits(128):032x}", now
-        fp = codec.schema.fingerprint_header
+        fp = codec.fingerprint_header
         headers: tuple[tuple[str, bytes], ...] = ((HEADER_SCHEMA_FP, fp),)
         if kind == "invalid_field":
             _break_a_field(rng, event)
@@ -386,7 +381,7 @@ class EventGenerator(Iterator[Emission]):
 
 
 def _break_a_field(rng: random.Random, event: BehaviorEvent) -> None:
-    """Make ``event`` valid Avro but break one rule of ``validate_event``."""
+    """Make ``event`` valid Avro but break one check of ``EventCodec.validate`` (a rule, the id length)."""
     choice = rng.randrange(5)
     if choice == 0:
         event["event_type"], event["dwell_ms"] = "dwell", -rng.randint(1, 10_000)

@@ -1,4 +1,4 @@
-"""Send generated events to Kafka at a target rate: key = user_id, value = Avro, headers = fp + produce time.
+"""Send generated behaviour events to Kafka at a target rate: key = the source's key, value = Avro, headers.
 
 The producer paces itself by the generator's simulated clock, which runs at ``rate`` events
 per second from the wall-clock start. ``rate = 0`` sends as fast as one process can (the
@@ -113,11 +113,11 @@ class ProduceStats:
         return {**asdict(self), "rate": round(self.rate, 1)}
 
 
-def open_producer(settings: ProducerSettings) -> KafkaProducer:
-    """Connect a tuned ``KafkaProducer`` and check that ``settings.topic`` exists.
+def open_producer(settings: ProducerSettings, also: tuple[str, ...] = ()) -> KafkaProducer:
+    """Connect a tuned ``KafkaProducer`` and check that ``settings.topic`` (and the ``also`` topics) exist.
 
     Raises:
-        ProduceError: no broker at ``settings.bootstrap``, or the topic does not exist.
+        ProduceError: no broker at ``settings.bootstrap``, or a topic does not exist.
     """
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
@@ -137,16 +137,17 @@ def open_producer(settings: ProducerSettings) -> KafkaProducer:
             "or point HEADWATER_KAFKA_BOOTSTRAP at yours"
         )
         raise ProduceError(msg) from None
-    try:
-        producer.partitions_for(settings.topic)
-    except KafkaTimeoutError:
-        producer.close(timeout=1)
-        msg = (
-            f"topic {settings.topic!r} not found on {settings.bootstrap} within "
-            f"{settings.connect_timeout_s:g}s; create it with `headwater topics create` "
-            "(done by `make services-up`)"
-        )
-        raise ProduceError(msg) from None
+    for topic in (settings.topic, *also):
+        try:
+            producer.partitions_for(topic)
+        except KafkaTimeoutError:
+            producer.close(timeout=1)
+            msg = (
+                f"topic {topic!r} not found on {settings.bootstrap} within "
+                f"{settings.connect_timeout_s:g}s; create it with `headwater topics create` "
+                "(done by `make services-up`; after `headwater apply` for a new source)"
+            )
+            raise ProduceError(msg) from None
     return producer
 
 
@@ -155,14 +156,16 @@ def produce(
     config: GeneratorConfig | None = None,
     progress: Callable[[ProduceStats], None] | None = None,
     producer: KafkaProducer | None = None,
+    codec: EventCodec | None = None,
 ) -> ProduceStats:
-    """Generate and send events for ``settings.duration_s`` seconds (or ``max_events``).
+    """Generate behaviour events and send them for ``settings.duration_s`` seconds (or ``max_events``).
 
     ``config`` defaults to a :class:`GeneratorConfig` whose clock starts now and runs at
     ``settings.rate``; pass one to choose the seed and the shares of bad events (its
     ``start_ms`` and ``rate`` are replaced so that event times track the wall clock).
     ``progress`` is called about once a second and at the end. A given ``producer`` is
-    flushed but not closed.
+    flushed but not closed. ``codec`` is the behaviour source's (default: the example repo's);
+    records are keyed by its declared key.
     """
     now_ms = time.time_ns() // 1_000_000
     config = config or GeneratorConfig()
@@ -175,7 +178,7 @@ def produce(
     else:
         sim_rate = settings.rate if settings.rate > 0 else MAX_MODE_SIM_RATE
         config = replace(config, start_ms=now_ms, rate=sim_rate)
-    codec = EventCodec()
+    codec = codec or EventCodec()
     generator = EventGenerator(config, codec)
     own = producer is None
     kafka = open_producer(settings) if producer is None else producer
@@ -234,9 +237,7 @@ def _send_loop(
             if not (emission.duplicate or history):  # rebase on the wall clock, in place: duplicates copy it
                 event["event_time"] += wall_ms - emission.sim_time_ms
             value = codec.encode(event)
-            future = kafka.send(
-                topic, value=value, key=event["user_id"].encode(), headers=[fp_header, produce_ts]
-            )
+            future = kafka.send(topic, value=value, key=codec.key(event), headers=[fp_header, produce_ts])
             stats.duplicates += emission.duplicate
             stats.late += emission.late
             stats.out_of_order += emission.out_of_order

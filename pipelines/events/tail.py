@@ -1,4 +1,4 @@
-"""Read the events topic back: decode every record, report what is valid and why the rest is not.
+"""Read a source's topic back: decode every record with its codec, report what is valid and why the rest not.
 
 ``tail`` reads without a consumer group (it assigns every partition itself and commits
 nothing), so it never disturbs the tiers' consumer groups.
@@ -30,10 +30,13 @@ class TailedRecord:
 
 @dataclass
 class TailSummary:
-    """What a tail saw: counts by event type, rejects by reason, duplicates and record age."""
+    """What a tail saw: counts by the first enum field, rejects by reason, duplicates and record age."""
 
     records: int = 0
     by_type: Counter[str] = field(default_factory=Counter)
+    """Valid records by the value of ``by_field`` (all under "" when the source has no enum)."""
+    by_field: str | None = None
+    """The source's first enum field (``event_type`` for the behaviour events), or None."""
     invalid: Counter[str] = field(default_factory=Counter)
     duplicate_ids: int = 0
     ages_ms: list[int] = field(default_factory=list)
@@ -45,6 +48,7 @@ class TailSummary:
         return {
             "records": self.records,
             "valid": sum(self.by_type.values()),
+            "by_field": self.by_field,
             "by_type": dict(self.by_type.most_common()),
             "invalid": dict(self.invalid.most_common()),
             "duplicate_ids": self.duplicate_ids,
@@ -85,7 +89,9 @@ def tail(
     except KafkaTimeoutError:
         msg = f"no Kafka broker answers at {bootstrap} within {connect_timeout_s:g}s; run `make services-up`"
         raise TailError(msg) from None
-    summary, seen = TailSummary(), set[str]()
+    source = codec.source
+    kind = next((f.name for f in source.fields if f.kind == "enum"), None)
+    summary, seen = TailSummary(by_field=kind), set[str]()
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
@@ -99,7 +105,7 @@ def tail(
             consumer.seek_to_end(*assigned)
         for record in consumer:
             result = codec.decode(record.value, record.headers)
-            _count(summary, seen, result)
+            _count(summary, seen, result, source.event_id)
             if on_record is not None:
                 on_record(TailedRecord(record.partition, record.offset, result))
             if max_records is not None and summary.records >= max_records:
@@ -109,15 +115,19 @@ def tail(
     return summary
 
 
-def _count(summary: TailSummary, seen: set[str], result: DecodedEvent | DecodeError) -> None:
+def _count(
+    summary: TailSummary, seen: set[str], result: DecodedEvent | DecodeError, id_field: str | None
+) -> None:
     summary.records += 1
     if isinstance(result, DecodeError):
         summary.invalid[result.reason.value] += 1
         return
     event = result.event
-    summary.by_type[event["event_type"]] += 1
-    if event["event_id"] in seen:
-        summary.duplicate_ids += 1
-    seen.add(event["event_id"])
+    summary.by_type[str(event[summary.by_field]) if summary.by_field else ""] += 1
+    if id_field is not None:
+        ident = str(event[id_field])
+        if ident in seen:
+            summary.duplicate_ids += 1
+        seen.add(ident)
     if result.produce_ts_ms is not None:
         summary.ages_ms.append(time.time_ns() // 1_000_000 - result.produce_ts_ms)

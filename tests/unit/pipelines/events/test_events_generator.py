@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from headwater.pipelines.events.codec import DecodedEvent, DecodeError, EventCodec, Reason, validate_event
+from headwater.pipelines.events.codec import DecodedEvent, DecodeError, EventCodec, Reason
 from headwater.pipelines.events.generator import (
     MALFORMED_KINDS,
     Emission,
@@ -79,7 +79,7 @@ def test_every_event_is_valid_and_round_trips(codec: EventCodec, stream: tuple) 
     _, _, emissions = stream
     hdrs = codec.headers(produce_ts_ms=1)
     for event in events_of(emissions):
-        assert validate_event(event) is None, event
+        assert codec.validate(event) is None, event
         result = codec.decode(codec.encode(event), hdrs)
         assert isinstance(result, DecodedEvent)
         assert result.event == event
