@@ -1,8 +1,10 @@
 """Kafka topics of the platform, and a broker health check that proves a real round trip.
 
-``headwater topics create`` makes ``events`` and ``events.dlq`` with the configured partition
-count (``make services-up`` runs it); ``headwater topics health`` produces one record and reads
-it back, which is what ``infra/kafka.sh`` waits for: an open port is not a working broker.
+``headwater topics create`` makes the topic of every source of the applied plan and the dead-letter
+topic, with the configured partition count (``make services-up`` runs it before anything is applied:
+the example repo's sources stand in for the plan then); ``headwater topics health`` produces one
+record and reads it back, which is what ``infra/kafka.sh`` waits for: an open port is not a working
+broker.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Iterable
+from pathlib import Path
 
 import click
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -17,6 +21,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from headwater.pipelines.settings import Settings
+from headwater.registry.plans import PlanSource
 
 HEALTH_TOPIC = "__headwater_health"
 
@@ -50,12 +55,17 @@ def ensure_topics(settings: Settings, topics: dict[str, dict[str, str]], partiti
         admin.close()
 
 
-def platform_topics(settings: Settings) -> dict[str, dict[str, str]]:
-    """Return the topics every headwater deployment needs, with their configs."""
-    return {
-        settings.events_topic: {},
-        settings.dlq_topic: {"retention.ms": DLQ_RETENTION_MS},
-    }
+def platform_topics(
+    settings: Settings, sources: Iterable[PlanSource] | None = None
+) -> dict[str, dict[str, str]]:
+    """Return the topics a deployment needs, with their configs: each source's, then the dead letters.
+
+    Without ``sources``, the configured events topic stands for them (``HEADWATER_EVENTS_TOPIC``).
+    """
+    names = [s.topic for s in sources] if sources is not None else [settings.events_topic]
+    topics: dict[str, dict[str, str]] = {name: {} for name in names}
+    topics[settings.dlq_topic] = {"retention.ms": DLQ_RETENTION_MS}
+    return topics
 
 
 def round_trip(settings: Settings, timeout_s: float) -> float:
@@ -95,14 +105,34 @@ def topics() -> None:
 
 @topics.command("create")
 @click.option("--partitions", type=int, default=None, help="Partitions per topic (default: settings).")
-def create_command(partitions: int | None) -> None:
-    """Create `events` and `events.dlq` if they do not exist."""
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where `headwater apply` wrote the plans (default: $HEADWATER_STATE_DIR or .headwater/).",
+)
+def create_command(partitions: int | None, state_dir: Path | None) -> None:
+    """Create the topic of every source of the applied plan, and the dead-letter topic, if missing.
+
+    Before any `headwater apply`, the example repo's sources are used.
+    """
+    from headwater.pipelines.events.sources import SourceError, sources_or_examples
+
     settings = Settings.from_env()
     count = partitions or settings.partitions
-    created = ensure_topics(settings, platform_topics(settings), count)
-    for name in platform_topics(settings):
+    try:
+        sources, applied = sources_or_examples(state_dir)
+    except SourceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not applied:
+        click.echo("no applied plan yet: creating the example repo's source topics", err=True)
+    wanted = platform_topics(settings, sources)
+    created = ensure_topics(settings, wanted, count)
+    by_topic = {s.topic: s.name for s in sources}
+    for name in wanted:
         state = "created" if name in created else "exists"
-        click.echo(f"{name}: {state} ({settings.kafka_bootstrap})")
+        role = f"source {by_topic[name]}" if name in by_topic else "dead letters"
+        click.echo(f"{name}: {state} ({role}, {settings.kafka_bootstrap})")
 
 
 @topics.command("health")
