@@ -22,7 +22,9 @@ from typing import Any
 
 from headwater.pipelines.store.feast_yaml import online_store_section
 from headwater.registry.compiled import CheckResult, CompiledView
+from headwater.registry.plans import plan_views
 from headwater.registry.slots import feature_slots
+from headwater.registry.sources import resolve_timing
 
 PROJECT = "headwater"
 REGISTRY_FILE = "data/registry.db"
@@ -73,10 +75,11 @@ def _slot_fields(view: CompiledView) -> list[Any]:
     return fields
 
 
-def view_tags(view: CompiledView, reg_hash: str) -> dict[str, str]:
-    """Return the Feast tags of a view (all strings)."""
+def view_tags(view: CompiledView, reg_hash: str, version: str) -> dict[str, str]:
+    """Return the Feast tags of a view (all strings); ``version`` is its plan version."""
     return {
         **dict(view.tags),
+        "version": version,
         "tier": view.tier,
         "freshness_sla": str(view.freshness_sla),
         "freshness_sla_s": f"{view.freshness_sla.seconds:g}",
@@ -107,7 +110,7 @@ def feast_objects(result: CheckResult, state_dir: Path, kafka_bootstrap: str, re
             timestamp_field=spec.event_time,
             file_format=ParquetFormat(),
         )
-        lateness = spec.max_out_of_orderness.seconds if spec.max_out_of_orderness else 0.0
+        lateness = resolve_timing(spec).max_out_of_orderness_ms / 1000
         sources[name] = KafkaSource(
             name=name,
             timestamp_field=spec.event_time,
@@ -118,6 +121,7 @@ def feast_objects(result: CheckResult, state_dir: Path, kafka_bootstrap: str, re
             watermark_delay_threshold=timedelta(seconds=lateness),
             description=spec.description,
         )
+    versions = {pv.name: pv.version for pv in plan_views(result)}
     views = [
         FeatureView(
             name=v.name,
@@ -128,7 +132,7 @@ def feast_objects(result: CheckResult, state_dir: Path, kafka_bootstrap: str, re
             online=True,
             description=v.description,
             owner=v.owner,
-            tags=view_tags(v, reg_hash),
+            tags=view_tags(v, reg_hash, versions[v.name]),
         )
         for v in result.views
     ]

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from headwater.registry.commands import apply
+from headwater.registry.plans import read_plan
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "features"
@@ -48,12 +49,13 @@ def test_apply_round_trips_through_feast(tmp_path: Path, isolated_redis: str) ->
         "owner": "team-a",
     }
     assert tags["registry_hash"].startswith("sha256:")
+    assert tags["version"] == next(v.version for v in read_plan(state, "realtime").views if v.name == "v1")
     assert [f.name for f in views["v1"].features] == ["clicks_30s"]
     assert views["v2"].entities == ["item"]
     assert views["v1"].stream_source is not None
     assert views["v1"].stream_source.name == "events"
     assert views["v1"].batch_source.name == "events_batch"
-    assert sorted(e.name for e in store.list_entities()) == ["item", "user"]
+    assert sorted(e.name for e in store.list_entities()) == ["account", "item", "merchant", "user"]
 
     (repo.root / "v2.yaml").unlink()
     second = CliRunner().invoke(apply, args)
@@ -86,4 +88,4 @@ def test_feast_cli_lists_the_example_views(tmp_path: Path, isolated_redis: str) 
     assert listed.returncode == 0, listed.stderr
     names = {line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()}
     assert {"user_session_realtime", "user_search_nearline", "item_popularity_offline"} <= names
-    assert len(names) == 12
+    assert len(names) == 15
