@@ -1,8 +1,10 @@
-"""The JVM engines' class paths: the jars that ``make setup`` resolved into ``infra/lib/``.
+"""The JVM engines' class paths: the jars ``headwater setup jars`` (or ``make setup``) resolved.
 
 Spark and Flink are never allowed to download at run time (no ``spark.jars.packages``, no Ivy):
-each session is handed the resolved jars explicitly, and a missing folder is a clear error that
-says to run ``make setup``.
+each session is handed the resolved jars explicitly, from one folder
+(:func:`headwater.registry.config.jvm_lib_dir`: ``$HEADWATER_JVM_LIB``, else ``jvm_lib`` in
+headwater.yaml, else a source checkout's ``infra/lib``, else ``~/.cache/headwater/lib``), and a
+missing folder is a clear error that says how to fill it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,24 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headwater.registry.config import jvm_lib_dir, state_dir
+
 if TYPE_CHECKING:
     from pyflink.datastream import StreamExecutionEnvironment
     from pyspark.sql import SparkSession
 
-ROOT = Path(__file__).resolve().parents[1]
-LIB_DIR = Path(os.environ.get("HEADWATER_JVM_LIB", ROOT / "infra" / "lib"))
+
+def lib_dir() -> Path:
+    """Return the folder with one sub-folder of jars per group (resolved per call, not at import)."""
+    return jvm_lib_dir()
+
+
+def __getattr__(name: str) -> Path:
+    # ``LIB_DIR`` was a constant computed at import; callers that still read it get the resolved folder.
+    if name == "LIB_DIR":
+        return lib_dir()
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)
 
 
 class MissingJarsError(RuntimeError):
@@ -33,12 +47,13 @@ def jars(group: str) -> list[Path]:
     Raises:
         MissingJarsError: the folder is missing or empty.
     """
-    folder = LIB_DIR / group
+    folder = lib_dir() / group
     found = sorted(folder.glob("*.jar"))
     if not found:
         msg = (
-            f"no jars in {folder} for {group!r}: run `make setup`, which resolves them with Maven "
-            f"from infra/pom.xml (or point HEADWATER_JVM_LIB at a folder that has them)"
+            f"no jars in {folder} for {group!r}: run `headwater setup jars` (in a source checkout: "
+            f"`make setup`), which resolves them with Maven, or point HEADWATER_JVM_LIB (or jvm_lib in "
+            f"headwater.yaml) at a folder that has them"
         )
         raise MissingJarsError(msg)
     return found
@@ -68,7 +83,7 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         .config("spark.ui.enabled", "false")
         # Our jobs print their own progress per view and day; Spark's stage bars would interleave.
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.warehouse.dir", str(ROOT / ".headwater" / "spark-warehouse"))
+        .config("spark.sql.warehouse.dir", str(state_dir() / "spark-warehouse"))
         .config("spark.driver.memory", os.environ.get("HEADWATER_SPARK_DRIVER_MEMORY", "4g"))
     )
     return builder.getOrCreate()

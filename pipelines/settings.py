@@ -1,14 +1,17 @@
-"""Where the services are: one place that reads the environment.
+"""Where the services are: the one object every component asks for Kafka and Redis addresses.
 
-Every component (CLI, pipelines, tests, benchmarks) asks this module for the Kafka and Redis
-addresses, so the port overrides honoured by the `infra/` scripts (``HEADWATER_KAFKA_PORT``,
-``HEADWATER_REDIS_PORT``) reach all of them the same way.
+The addresses come from :func:`headwater.registry.config.resolve` (``HEADWATER_KAFKA_BOOTSTRAP`` /
+``HEADWATER_REDIS_URL``, or ``HEADWATER_HOST`` with the port overrides the ``infra/`` scripts honour,
+else the feature repo's headwater.yaml, else loopback), so the CLI, the tiers, the tests and the
+benchmarks all reach the same services.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from headwater.registry.config import resolve
 
 EVENTS_TOPIC = "events"
 DLQ_TOPIC = "events.dlq"
@@ -26,13 +29,15 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        """Read the settings from ``HEADWATER_*`` variables, defaulting to loopback."""
-        host = os.environ.get("HEADWATER_HOST", "127.0.0.1")
-        kafka_port = os.environ.get("HEADWATER_KAFKA_PORT", "9092")
-        redis_port = os.environ.get("HEADWATER_REDIS_PORT", "6379")
+        """Resolve the settings: ``HEADWATER_*`` variables, else headwater.yaml, else loopback.
+
+        Raises:
+            headwater.registry.config.ConfigError: the headwater.yaml in use is invalid.
+        """
+        found = resolve()
         return cls(
-            kafka_bootstrap=os.environ.get("HEADWATER_KAFKA_BOOTSTRAP", f"{host}:{kafka_port}"),
-            redis_url=os.environ.get("HEADWATER_REDIS_URL", f"redis://{host}:{redis_port}/0"),
+            kafka_bootstrap=found.kafka_bootstrap,
+            redis_url=found.redis_url,
             events_topic=os.environ.get("HEADWATER_EVENTS_TOPIC", EVENTS_TOPIC),
             dlq_topic=os.environ.get("HEADWATER_DLQ_TOPIC", DLQ_TOPIC),
             partitions=int(os.environ.get("HEADWATER_PARTITIONS", "4")),

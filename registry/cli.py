@@ -7,6 +7,8 @@ that need them, never at start-up, so ``headwater --help`` answers at once.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from headwater.pipelines.events.cli import events
@@ -17,20 +19,41 @@ from headwater.pipelines.offline.cli_labels import labels
 from headwater.pipelines.realtime.cli import realtime
 from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
-from headwater.registry.commands import apply, check, features, plan
+from headwater.registry.commands import apply, check, config, features, plan
+from headwater.registry.config import REPO_ENV, ConfigError, resolve, use_repo
+from headwater.registry.init import init
+from headwater.registry.jars import setup
 from headwater.serving.cli import model, serve
 from headwater.serving.client import feedback, rank
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="headwater")
-def main() -> None:
+@click.option(
+    "--repo",
+    type=click.Path(path_type=Path),
+    default=None,
+    envvar=REPO_ENV,
+    help="The feature repo: a folder with headwater.yaml, or the file [default: $HEADWATER_REPO, "
+    "else the nearest headwater.yaml from the current folder up; none: defaults relative to it].",
+)
+@click.pass_context
+def main(ctx: click.Context, repo: Path | None) -> None:
     """Headwater: a streaming feature platform with tiered freshness.
 
-    Register features in YAML (features/), check them against their SLA and the budget,
-    apply them, and run the realtime, nearline and offline tiers that keep one Redis online
-    store fresh.
+    Create a feature repo (`headwater init DIR`), register features in YAML (features/), check
+    them against their SLA and the budget, apply them, and run the realtime, nearline and offline
+    tiers that keep one Redis online store fresh. Where Kafka, Redis, the state folder and the lake
+    are comes from the repo's headwater.yaml (`headwater config` shows it).
     """
+    if ctx.invoked_subcommand == "init":
+        return  # a new repo: whatever config is around (or broken) is not its concern
+    try:
+        if repo is not None:
+            use_repo(repo)  # exported as $HEADWATER_REPO: the tiers' worker processes see it too
+        resolve()  # a broken headwater.yaml stops here, with its file and line, before any work
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.group("run")
@@ -42,6 +65,9 @@ run.add_command(realtime)
 run.add_command(run_nearline)
 run.add_command(landing)
 run.add_command(offline)
+main.add_command(init)
+main.add_command(config)
+main.add_command(setup)
 main.add_command(events)
 main.add_command(online)
 main.add_command(topics)

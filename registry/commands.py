@@ -1,8 +1,9 @@
 """The registry's commands: ``check``, ``plan``, ``apply`` and ``features list|describe``.
 
 ``check`` is the CI gate (exit 0 clean, 1 on errors); ``plan`` shows what ``apply`` would change;
-``apply`` writes Feast objects, the tier plans and the snapshot under the state folder
-(``.headwater/`` beside the feature repo unless ``--state-dir`` or ``HEADWATER_STATE_DIR``).
+``apply`` writes Feast objects, the tier plans and the snapshot under the state folder; ``config``
+shows where everything is. REPO and the state folder default to the resolved ones
+(:mod:`headwater.registry.config`: ``--state-dir``, ``$HEADWATER_STATE_DIR``, headwater.yaml).
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from pathlib import Path
 import click
 
 from headwater.registry.compiled import CheckResult
+from headwater.registry.config import ConfigError, features_dir, resolve
 from headwater.registry.durations import format_seconds
 from headwater.registry.plan import default_state_dir, diff_views, format_plan, read_snapshot
 from headwater.registry.plans import plan_view, registry_hash
 from headwater.registry.report import check_json, check_text
 from headwater.registry.validate import check_repo
 
-DEFAULT_REPO = "features"
-_repo_arg = click.argument("repo", type=click.Path(path_type=Path), default=DEFAULT_REPO, required=False)
+_repo_arg = click.argument("repo", type=click.Path(path_type=Path), default=None, required=False)
 _format_opt = click.option(
     "--format",
     "fmt",
@@ -35,13 +36,14 @@ _state_opt = click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where applied state lives (default: .headwater/ beside REPO, or $HEADWATER_STATE_DIR).",
+    help="Where applied state lives [default: $HEADWATER_STATE_DIR, else state_dir in headwater.yaml, "
+    "else .headwater/ in the current folder].",
 )
 
 
-def _checked(repo: Path, quiet: bool = False) -> CheckResult:
+def _checked(repo: Path | None, quiet: bool = False) -> CheckResult:
     """Run check; print its findings and exit 1 on errors (used by plan, apply, features)."""
-    result = check_repo(repo)
+    result = check_repo(features_dir(repo))
     if not result.ok or (result.diagnostics.items and not quiet):
         click.echo(check_text(result), err=not result.ok)
     if not result.ok:
@@ -52,12 +54,13 @@ def _checked(repo: Path, quiet: bool = False) -> CheckResult:
 @click.command()
 @_repo_arg
 @_format_opt
-def check(repo: Path, fmt: str) -> None:
-    """Check the feature repo REPO (default: features/): schema, SLAs, cost and budget.
+def check(repo: Path | None, fmt: str) -> None:
+    """Check the feature definitions REPO: schema, SLAs, cost and budget.
 
-    Exits 0 when clean (warnings are printed), 1 when there is any error.
+    REPO defaults to the features folder of headwater.yaml (features/ beside it; without a config
+    file, ./features). Exits 0 when clean (warnings are printed), 1 when there is any error.
     """
-    result = check_repo(repo)
+    result = check_repo(features_dir(repo))
     if fmt == "json":
         click.echo(json.dumps(check_json(result), indent=2))
     else:
@@ -69,10 +72,10 @@ def check(repo: Path, fmt: str) -> None:
 @_repo_arg
 @_state_opt
 @_format_opt
-def plan(repo: Path, state_dir: Path | None, fmt: str) -> None:
+def plan(repo: Path | None, state_dir: Path | None, fmt: str) -> None:
     """Show what `apply` would change: views added, changed, removed, with cost and SLA deltas."""
     result = _checked(repo, quiet=True)
-    state = state_dir or default_state_dir(repo)
+    state = state_dir or default_state_dir()
     applied = read_snapshot(state) or {"views": {}, "registry_hash": None}
     new_hash = registry_hash(result)
     current = {v.name: plan_view(v).model_dump() for v in result.views}
@@ -91,16 +94,16 @@ def plan(repo: Path, state_dir: Path | None, fmt: str) -> None:
 @click.command()
 @_repo_arg
 @_state_opt
-@click.option("--redis-url", default=None, help="Online store for Feast (default: Settings.from_env()).")
+@click.option("--redis-url", default=None, help="Online store for Feast [default: the resolved redis.url].")
 @click.option("--no-feast", is_flag=True, help="Write the tier plans and snapshot only, skip Feast.")
-def apply(repo: Path, state_dir: Path | None, redis_url: str | None, no_feast: bool) -> None:
+def apply(repo: Path | None, state_dir: Path | None, redis_url: str | None, no_feast: bool) -> None:
     """Apply REPO: Feast entities and views (with tags), one plan per tier, and the snapshot."""
     from headwater.pipelines.settings import Settings
     from headwater.registry.apply import apply_repo
 
     os.environ.setdefault("FEAST_USAGE", "False")
     result = _checked(repo)
-    state = state_dir or default_state_dir(repo)
+    state = state_dir or default_state_dir()
     settings = Settings.from_env()
     outcome = apply_repo(
         result, state, redis_url or settings.redis_url, settings.kafka_bootstrap, feast=not no_feast
@@ -121,7 +124,7 @@ def features() -> None:
 
 @features.command("list")
 @_repo_arg
-def list_views(repo: Path) -> None:
+def list_views(repo: Path | None) -> None:
     """One line per view: name, tier, SLA, cost, owner, features."""
     result = _checked(repo, quiet=True)
     header = f"{'view':<34} {'tier':<9} {'sla':>6} {'cost':>6} {'est':>6}  {'owner':<18} features"
@@ -136,17 +139,15 @@ def list_views(repo: Path) -> None:
 @features.command()
 @click.argument("view")
 @_repo_arg
-def describe(view: str, repo: Path) -> None:
+def describe(view: str, repo: Path | None) -> None:
     """Everything about VIEW: entity, source, tier, SLA, cost, each feature with its filter and SQL."""
     from headwater.registry.expr_sql import to_sql
 
     result = _checked(repo, quiet=True)
     found = {v.name: v for v in result.views}.get(view)
     if found is None:
-        click.echo(
-            f"no feature view '{view}' in {repo}; known: {', '.join(sorted(v.name for v in result.views))}",
-            err=True,
-        )
+        known = ", ".join(sorted(v.name for v in result.views))
+        click.echo(f"no feature view '{view}' in {features_dir(repo)}; known: {known}", err=True)
         sys.exit(1)
     click.echo(f"{found.name}  ({found.file}:{found.line})\n  {found.description}")
     click.echo(
@@ -167,3 +168,33 @@ def describe(view: str, repo: Path) -> None:
                 click.echo(
                     f"      {side}: {op.agg}{' ' + op.field if op.field else ''} where {op.where_text}"
                 )
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def config(fmt: str) -> None:
+    """Show where everything is: the config file used, each folder and address, and where it came from.
+
+    Precedence: command-line option, then HEADWATER_* environment variable, then headwater.yaml
+    (found with --repo, $HEADWATER_REPO, or from the current folder up), then the default.
+    """
+    try:
+        found = resolve()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    values = {
+        "config_file": str(found.config_file) if found.config_file else None,
+        "root": str(found.root),
+        "features": str(found.features),
+        "state_dir": str(found.state_dir),
+        "lake": str(found.lake),
+        "jvm_lib": str(found.jvm_lib),
+        "kafka.bootstrap": found.kafka_bootstrap,
+        "redis.url": found.redis_url,
+    }
+    if fmt == "json":
+        click.echo(json.dumps({"values": values, "origins": found.origins}, indent=2))
+        return
+    for key, value in values.items():
+        origin = f"  [{found.origins[key]}]" if key in found.origins else ""
+        click.echo(f"{key:<16} {value if value is not None else '(none: defaults)'}{origin}")

@@ -8,13 +8,13 @@ and features that changed and the cost and SLA deltas.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from headwater.registry.compiled import CheckResult
+from headwater.registry.config import state_dir
 from headwater.registry.durations import format_seconds
 from headwater.registry.plans import plan_view
 
@@ -23,10 +23,15 @@ SNAPSHOT_VERSION = 1
 _COMPARED = ("tier", "entity", "source", "owner", "description", "tags", "compute_cost")
 
 
-def default_state_dir(repo: Path) -> Path:
-    """``$HEADWATER_STATE_DIR``, else ``.headwater/`` beside the feature repo (the project root)."""
-    env = os.environ.get("HEADWATER_STATE_DIR")
-    return Path(env) if env else repo.resolve().parent / ".headwater"
+def default_state_dir(repo: Path | None = None) -> Path:
+    """Return the state folder as every command resolves it (:func:`headwater.registry.config.state_dir`).
+
+    ``$HEADWATER_STATE_DIR``, else ``state_dir`` of the repo's headwater.yaml, else ``.headwater/``
+    in the current folder. ``repo`` (the features folder) no longer decides it; the parameter stays
+    for the callers that still pass one.
+    """
+    del repo
+    return state_dir()
 
 
 @dataclass

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import click
 
-DEFAULT_MODEL_DIR = Path(".headwater/models")
+from headwater.registry.config import state_dir as resolved_state_dir
+from headwater.registry.options import MODELS_HELP, STATE_HELP, resolved_models_dir
+
+MODELS = "models"
+"""The models' folder in the state folder: `model train` writes there, `serve` reads from there."""
 
 
 @click.group()
@@ -29,9 +33,9 @@ def model() -> None:
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_MODEL_DIR,
-    show_default=True,
-    help="Directory for the artifacts, the metrics JSON and latest.json.",
+    default=None,
+    callback=resolved_models_dir,
+    help=f"Directory for the artifacts, the metrics JSON and latest.json {MODELS_HELP}.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
 @click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True)
@@ -87,7 +91,7 @@ def train(
     "model_path",
     type=click.Path(exists=True, path_type=Path),
     default=None,
-    help=f"Artifact file or training directory; default {DEFAULT_MODEL_DIR} when it exists.",
+    help="Artifact file or training directory [default: models/ in the state folder, when it exists].",
 )
 @click.option("--redis-url", default=None, help="Default: HEADWATER_REDIS_URL or the local Redis.")
 @click.option(
@@ -95,7 +99,7 @@ def train(
 )
 @click.option(
     "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Where `headwater apply` wrote the plans (default: the config's, $HEADWATER_STATE_DIR, .headwater).",
+    help=f"Where `headwater apply` wrote the plans (a --config state_dir first) {STATE_HELP}.",
 )  # fmt: skip
 @click.option(
     "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Default: cuda when present."
@@ -135,12 +139,13 @@ def serve(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(config_path)
+    plans = state_dir or config.state_dir or resolved_state_dir()
     try:
-        registry = load_registry(state_dir or config.plans_dir(), config.popularity)
+        registry = load_registry(plans, config.popularity)
     except RegistryBindingError as exc:
         raise click.ClickException(str(exc)) from exc
-    if model_path is None and DEFAULT_MODEL_DIR.is_dir():
-        model_path = DEFAULT_MODEL_DIR
+    if model_path is None and (plans / MODELS).is_dir():
+        model_path = plans / MODELS
     threads = configure_torch_threads(config.torch_threads)
     switch_ms = configure_switch_interval(config.gil_switch_interval_ms)
     loaded = load_models(model_path, registry, device)
@@ -163,6 +168,5 @@ def serve(
     )
     app = create_app(config, registry, reader, loaded, feedback)
     # /metrics also carries every view's pipeline lag and read-time age (the `headwater freshness` figures).
-    plans = state_dir or config.plans_dir()
     app.state.telemetry.registry.register(FreshnessCollector.for_store(reader.store, plans))
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -56,7 +56,11 @@ class SchemaError(ValueError):
 def example_repo() -> Path:
     """The example feature repo: ``$HEADWATER_EXAMPLE_REPO``, else the one shipped with headwater."""
     env = os.environ.get(REPO_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "features"
+    if env:
+        return Path(env)
+    from headwater.registry.resources import example_features
+
+    return example_features()  # inside the wheel, or the checkout's features/ for a source install
 
 
 def behavior_source(repo: Path | None = None) -> PlanSource:

@@ -7,7 +7,6 @@ command cannot report (no applied plans, bad option, online store unreachable).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
+from headwater.registry.config import state_dir as resolve_state_dir
+from headwater.registry.options import STATE_HELP
 
 if TYPE_CHECKING:
     from headwater.pipelines.freshness.report import Report, ViewSpec
@@ -45,9 +46,7 @@ def _window_s(text: str) -> float:
 
 
 def _state_dir(given: Path | None) -> Path:
-    if given is not None:
-        return given
-    return Path(os.environ.get("HEADWATER_STATE_DIR", ".headwater"))
+    return resolve_state_dir(given)
 
 
 @click.command("freshness")
@@ -63,7 +62,7 @@ def _state_dir(given: Path | None) -> Path:
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Applied state with plans/ (default: $HEADWATER_STATE_DIR or .headwater).",
+    help=f"Applied state with plans/ {STATE_HELP}.",
 )
 @click.option("--redis-url", help="Online store (default: $HEADWATER_REDIS_URL or redis://127.0.0.1:6379/0).")
 @click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True, help="Online store key namespace.")

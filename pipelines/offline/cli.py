@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -15,16 +14,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from headwater.pipelines.jvm import ROOT
+from headwater.registry.config import state_dir as resolved_state_dir
 
 if TYPE_CHECKING:
     from headwater.pipelines.store import OnlineStore
     from headwater.registry.plans import PlanView, TierPlan
 
 LAKE = click.option("--lake", type=click.Path(path_type=Path), default=None,
-                    help="Lake folder (default: $HEADWATER_LAKE or .headwater/lake).")  # fmt: skip
+                    help="Lake folder (default: $HEADWATER_LAKE, else headwater.yaml's).")  # fmt: skip
 STATE = click.option("--state-dir", type=click.Path(path_type=Path), default=None,
-                     help="Tier plans folder (default: $HEADWATER_STATE_DIR, .headwater).")  # fmt: skip
+                     help="Plans folder (default: $HEADWATER_STATE_DIR, else headwater.yaml's).")  # fmt: skip
 MASTER = click.option(
     "--master", default=None, help="Spark master (default local[2]; a cluster URL scales out)."
 )
@@ -40,7 +39,7 @@ NAMESPACE = click.option(
 
 
 def _state(state_dir: Path | None) -> Path:
-    return state_dir or Path(os.environ.get("HEADWATER_STATE_DIR", ROOT / ".headwater"))
+    return resolved_state_dir(state_dir)
 
 
 def _plan(state_dir: Path | None, tier: str) -> TierPlan:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from headwater.pipelines.jvm import ROOT
+from headwater.registry.config import lake_dir
 
 DAY_MS = 86_400_000
 LAKE_ENV = "HEADWATER_LAKE"
@@ -46,11 +46,12 @@ EVENT_COLUMNS = tuple(BRONZE_SCHEMA.names[:12])
 
 
 def lake_root(lake: str | os.PathLike[str] | None = None) -> Path:
-    """Return the lake folder: the argument, else ``$HEADWATER_LAKE``, else ``<repo>/.headwater/lake``."""
-    if lake is not None:
-        return Path(lake)
-    env = os.environ.get(LAKE_ENV)
-    return Path(env) if env else ROOT / ".headwater" / "lake"
+    """Return the lake folder: the argument (``--lake``), else the resolved one.
+
+    That is ``$HEADWATER_LAKE``, else ``lake`` in the repo's headwater.yaml, else ``lake/`` in the
+    state folder (:func:`headwater.registry.config.lake_dir`).
+    """
+    return lake_dir(lake)
 
 
 def bronze_path(lake: Path) -> Path:

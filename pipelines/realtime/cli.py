@@ -8,24 +8,22 @@ the same job to a Flink cluster and returns once it is accepted.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from headwater.pipelines.settings import Settings
-
-DEFAULT_STATE = Path(os.environ.get("HEADWATER_STATE_DIR", ".headwater"))
+from headwater.registry.options import STATE_HELP, resolved_state_dir
 
 
 @click.command("realtime")
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
-    default=DEFAULT_STATE,
-    show_default=True,
-    help="Where `headwater apply` wrote the plans.",
+    default=None,
+    callback=resolved_state_dir,
+    help=f"Where `headwater apply` wrote the plans {STATE_HELP}.",
 )
 @click.option(
     "--checkpoint-dir",

@@ -16,6 +16,7 @@ import click
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store.layout import ViewLayout
 from headwater.pipelines.store.store import OnlineStore, epoch_ms
+from headwater.registry.options import STATE_HELP, resolved_state_dir
 
 TIERS = ("realtime", "nearline", "offline")
 
@@ -53,7 +54,8 @@ def online() -> None:
 @online.command("get")
 @click.argument("view")
 @click.argument("entity_ids", nargs=-1, required=True)
-@click.option("--state-dir", type=click.Path(path_type=Path), default=Path(".headwater"), show_default=True)
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None, callback=resolved_state_dir,
+              help=f"Where `headwater apply` wrote the plans {STATE_HELP}.")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def get_command(view: str, entity_ids: tuple[str, ...], state_dir: Path, fmt: str) -> None:
     """Print the online values of VIEW for ENTITY_IDS (one round trip)."""

@@ -1,0 +1,105 @@
+"""``headwater init DIR``: a new feature repo, the example definitions and one config file.
+
+The repo is ``DIR/headwater.yaml`` (where Kafka, Redis, the state folder and the lake are) and
+``DIR/features/`` (a copy of the example repo shipped with headwater: entities, sources, budget,
+one view per tier and source, the Avro schemas), ready for ``headwater check`` and ``apply``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import click
+
+from headwater.registry import resources
+from headwater.registry.config import (
+    CONFIG_FILE,
+    DEFAULT_FEATURES,
+    DEFAULT_STATE_DIR,
+    KafkaConfig,
+    RedisConfig,
+    load_config,
+)
+
+TEMPLATE = """\
+# headwater.yaml: where this feature repo's platform is (what feature_store.yaml is to Feast).
+# Relative paths resolve against this file's folder. HEADWATER_* environment variables override
+# a value here (HEADWATER_STATE_DIR, HEADWATER_LAKE, HEADWATER_KAFKA_BOOTSTRAP, HEADWATER_REDIS_URL,
+# HEADWATER_JVM_LIB); command-line options override both.
+version: 1
+features: features         # entities.yaml, sources.yaml, budget.yaml, one file per view, schemas/
+state_dir: .headwater      # what `apply` and the tiers write: plans, checkpoints, stores, models
+lake: .headwater/lake      # the offline tier's Delta tables
+kafka:
+  bootstrap: {kafka}
+redis:
+  url: {redis}
+# jvm_lib: ~/.cache/headwater/lib   # the tiers' jars, filled by `headwater setup jars` (default)
+"""
+
+GITIGNORE = f"# written by `headwater apply` and the tiers\n{DEFAULT_STATE_DIR}/\n"
+
+
+class InitError(click.ClickException):
+    """The target already holds a feature repo (nothing is overwritten)."""
+
+
+def scaffold(target: Path, kafka: str, redis: str) -> Path:
+    """Create the feature repo at ``target`` and return its config file.
+
+    Raises:
+        InitError: ``target`` already has a ``headwater.yaml`` or a non-empty ``features/``.
+    """
+    config = target / CONFIG_FILE
+    features = target / DEFAULT_FEATURES
+    if config.exists():
+        msg = f"{config} already exists: {target} is a feature repo already (nothing was changed)"
+        raise InitError(msg)
+    if features.exists() and any(features.iterdir()):
+        msg = f"{features} exists and is not empty: init a new folder, or move it away (nothing was changed)"
+        raise InitError(msg)
+    # Validated before anything is written, so a bad address leaves no half-made repo.
+    KafkaConfig(bootstrap=kafka)
+    RedisConfig(url=redis)
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(
+        resources.example_features(),
+        features,
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns(".*", "__pycache__"),
+    )
+    config.write_text(
+        TEMPLATE.format(kafka=kafka, redis=redis),
+        encoding="utf-8",
+    )
+    ignore = target / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text(GITIGNORE, encoding="utf-8")
+    load_config(config)  # the file written must read back: a template error fails here, not later
+    return config
+
+
+@click.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--kafka-bootstrap", default=KafkaConfig().bootstrap, show_default=True, help="Kafka brokers.")
+@click.option("--redis-url", default=RedisConfig().url, show_default=True, help="The online store.")
+def init(directory: Path, kafka_bootstrap: str, redis_url: str) -> None:
+    """Create a feature repo in DIRECTORY: headwater.yaml and the example definitions in features/.
+
+    Edit features/ (a source and its Avro schema in sources.yaml and schemas/, views in one YAML
+    file each) and headwater.yaml (Kafka, Redis, the state folder and the lake), then run the
+    commands printed at the end from inside DIRECTORY.
+    """
+    try:
+        config = scaffold(directory, kafka_bootstrap, redis_url)
+    except ValueError as exc:  # pydantic's ValidationError of a bad --kafka-bootstrap / --redis-url
+        raise click.BadParameter(str(exc)) from exc
+    click.echo(f"Created feature repo {directory.resolve()}")
+    click.echo(f"  config:   {config}")
+    click.echo(f"  features: {config.parent / DEFAULT_FEATURES}")
+    click.echo("Next, from that folder:")
+    click.echo("  headwater check                 # validate features/ against SLAs and the budget")
+    click.echo("  headwater apply                 # Feast objects and one plan per tier, under .headwater/")
+    click.echo("  headwater setup jars            # once: the JVM jars the realtime and offline tiers need")
+    click.echo("  headwater run nearline          # (and run realtime, run landing, run offline)")
