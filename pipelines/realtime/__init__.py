@@ -1,9 +1,9 @@
-"""The realtime tier: every realtime view of the applied plan as one PyFlink job, Kafka to Redis.
+"""The realtime tier: every realtime view of every source of the plan as one PyFlink job, Kafka to Redis.
 
-- :mod:`.sql`: the SQL half: Kafka source, Avro decode, dead-letter routing, the event columns.
+- :mod:`.sql`: the SQL half, per source: Kafka table, Avro decode, rules, dead-letter routing, event columns.
 - :mod:`.program`: the plan compiled for the JVM half (``dev.headwater.flink.realtime`` in
   infra/maven/flink-udfs): a keyed window operator per (join key, slide) and a batched Redis sink.
-- :mod:`.decode`: the vectorised Python Avro decode (``--decode python``; the JVM one is the default).
+- :mod:`.decode`: the decoded row of a source and the config the JVM decode is built from (the plan source).
 - :mod:`.udfs`: the functions the SQL calls; :mod:`.job`: configuration, checkpoints, submit.
 - :mod:`.cli`: ``headwater run realtime``.
 """

@@ -1,5 +1,8 @@
 """``headwater run realtime``: compile the applied realtime plan into one Flink job and run it.
 
+The job runs every realtime view of every source of the plan, one pipeline per source (``--source``
+runs a subset).
+
 Local mini-cluster by default (the command blocks while the job runs; Ctrl-C or SIGTERM stops
 it, and the next start resumes from the newest checkpoint); ``--jobmanager HOST:PORT`` submits
 the same job to a Flink cluster and returns once it is accepted.
@@ -46,7 +49,20 @@ from headwater.registry.options import STATE_HELP, resolved_state_dir
     show_default=True,
     help="Seconds between checkpoints.",
 )
-@click.option("--topic", default=None, help="Read this topic instead of the plan source's.")
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    metavar="NAME",
+    help="Run only this source's realtime views (repeatable; default: every source with a realtime view).",
+)
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="[SOURCE=]TOPIC",
+    help="Read SOURCE from TOPIC, not the plan's topic (repeatable); a bare TOPIC when one source runs.",
+)
 @click.option("--dlq-topic", default=None, help="Dead-letter topic (default: settings, events.dlq).")
 @click.option("--group-id", default="headwater-realtime", show_default=True)
 @click.option("--namespace", default="hw", show_default=True, help="Redis key namespace of the store.")
@@ -57,13 +73,6 @@ from headwater.registry.options import STATE_HELP, resolved_state_dir
     help="Without a checkpoint, start at the latest offset (skip a backfill left to the other tiers).",
 )
 @click.option("--no-restore", is_flag=True, help="Ignore existing checkpoints.")
-@click.option(
-    "--decode",
-    type=click.Choice(["java", "python"]),
-    default="java",
-    show_default=True,
-    help="Avro decode in the JVM (infra/maven/flink-udfs, built by `make setup`) or in Python.",
-)
 @click.option(
     "--jvm-heap",
     default="2g",
@@ -77,25 +86,25 @@ def realtime(
     jobmanager: str | None,
     parallelism: int,
     checkpoint_interval_s: float,
-    topic: str | None,
+    sources: tuple[str, ...],
+    topics: tuple[str, ...],
     dlq_topic: str | None,
     group_id: str,
     namespace: str,
     from_earliest: bool,
     from_latest: bool,
     no_restore: bool,
-    decode: str,
     jvm_heap: str,
     explain_only: bool,
 ) -> None:
-    """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis).
+    """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis), per source.
 
     Values are published as soon as the job's clock (the newest event time seen) passes their window
     boundary, and revised when an out-of-order event arrives; events later than the source's allowed
     lateness go to the dead-letter topic.
     """
     from headwater.pipelines.realtime.job import RunOptions, explain, submit
-    from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError
+    from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError, check_plan
     from headwater.registry.plans import read_plan
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -104,13 +113,17 @@ def realtime(
         plan = read_plan(state_dir, "realtime")
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    try:
+        running = [s.name for s in check_plan(plan, sources)]
+    except RealtimePlanError as exc:
+        raise click.ClickException(str(exc)) from exc
     options = JobOptions(
         kafka_bootstrap=settings.kafka_bootstrap,
         dlq_topic=dlq_topic or settings.dlq_topic,
         group_id=group_id,
-        topic=topic,
+        topics=_topic_overrides(topics, running),
+        sources=tuple(sources),
         startup_mode=_startup_mode(from_earliest, from_latest),
-        decode=decode,
     )
     run = RunOptions(
         redis_url=settings.redis_url,
@@ -126,15 +139,17 @@ def realtime(
         if explain_only:
             click.echo(explain(plan, options, run))
             return
-        client, program = submit(plan, options, run)
+        client, programs = submit(plan, options, run)
     except (RealtimePlanError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    views = ", ".join(v.name for v in plan.views)
-    groups = ", ".join(program.groups)
-    click.echo(
-        f"realtime job {client.get_job_id()} submitted: views {views} (operators {groups}); "
-        f"reading {options.topic or plan.sources[0].topic}"
-    )
+    click.echo(f"realtime job {client.get_job_id()} submitted:")
+    for program in programs:
+        src = next(s for s in plan.sources if s.name == program.source)
+        views = ", ".join(v.name for v in plan.views if v.source == src.name)
+        click.echo(
+            f"  source {src.name}: reading {options.topic(src)}; views {views} "
+            f"(operators {', '.join(program.groups)})"
+        )
     if jobmanager:
         return
     try:
@@ -142,6 +157,26 @@ def realtime(
     except KeyboardInterrupt:
         click.echo("stopping the realtime job", err=True)
         sys.exit(130)
+
+
+def _topic_overrides(values: tuple[str, ...], running: list[str]) -> dict[str, str]:
+    """Parse ``--topic`` values: ``SOURCE=TOPIC``, or a bare ``TOPIC`` when exactly one source runs."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, topic = value.partition("=")
+        if not sep:
+            if len(running) != 1:
+                msg = (
+                    f"--topic {value}: {len(running)} sources run ({', '.join(running)}); "
+                    "write --topic SOURCE=TOPIC, or run one with --source NAME"
+                )
+                raise click.UsageError(msg)
+            name, topic = running[0], value
+        if name not in running or not topic:
+            msg = f"--topic {value}: SOURCE must be one of the sources this job runs ({', '.join(running)})"
+            raise click.UsageError(msg)
+        out[name] = topic
+    return out
 
 
 def _startup_mode(from_earliest: bool, from_latest: bool) -> str:

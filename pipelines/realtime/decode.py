@@ -1,100 +1,74 @@
-"""Decode Kafka records into the flat rows the Flink SQL job aggregates, in batches.
+"""What the JVM decode of a source returns, and the source as the decoder reads it.
 
-This is the only per-event Python of the realtime tier: the Flink job reads each record's raw
-bytes and headers through the Kafka connector, hands them to a vectorised (pandas) UDF built on
-:func:`decode_batch`, and does everything else (watermarks, filters, windows, aggregation) in
-Flink's JVM operators. A record that does not decode keeps its place with a reason and a
-detail, so the SQL job routes it to the dead-letter topic instead of failing.
+The realtime job decodes each source's records in the JVM (``dev.headwater.flink.DecodeEvent`` and
+``EventTime`` in infra/maven/flink-udfs), built from :func:`decoder_config`: the plan source's every
+schema version (the ``schema-fp`` header picks the writer schema, resolved into the current one), its
+fields and kinds, event-time field and unit, the string key/event-id fields, and its event-time limits.
+No field name is written in code: the columns come from :attr:`PlanSource.fields`.
 
-Future-dated events (event time further ahead of this process's clock than ``max_future_ms``)
-are rejected here too: one of them would push the watermark ahead and make every later event
-look late.
+The decoded row is :data:`HEAD` (reason, detail, future-dated detail, event time in ms) and then one
+column per field of the current schema (:func:`event_columns`). The source's rules are evaluated by
+the SQL of :mod:`.sql`, after the decode; the JVM flags a future-dated event and the SQL rejects it
+after the rules, so each record gets the verdict and reason of the Python codec
+(``EventCodec.decode``, then the future-dated check of the tiers).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import json
 
-from headwater.pipelines.events.codec import DecodeError, EventCodec, Reason
+from headwater.registry.plans import PlanSource
 
-EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("event_id", "STRING"),
-    ("user_id", "STRING"),
-    ("item_id", "STRING"),
-    ("event_type", "STRING"),
-    ("event_time", "BIGINT"),
-    ("session_id", "STRING"),
-    ("category", "STRING"),
-    ("price", "DOUBLE"),
-    ("dwell_ms", "BIGINT"),
-    ("query", "STRING"),
-    ("position", "INT"),
-    ("device", "STRING"),
+SQL_TYPES: dict[str, str] = {
+    "string": "STRING",
+    "enum": "STRING",
+    "int": "INT",
+    "long": "BIGINT",
+    "float": "DOUBLE",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "timestamp": "BIGINT",
+}
+"""Flink SQL type of each registry field kind (``DecodeEvent.sqlType`` in Java): a timestamp is its raw
+integer in the field's unit, like the Python codec's value; float is widened to DOUBLE."""
+
+REASON, DETAIL, FUTURE, TIME_MS = "hw_reason", "hw_detail", "hw_future", "hw_time_ms"
+HEAD: tuple[tuple[str, str], ...] = (
+    (REASON, "STRING"),
+    (DETAIL, "STRING"),
+    (FUTURE, "STRING"),
+    (TIME_MS, "BIGINT"),
 )
-"""The event's fields as Flink SQL columns, in Avro order."""
+"""The decoded row's columns before the fields: reason (NULL for a record that decodes), its detail, the
+future-dated detail (NULL unless the event time is too far ahead), and the event time in UTC ms."""
 
-DECODED_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("reason", "STRING"),
-    ("detail", "STRING"),
-    *EVENT_COLUMNS,
-)
-"""What the decode UDF returns per record: a reason (NULL when the record is good), then the event."""
-
-DEFAULT_MAX_FUTURE_MS = 5 * 60 * 1000
+MAX_ID_CHARS = 128
 
 
-@dataclass(frozen=True)
-class DecodedBatch:
-    """Column-wise decode results of a batch of records (one list per :data:`DECODED_COLUMNS`)."""
-
-    columns: dict[str, list[object]]
-
-    def __len__(self) -> int:
-        return len(self.columns["reason"])
+def event_columns(source: PlanSource) -> tuple[tuple[str, str], ...]:
+    """Return the source's fields as Flink SQL columns (name, type), in Avro order of the current schema."""
+    return tuple((f.name, SQL_TYPES[f.kind]) for f in source.fields)
 
 
-def decode_batch(
-    codec: EventCodec,
-    values: Sequence[bytes | None],
-    headers: Sequence[Mapping[str, bytes | None] | None],
-    max_future_ms: int = DEFAULT_MAX_FUTURE_MS,
-    now_ms: int | None = None,
-) -> DecodedBatch:
-    """Decode ``values`` with their ``headers``; bad records get a reason and a zero event time.
-
-    The event time of a rejected record is 0 (1970): it never moves the watermark and never
-    reaches a window, since the job sends every row with a reason to the dead-letter topic.
-    """
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    cols: dict[str, list[object]] = {name: [] for name, _ in DECODED_COLUMNS}
-    reasons, details = cols["reason"], cols["detail"]
-    event_cols = [(name, cols[name]) for name, _ in EVENT_COLUMNS]
-    for value, hdrs in zip(values, headers, strict=True):
-        result = codec.decode(value, list(hdrs.items()) if hdrs is not None else None)
-        if isinstance(result, DecodeError):
-            _reject(cols, str(result.reason), result.detail)
-            continue
-        event = result.event
-        if event["event_time"] > now + max_future_ms:
-            ahead = (event["event_time"] - now) / 1000
-            detail = (
-                f"event_time {event['event_time']} is {ahead:.1f} s ahead of the realtime tier's clock "
-                f"(at most {max_future_ms / 1000:g} s allowed)"
-            )
-            _reject(cols, str(Reason.FUTURE_DATED), detail)
-            continue
-        reasons.append(None)
-        details.append(None)
-        fields: Mapping[str, object] = event  # a TypedDict read by column name
-        for name, col in event_cols:
-            col.append(fields[name])
-    return DecodedBatch(cols)
+def id_fields(source: PlanSource) -> list[str]:
+    """Return the fields whose text must have 1..128 characters: the string key and event id."""
+    names = [n for n in (source.key, source.event_id) if n]
+    return [n for n in dict.fromkeys(names) if (f := source.field(n)) is not None and f.kind == "string"]
 
 
-def _reject(cols: dict[str, list[object]], reason: str, detail: str) -> None:
-    cols["reason"].append(reason)
-    cols["detail"].append(detail)
-    for name, _ in EVENT_COLUMNS:
-        cols[name].append(0 if name == "event_time" else None)
+def decoder_config(source: PlanSource) -> str:
+    """Return the JSON the JVM decoder (``EventDecoder.Config``) is built from: all it needs of ``source``."""
+    return json.dumps(
+        {
+            "source": source.name,
+            "schemas": [{"fingerprint": s.fingerprint, "json": s.json_text} for s in source.schemas],
+            "fields": [{"name": f.name, "kind": f.kind} for f in source.fields],
+            "event_time": source.event_time,
+            "time_unit": source.event_time_unit,
+            "id_fields": id_fields(source),
+            "min_event_time_ms": source.min_event_time_ms,
+            "max_event_time_ms": source.max_event_time_ms,
+            "max_future_ms": source.max_future_ms,
+        },
+        separators=(",", ":"),
+    )

@@ -1,9 +1,11 @@
 """Build and submit the realtime Flink job: configuration, checkpoints, restore, the two halves.
 
-The job is built in one stream environment: the SQL half (:mod:`.sql`: Kafka source, decode,
-dead-letter routing) as statements of the table environment, then the JVM half attached to the
-routed table through the gateway (``RealtimeGraph.attach``: a keyed window operator and a Redis
-sink per group of :mod:`.program`), then the dead-letter insert, and one ``execute_async``.
+The job is built in one stream environment, with one pipeline per source of the plan that has
+realtime views (or the sources ``--source`` names): the SQL half (:mod:`.sql`: Kafka table, decode,
+rules and dead-letter routing) as statements of the table environment, then per source the JVM half
+attached to its routed table through the gateway (``RealtimeGraph.attach``: a keyed window operator
+and a Redis sink per group of the source's :mod:`.program`), then the dead-letter inserts, and one
+``execute_async``.
 
 Checkpoints (operator state and Kafka offsets) go to ``<checkpoint_dir>/<version>/<job id>/chk-N``,
 one folder per registry version, since a job compiled from other definitions cannot restore
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from headwater.pipelines import jvm
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
-from headwater.pipelines.realtime.sql import DLQ_ROWS, ROUTED, JobOptions, check_plan, compile_job
+from headwater.pipelines.realtime.sql import JobOptions, check_plan, compile_job
 from headwater.pipelines.windows import layout_version
 from headwater.registry.plans import TierPlan
 
@@ -60,8 +62,6 @@ class RunOptions:
     jobmanager: str | None = None
     """``HOST:PORT`` of a Flink cluster's REST endpoint; ``None`` = a local mini-cluster."""
     restore: bool = True
-    bundle_time_ms: int = 200
-    """Longest time a Python function (the ``--decode python`` UDF) buffers rows before processing them."""
     flush_ms: int = 100
     """Longest time the online-store sink buffers values before writing them."""
     jvm_heap: str = "2g"
@@ -104,9 +104,6 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": "2147483647",
         "restart-strategy.fixed-delay.delay": "5 s",
-        "python.fn-execution.bundle.time": str(run.bundle_time_ms),
-        "python.fn-execution.bundle.size": "20000",
-        "python.fn-execution.arrow.batch.size": "5000",
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
         "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars()),
@@ -157,32 +154,33 @@ def table_environment(
 
 def build(
     plan: TierPlan, options: JobOptions, run: RunOptions
-) -> tuple[StreamExecutionEnvironment, RealtimeProgram]:
-    """Build the whole job in a fresh environment: SQL half, JVM half, dead-letter insert."""
+) -> tuple[StreamExecutionEnvironment, list[RealtimeProgram]]:
+    """Build the whole job in a fresh environment: per source its SQL half and JVM half, the DLQ inserts."""
     from pyflink.java_gateway import get_gateway
 
     from headwater.pipelines.realtime import udfs
 
-    src = check_plan(plan)
-    program = compile_program(plan, src, StoreTarget(run.redis_url, run.namespace, run.flush_ms))
-    compiled = compile_job(plan, options, program)
+    store = StoreTarget(run.redis_url, run.namespace, run.flush_ms)
+    programs = [compile_program(plan, src, store) for src in check_plan(plan, options.sources)]
+    compiled = compile_job(plan, options, programs)
     env, t_env = table_environment(configuration(run, plan), run.jvm_heap)
-    udfs.register(t_env, options.max_future_ms, python_decode=options.decode == "python")
+    udfs.register(t_env, compiled.functions)
     for statement in compiled.ddl:
         t_env.execute_sql(statement)
     graph = get_gateway().jvm.dev.headwater.flink.realtime.RealtimeGraph
-    graph.attach(t_env._j_tenv, ROUTED, program.text, compiled.reason_column, DLQ_ROWS)
+    for pipe in compiled.pipelines:
+        graph.attach(t_env._j_tenv, pipe.routed, pipe.program.text, pipe.reason_column, pipe.dlq_rows)
     statements = t_env.create_statement_set()
     for insert in compiled.inserts:
         statements.add_insert_sql(insert)
     statements.attach_as_datastream()
-    return env, program
+    return env, programs
 
 
-def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[JobClient, RealtimeProgram]:
-    """Build the job and submit it; returns at once (the job runs on)."""
-    env, program = build(plan, options, run)
-    return env.execute_async(f"headwater-realtime-{layout_version(plan.registry_hash)}"), program
+def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[JobClient, list[RealtimeProgram]]:
+    """Build the job and submit it; returns at once (the job runs on). Returns the client and the programs."""
+    env, programs = build(plan, options, run)
+    return env.execute_async(f"headwater-realtime-{layout_version(plan.registry_hash)}"), programs
 
 
 def explain(plan: TierPlan, options: JobOptions, run: RunOptions) -> str:

@@ -1,13 +1,17 @@
-"""Compile the realtime plan into the program the JVM operators run (format 1), and its SQL columns.
+"""Compile the realtime plan into the programs the JVM operators run (format 2), and their SQL columns.
 
 The realtime job is Flink SQL up to the decoded, routed events (:mod:`.sql`) and Java after that
 (``dev.headwater.flink.realtime`` in infra/maven/flink-udfs): a keyed window operator per group of
 views with the same join key and slide, and a batched Redis sink. This module is the contract
 between the two, in the spirit of "define once, compile per tier": the JVM reads only this JSON.
 
-- ``columns``: what each event row carries, in order: ``event_id``, ``event_time``, the fields any
-  feature reads (join keys, aggregated fields), then one BOOLEAN per distinct filter (``h0``,
-  ``h1``...), evaluated by Flink SQL from the plan's Flink SQL text. The JVM never parses a filter.
+One program per source of the plan (``source``: its name): each source is its own pipeline of the job.
+
+- ``columns``: what each event row carries, in order: the source's event id as text (``hw_event_id``,
+  only when the source declares an ``event_id``; without one nothing is de-duplicated), the event
+  time in UTC ms (``hw_time_ms``, whatever the field's unit), the source's fields any feature reads
+  (join keys, aggregated fields), then one BOOLEAN per distinct filter (``hw_hit0``, ``hw_hit1``...),
+  evaluated by Flink SQL from the plan's Flink SQL text. The JVM never parses a filter.
 - ``groups``: per (join key, slide), the views and their features: aggregation, window, the column
   of its filter and of its field, ``k``, and the dictionary field of text slots (top_k values, and
   ``last`` of a text field), laid out in the shared vector order (:mod:`headwater.registry.slots`).
@@ -21,17 +25,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.pipelines.realtime.decode import EVENT_COLUMNS
+from headwater.pipelines.realtime.decode import TIME_MS, event_columns
 from headwater.pipelines.store.layout import FRESHNESS_MAXLEN
 from headwater.pipelines.store.store import WRITE_SCRIPT
 from headwater.pipelines.windows import compile_view, layout_version, view_layout
 from headwater.pipelines.windows.vector import ASSIGN_LUA
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanSource, PlanView, PlanWhere, TierPlan
 
-FORMAT = 1
+FORMAT = 2
 NUMERIC = frozenset({"BIGINT", "INT", "DOUBLE"})
 NEEDS_NUMBER = frozenset({"sum", "avg", "min", "max"})
-_TYPES = dict(EVENT_COLUMNS)
+EVENT_ID = "hw_event_id"
+HIT_PREFIX = "hw_hit"
 DEFAULT_IDLE_ADVANCE_MS = 2_000
 """On a live stream with no event for this long, the operators' clock follows the wall clock minus this,
 so windows still slide (counts decay) when the traffic stops."""
@@ -63,8 +68,9 @@ class StoreTarget:
 
 @dataclass(frozen=True)
 class RealtimeProgram:
-    """The compiled program: the JSON text for the JVM and the event columns for the SQL side."""
+    """The compiled program of one source: JSON text for the JVM and the event columns for the SQL side."""
 
+    source: str
     text: str
     columns: tuple[Column, ...]
     groups: tuple[str, ...]
@@ -84,20 +90,27 @@ def _ms(seconds: float) -> int:
 
 
 class _Columns:
-    """Collects the columns the features read, and one hit column per distinct filter text."""
+    """Collects the source's fields the features read, and one hit column per distinct filter text."""
 
-    def __init__(self) -> None:
-        self.fields: list[str] = ["event_id", "event_time"]
+    def __init__(self, source: PlanSource) -> None:
+        self.source = source
+        self.types = dict(event_columns(source))
+        self.fields: list[str] = []
         self.hits: dict[str, int] = {}
         self.filters: list[PlanWhere] = []
 
+    def type_of(self, name: str | None) -> str | None:
+        return self.types.get(name or "")
+
     def field(self, name: str | None, view: PlanView, feature: str) -> int:
+        """Return a provisional index of field ``name`` (remapped by :meth:`resolve`); -1 for none."""
         if name is None:
             return -1
-        if name not in _TYPES:
+        if name not in self.types:
             msg = (
                 f"view {view.name!r} ({view.defined_at}) feature {feature!r}: field {name!r} is not a field"
-                f" of the event schema ({', '.join(_TYPES)}); fix the definition and run `headwater apply`"
+                f" of source {self.source.name!r} ({', '.join(self.types)}); fix the definition and run"
+                " `headwater apply`"
             )
             raise RealtimePlanError(msg)
         if name not in self.fields:
@@ -117,11 +130,21 @@ class _Columns:
             self.filters.append(where)
         return self.hits[sql]
 
+    def head(self) -> list[Column]:
+        """Return the event id column (when the source has one) and the event time (ms) column."""
+        cols = []
+        if self.source.event_id is not None:
+            ident = f"`{self.source.event_id}`"
+            text = self.type_of(self.source.event_id) == "STRING"
+            cols.append(Column(EVENT_ID, "STRING", ident if text else f"CAST({ident} AS STRING)"))
+        return [*cols, Column(TIME_MS, "BIGINT", f"`{TIME_MS}`")]
+
     def resolve(self) -> tuple[Column, ...]:
-        """Fields in schema order after id and time, then the hits; the indexes given out are remapped."""
-        order = ["event_id", "event_time"] + [n for n, _ in EVENT_COLUMNS if n in self.fields[2:]]
-        cols = [Column(n, _TYPES[n], f"`{n}`") for n in order]
-        cols += [Column(f"h{i}", "BOOLEAN", f"COALESCE(({sql}), FALSE)") for sql, i in self.hits.items()]
+        """Head, then the fields in schema order, then the hits; the indexes given out are remapped."""
+        cols = self.head()
+        cols += [Column(n, t, f"`{n}`") for n, t in self.types.items() if n in self.fields]
+        hits = self.hits.items()
+        cols += [Column(f"{HIT_PREFIX}{i}", "BOOLEAN", f"COALESCE(({q}), FALSE)") for q, i in hits]
         return tuple(cols)
 
 
@@ -129,7 +152,7 @@ def _operand(op: PlanOperand | None, cols: _Columns, view: PlanView, feature: st
     if op is None:
         msg = f"view {view.name!r} ({view.defined_at}) feature {feature!r}: a ratio needs both operands"
         raise RealtimePlanError(msg)
-    _check_field(op.agg, op.field, view, feature)
+    _check_field(op.agg, op.field, cols, view, feature)
     return {
         "name": f"{feature}.{op.agg}",
         "agg": op.agg,
@@ -139,18 +162,19 @@ def _operand(op: PlanOperand | None, cols: _Columns, view: PlanView, feature: st
     }
 
 
-def _check_field(agg: str, field: str | None, view: PlanView, feature: str) -> None:
+def _check_field(agg: str, field: str | None, cols: _Columns, view: PlanView, feature: str) -> None:
     where = f"view {view.name!r} ({view.defined_at}) feature {feature!r}"
+    cols.field(field, view, feature)  # a field the source lacks: that error first
     if agg in NEEDS_NUMBER | {"last", "distinct_count", "top_k"} and field is None:
         msg = f"{where}: {agg} needs a `field`"
         raise RealtimePlanError(msg)
-    if agg in NEEDS_NUMBER and field is not None and _TYPES.get(field) not in NUMERIC:
-        msg = f"{where}: {agg} needs a numeric field; {field!r} is {_TYPES.get(field)}"
+    if agg in NEEDS_NUMBER and field is not None and cols.type_of(field) not in NUMERIC:
+        msg = f"{where}: {agg} needs a numeric field; {field!r} is {cols.type_of(field)}"
         raise RealtimePlanError(msg)
 
 
 def _feature(f: PlanFeature, cols: _Columns, view: PlanView) -> dict[str, Any]:
-    _check_field(f.agg, f.field, view, f.name)
+    _check_field(f.agg, f.field, cols, view, f.name)
     out: dict[str, Any] = {
         "name": f.name,
         "agg": f.agg,
@@ -160,7 +184,7 @@ def _feature(f: PlanFeature, cols: _Columns, view: PlanView) -> dict[str, Any]:
         "k": f.k or 0,
         "dict_field": None,
     }
-    if f.agg == "top_k" or (f.agg == "last" and _TYPES.get(f.field or "") == "STRING"):
+    if f.agg == "top_k" or (f.agg == "last" and cols.type_of(f.field) == "STRING"):
         out["dict_field"] = f.field
     if f.agg == "ratio":
         out["numerator"] = _operand(f.numerator, cols, view, f.name)
@@ -174,10 +198,19 @@ def compile_program(
     store: StoreTarget,
     idle_advance_ms: int = DEFAULT_IDLE_ADVANCE_MS,
 ) -> RealtimeProgram:
-    """Compile every view of ``plan`` (already checked by :func:`.sql.check_plan`) into one program."""
-    cols = _Columns()
+    """Compile the views of ``plan`` that read ``source`` (checked by :func:`.sql.check_plan`) into a program.
+
+    Raises:
+        RealtimePlanError: a view of ``source`` reads a field the source lacks, or aggregates one of the
+            wrong type; the message names the view and its definition.
+    """
+    cols = _Columns(source)
     groups: dict[tuple[str, int], dict[str, Any]] = {}
-    for view in plan.views:
+    views = [v for v in plan.views if v.source == source.name]
+    if not views:
+        msg = f"source {source.name!r} has no realtime view: nothing to compile"
+        raise RealtimePlanError(msg)
+    for view in views:
         slide_ms = _ms(view.features[0].slide_s)
         key = (view.join_key, slide_ms)
         group = groups.setdefault(
@@ -215,13 +248,14 @@ def compile_program(
                 fix(feature)
     program = {
         "format": FORMAT,
+        "source": source.name,
         "version": layout_version(plan.registry_hash),
         "namespace": store.namespace,
         "columns": names,
         "column_types": [c.sql_type for c in columns],
-        "event_id_column": 0,
-        "event_time_column": 1,
-        "out_of_orderness_ms": _ms(source.max_out_of_orderness_s or 0),
+        "event_id_column": names.index(EVENT_ID) if EVENT_ID in names else -1,
+        "event_time_column": names.index(TIME_MS),
+        "out_of_orderness_ms": source.max_out_of_orderness_ms,
         "idle_advance_ms": idle_advance_ms,
         "store": {
             "url": store.redis_url,
@@ -235,6 +269,7 @@ def compile_program(
         "groups": list(groups.values()),
     }
     return RealtimeProgram(
+        source=source.name,
         text=json.dumps(program, separators=(",", ":")),
         columns=columns,
         groups=tuple(g["id"] for g in groups.values()),

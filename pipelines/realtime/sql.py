@@ -1,40 +1,51 @@
-"""Compile the SQL half of the realtime job: the Kafka source, the decode, dead letters, event columns.
+"""Compile the SQL half of the realtime job: per source, the Kafka table, the decode, dead letters, columns.
 
-Shape of the job (one Flink job; the Java half is ``dev.headwater.flink.realtime``, see
-:mod:`.program`):
+Shape of the job (one Flink job, one pipeline per source of the plan that has realtime views; the Java
+half is ``dev.headwater.flink.realtime``, see :mod:`.program`). For source number ``n``:
 
-1. ``hw_source``: the Kafka topic through the Kafka connector, raw bytes plus headers, key,
-   partition and offset. The Avro payload is decoded by a JVM function (infra/maven/flink-udfs) or,
-   with ``--decode python``, a vectorised Python UDF (:mod:`.decode`); ``rt`` (the event time as a
-   rowtime) carries the watermark ``rt - max_out_of_orderness``.
-2. ``hw_routed``: one row per record: the event columns of the program (its fields, and one BOOLEAN
-   per filter of the registry, from the plan's Flink SQL), and for a rejected record its reason,
-   detail and raw bytes. A record is rejected when it does not decode, or when it is ``late``: its
-   event time is behind the watermark by more than the source's ``allowed_lateness``, as in the
-   nearline and offline tiers (an event within the allowed lateness still revises the values whose
-   windows hold it).
-3. The JVM converts ``hw_routed`` to a stream once (so the source and the decode run once), sends the
-   good rows to the window operators and hands the rejected ones back as ``hw_dlq_rows``, which
+1. ``hw_source_n``: the source's topic through the Kafka connector, raw bytes plus headers, key,
+   partition and offset. The Avro payload is decoded by a JVM function built from the plan's source
+   (``hw_decode_n``, :mod:`.decode`); ``hw_rt`` (the event time as a rowtime, capped by the wall clock
+   so an event from the near future cannot poison the watermark) carries the watermark
+   ``hw_rt - max_out_of_orderness``.
+2. ``hw_routed_n``: one row per record: the event columns of the source's program (its fields, and one
+   BOOLEAN per filter, from the plan's Flink SQL), and for a rejected record its reason, detail and raw
+   bytes. A record is rejected, in the order of the Python codec and tiers, when it does not decode
+   (the JVM's reason), when one of the source's rules is FALSE (``invalid_field``, the rule's plan SQL:
+   a rule that is unknown because of a null holds, as a SQL CHECK), when it is future-dated, or when it
+   is ``late``: its event time is behind the watermark by more than the source's ``allowed_lateness``,
+   as in the nearline and offline tiers (an event within the allowed lateness still revises the values
+   whose windows hold it).
+3. The JVM converts ``hw_routed_n`` to a stream once (so the source and the decode run once), sends
+   the good rows to the window operators and hands the rejected ones back as ``hw_dlq_rows_n``, which
    ``INSERT INTO hw_dlq`` writes to the dead-letter topic with the ``dlq-*`` headers.
 
-Everything here is pure string building, so it is unit-tested without Flink.
+Every column the job adds is named ``hw_...``; a source field with that prefix is refused (it could
+collide). Everything here is pure string building, so it is unit-tested without Flink.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from headwater.pipelines.realtime.decode import DEFAULT_MAX_FUTURE_MS, EVENT_COLUMNS
+from headwater.pipelines.realtime.decode import DETAIL, FUTURE, HEAD, REASON, decoder_config
 from headwater.pipelines.realtime.program import RealtimePlanError, RealtimeProgram
 from headwater.registry.plans import PlanSource, PlanView, TierPlan
 
-_TYPES = dict(EVENT_COLUMNS)
-DLQ_ROWS = "hw_dlq_rows"
-"""The view of rejected rows that the JVM registers (``RealtimeGraph.attach``) for the DLQ insert."""
-ROUTED = "hw_routed"
-RAW = ("k", "value", "headers")
-__all__ = ["CompiledJob", "JobOptions", "RealtimePlanError", "check_plan", "compile_job", "interval"]
+RESERVED_PREFIX = "hw_"
+"""Prefix of every column the job adds to a source's fields."""
+RAW = ("hw_k", "hw_value", "hw_headers")
+__all__ = [
+    "CompiledJob",
+    "JobOptions",
+    "Pipeline",
+    "RealtimePlanError",
+    "UdfSpec",
+    "check_plan",
+    "compile_job",
+    "interval",
+]
 
 
 @dataclass(frozen=True)
@@ -44,25 +55,51 @@ class JobOptions:
     kafka_bootstrap: str
     dlq_topic: str
     group_id: str = "headwater-realtime"
-    topic: str | None = None
-    """Override of the source topic (tests, benchmarks); default: the plan's source topic."""
+    topics: Mapping[str, str] = field(default_factory=dict)
+    """Topic overrides by source name (tests, benchmarks); default: each plan source's topic."""
+    sources: tuple[str, ...] = ()
+    """The sources to run (``--source``); empty: every source that has a realtime view."""
     startup_mode: str = "group-offsets"
     idle_timeout_s: float = 5.0
-    decode: str = "java"
-    """``java``: Avro decode in the JVM (infra/maven/flink-udfs); ``python``: the vectorised Python UDF."""
-    max_future_ms: int = DEFAULT_MAX_FUTURE_MS
-    """Events further ahead of the job's clock go to the dead-letter topic as ``future_dated``."""
+
+    def topic(self, source: PlanSource) -> str:
+        """Return the topic the job reads ``source`` from."""
+        return self.topics.get(source.name, source.topic)
+
+
+@dataclass(frozen=True)
+class UdfSpec:
+    """A JVM function the job registers: its SQL name, Java class and constructor argument."""
+
+    name: str
+    java_class: str
+    config: str
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One source's part of the job: what ``RealtimeGraph.attach`` is called with."""
+
+    source: str
+    topic: str
+    routed: str
+    """The routed view (good and rejected rows) the JVM half reads."""
+    dlq_rows: str
+    """The view of rejected rows the JVM registers for the dead-letter insert."""
+    reason_column: int
+    """Index of ``hw_reason`` in the routed rows (the JVM routes on it: NULL = a good event)."""
+    program: RealtimeProgram
 
 
 @dataclass(frozen=True)
 class CompiledJob:
-    """The SQL statements of the job, in execution order."""
+    """The SQL statements of the job, in execution order, and the pipelines to attach."""
 
+    functions: list[UdfSpec]
     ddl: list[str]
+    pipelines: list[Pipeline]
     inserts: list[str]
-    """Run after the JVM half is attached: they read the view of rejected rows it registers."""
-    reason_column: int
-    """Index of ``reason`` in ``hw_routed`` rows (the JVM routes on it: NULL = a good event)."""
+    """Run after the JVM half is attached: they read the views of rejected rows it registers."""
 
 
 def interval(ms: int) -> str:
@@ -84,10 +121,6 @@ def literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _ms(seconds: float) -> int:
-    return round(seconds * 1000)
-
-
 def source_of(plan: TierPlan, view: PlanView) -> PlanSource:
     """Return the plan source a view reads (raises :class:`RealtimePlanError` when it is missing)."""
     for src in plan.sources:
@@ -97,24 +130,45 @@ def source_of(plan: TierPlan, view: PlanView) -> PlanSource:
     raise RealtimePlanError(msg)
 
 
-def check_plan(plan: TierPlan) -> PlanSource:
-    """Check that the plan fits one job: one source, one slide per view, an event-time field.
+def check_plan(plan: TierPlan, only: Sequence[str] = ()) -> list[PlanSource]:
+    """Check that the plan's realtime views can run; return the sources to run, in plan order.
 
-    Returns:
-        The one source every view reads.
+    Args:
+        plan: the realtime plan.
+        only: names of the sources to run (``--source``); empty: every source with a realtime view.
+
+    Raises:
+        RealtimePlanError: no view to run, an unknown source name, a view with several slides, a join key
+            that is not a field of the view's source, or a source field named like the job's own columns.
     """
     if not plan.views:
         msg = "the realtime plan has no views: add a view with `tier: realtime` and run `headwater apply`"
         raise RealtimePlanError(msg)
-    sources = {source_of(plan, v).name for v in plan.views}
-    if len(sources) > 1:
-        msg = f"realtime views read several sources {sorted(sources)}; this job reads one: run one job each"
+    used = {source_of(plan, v).name for v in plan.views}
+    unknown = [name for name in only if name not in used]
+    if unknown:
+        msg = (
+            f"--source {', '.join(unknown)}: no realtime view reads it; sources with realtime views: "
+            f"{', '.join(sorted(used))}"
+        )
         raise RealtimePlanError(msg)
-    src = source_of(plan, plan.views[0])
-    if src.event_time != "event_time":
-        msg = f"source {src.name!r}: event_time field {src.event_time!r} is not the schema's `event_time`"
-        raise RealtimePlanError(msg)
+    chosen = set(only) or used
+    sources = [s for s in plan.sources if s.name in chosen]
+    for src in sources:
+        clash = [f.name for f in src.fields if f.name.startswith(RESERVED_PREFIX)]
+        if clash:
+            msg = (
+                f"source {src.name!r}: field(s) {', '.join(clash)} start with {RESERVED_PREFIX!r}, which the "
+                "realtime job reserves for its own columns; rename the field in the schema"
+            )
+            raise RealtimePlanError(msg)
+        if src.field(src.event_time) is None:
+            msg = f"source {src.name!r}: event_time field {src.event_time!r} is not a field of its schema"
+            raise RealtimePlanError(msg)
     for v in plan.views:
+        src = source_of(plan, v)
+        if src.name not in chosen:
+            continue
         slides = {f.slide_s for f in v.features}
         if len(slides) != 1:
             detail = ", ".join(f"{f.name}: {f.slide_s:g}s" for f in v.features)
@@ -123,75 +177,67 @@ def check_plan(plan: TierPlan) -> PlanSource:
                 f"found several ({detail}); give its features the same `slide` or split the view"
             )
             raise RealtimePlanError(msg)
-        if v.join_key not in _TYPES:
-            msg = f"view {v.name!r} ({v.defined_at}): join key {v.join_key!r} is not an event field"
+        if src.field(v.join_key) is None:
+            msg = (
+                f"view {v.name!r} ({v.defined_at}): join key {v.join_key!r} is not a field of source "
+                f"{src.name!r}"
+            )
             raise RealtimePlanError(msg)
-    return src
+    return sources
 
 
-def compile_job(plan: TierPlan, options: JobOptions, program: RealtimeProgram) -> CompiledJob:
-    """Compile the SQL statements of the job: DDL, the routed-events view and the dead-letter insert."""
-    src = check_plan(plan)
-    ddl = [
-        _source_ddl(src, options, _decode_args(options)),
-        _dlq_ddl(options),
-        "CREATE TEMPORARY VIEW hw_decoded AS "
-        "SELECT `k`, `value`, `headers`, `partition`, `offset`, ev, rt FROM hw_source",
-        _routed_view(src, program),
-    ]
-    topic = options.topic or src.topic
-    insert = (
-        "INSERT INTO hw_dlq SELECT `k`, `value`, "
-        f"hw_dlq_headers(`headers`, reason, detail, `partition`, `offset`, {literal(topic)}) FROM {DLQ_ROWS}"
-    )
-    return CompiledJob(ddl=ddl, inserts=[insert], reason_column=len(program.columns))
+def compile_job(plan: TierPlan, options: JobOptions, programs: Sequence[RealtimeProgram]) -> CompiledJob:
+    """Compile the SQL statements of the job: per source its functions, tables, routed view, DLQ insert."""
+    by_name = {s.name: s for s in plan.sources}
+    functions: list[UdfSpec] = []
+    ddl = [_dlq_ddl(options)]
+    pipelines: list[Pipeline] = []
+    inserts: list[str] = []
+    for n, program in enumerate(programs):
+        src = by_name[program.source]
+        config = decoder_config(src)
+        functions += [
+            UdfSpec(f"hw_decode_{n}", "dev.headwater.flink.DecodeEvent", config),
+            UdfSpec(f"hw_event_time_{n}", "dev.headwater.flink.EventTime", config),
+        ]
+        ddl += [_source_ddl(n, src, options), _routed_view(n, src, program)]
+        pipe = Pipeline(
+            source=src.name,
+            topic=options.topic(src),
+            routed=f"hw_routed_{n}",
+            dlq_rows=f"hw_dlq_rows_{n}",
+            reason_column=len(program.columns),
+            program=program,
+        )
+        pipelines.append(pipe)
+        inserts.append(
+            "INSERT INTO hw_dlq SELECT `hw_k`, `hw_value`, hw_dlq_headers(`hw_headers`, `hw_reason`, "
+            f"`hw_detail`, `hw_partition`, `hw_offset`, {literal(pipe.topic)}) FROM {pipe.dlq_rows}"
+        )
+    return CompiledJob(functions=functions, ddl=ddl, pipelines=pipelines, inserts=inserts)
 
 
-def _decode_args(options: JobOptions) -> str:
-    """Return the decode functions' arguments after the payload: the two headers, and for Java more.
-
-    The Java functions (``dev.headwater.flink.DecodeEvent`` / ``EventTime``) get the schema-fp they
-    accept, the future-dated limit and the schema's JSON text as literals, so a Flink cluster needs
-    no file of this repo; the Python one reads them in its worker.
-    """
-    headers = "`headers`['schema-fp'], `headers`['produce-ts']"
-    if options.decode == "python":
-        return headers
-    if options.decode != "java":
-        msg = f"JobOptions.decode must be 'java' or 'python', found {options.decode!r}"
-        raise RealtimePlanError(msg)
-    from headwater.pipelines.events.schema import load_schema
-
-    schema = load_schema()
-    text = json.dumps(schema.raw, separators=(",", ":"))
-    return (
-        f"{headers}, {literal(schema.fingerprint)}, CAST({options.max_future_ms} AS BIGINT), {literal(text)}"
-    )
-
-
-def _source_ddl(src: PlanSource, options: JobOptions, decode_args: str) -> str:
-    topic = options.topic or src.topic
-    ooo_ms = _ms(src.max_out_of_orderness_s or 0)
-    return f"""CREATE TABLE hw_source (
-  `k` BYTES,
-  `value` BYTES,
-  `headers` MAP<STRING, BYTES> METADATA,
-  `partition` INT METADATA VIRTUAL,
-  `offset` BIGINT METADATA VIRTUAL,
-  `ev` AS hw_decode(`value`, {decode_args}),
-  `rt` AS TO_TIMESTAMP_LTZ(hw_event_time(`value`, {decode_args}), 3),
-  `pt` AS PROCTIME(),
-  WATERMARK FOR `rt` AS `rt` - {interval(ooo_ms)}
+def _source_ddl(n: int, src: PlanSource, options: JobOptions) -> str:
+    args = "`hw_value`, `hw_headers`['schema-fp'], `hw_headers`['produce-ts']"
+    return f"""CREATE TABLE hw_source_{n} (
+  `hw_k` BYTES,
+  `hw_value` BYTES,
+  `hw_headers` MAP<STRING, BYTES> METADATA FROM 'headers',
+  `hw_partition` INT METADATA FROM 'partition' VIRTUAL,
+  `hw_offset` BIGINT METADATA FROM 'offset' VIRTUAL,
+  `hw_ev` AS hw_decode_{n}({args}),
+  `hw_rt` AS TO_TIMESTAMP_LTZ(hw_event_time_{n}({args}), 3),
+  WATERMARK FOR `hw_rt` AS `hw_rt` - {interval(src.max_out_of_orderness_ms)}
 ) WITH (
   'connector' = 'kafka',
-  'topic' = {literal(topic)},
+  'topic' = {literal(options.topic(src))},
   'properties.bootstrap.servers' = {literal(options.kafka_bootstrap)},
   'properties.group.id' = {literal(options.group_id)},
   'properties.auto.offset.reset' = 'earliest',
   'scan.startup.mode' = {literal(options.startup_mode)},
   'scan.watermark.idle-timeout' = '{options.idle_timeout_s:g} s',
   'key.format' = 'raw',
-  'key.fields' = 'k',
+  'key.fields' = 'hw_k',
   'value.format' = 'raw',
   'value.fields-include' = 'EXCEPT_KEY'
 )"""
@@ -216,29 +262,61 @@ def _dlq_ddl(options: JobOptions) -> str:
 
 def late_condition(src: PlanSource) -> str:
     """Return SQL that is TRUE for an event behind the watermark by more than the allowed lateness."""
-    lateness = interval(_ms(src.allowed_lateness_s or 0))
-    return f"rt < CURRENT_WATERMARK(rt) - {lateness}"
+    return f"`hw_rt` < CURRENT_WATERMARK(`hw_rt`) - {interval(src.allowed_lateness_ms)}"
 
 
-def _routed_view(src: PlanSource, program: RealtimeProgram) -> str:
+def rule_checks(src: PlanSource) -> list[tuple[str, str]]:
+    """Per rule of ``src``: SQL that is TRUE when the rule fails (it is FALSE), and the dead letter's detail.
+
+    The detail is the Python codec's (``EventCodec.validate``), so both paths write the same dead letter.
+    """
+    out = []
+    for rule in src.rules:
+        sql = rule.sql.get("flink")
+        if not sql:
+            msg = f"source {src.name!r}: rule {rule.text!r} has no Flink SQL in the plan; run headwater apply"
+            raise RealtimePlanError(msg)
+        out.append((f"({sql}) IS FALSE", f"rule {rule.text!r} of source {src.name!r} does not hold"))
+    return out
+
+
+def _routed_view(n: int, src: PlanSource, program: RealtimeProgram) -> str:
     """One row per record: the program's event columns, then reason, detail and the raw record.
 
     The raw record (key, value, headers) is kept only on rejected rows, so good rows stay small on
     their way to the window operators.
     """
-    lateness_s = src.allowed_lateness_s or 0
-    fields = ", ".join(f"ev.{ident(name)} AS {ident(name)}" for name, _ in EVENT_COLUMNS)
-    detail = (
-        "'event_time ' || CAST(rt AS STRING) || ' is behind the watermark ' "
-        f"|| CAST(CURRENT_WATERMARK(rt) AS STRING) || ' by more than the allowed lateness ({lateness_s:g} s)'"
+    # the final reason and detail (decode, rules, future, late) take the names of the decode's own
+    renamed = {REASON: "hw_decode_reason", DETAIL: "hw_decode_detail"}
+    head = ", ".join(f"`hw_ev`.{ident(name)} AS {ident(renamed.get(name, name))}" for name, _ in HEAD)
+    fields = ", ".join(f"`hw_ev`.{ident(f.name)} AS {ident(f.name)}" for f in src.fields)
+    checks = rule_checks(src)
+    broken = (
+        "CASE " + " ".join(f"WHEN {cond} THEN {literal(detail)}" for cond, detail in checks) + " END"
+        if checks
+        else "CAST(NULL AS STRING)"
     )
+    late = late_condition(src)
+    lateness_s = src.allowed_lateness_ms / 1000
+    late_detail = (
+        f"{literal(src.event_time + ' ')} || CAST(`hw_rt` AS STRING) || ' is behind the watermark ' "
+        f"|| CAST(CURRENT_WATERMARK(`hw_rt`) AS STRING) "
+        f"|| ' by more than the allowed lateness ({lateness_s:g} s)'"
+    )
+    reason, detail = "`hw_decode_reason`", "`hw_decode_detail`"
     cols = ", ".join(f"{c.sql} AS {ident(c.name)}" for c in program.columns)
-    raw = ", ".join(f"CASE WHEN reason IS NOT NULL THEN {ident(c)} END AS {ident(c)}" for c in RAW)
-    return f"""CREATE TEMPORARY VIEW hw_routed AS
-SELECT {cols}, reason, detail, {raw}, `partition`, `offset` FROM (
-  SELECT {fields}, `k`, `value`, `headers`, `partition`, `offset`, reason,
-    CASE WHEN ev.reason IS NOT NULL THEN ev.detail WHEN reason IS NOT NULL THEN {detail} END AS detail
+    raw = ", ".join(f"CASE WHEN `hw_reason` IS NOT NULL THEN {ident(c)} END AS {ident(c)}" for c in RAW)
+    return f"""CREATE TEMPORARY VIEW hw_routed_{n} AS
+SELECT {cols}, `hw_reason`, `hw_detail`, {raw}, `hw_partition`, `hw_offset` FROM (
+  SELECT *,
+    CASE WHEN {reason} IS NOT NULL THEN {reason} WHEN `hw_broken` IS NOT NULL THEN 'invalid_field'
+      WHEN `{FUTURE}` IS NOT NULL THEN 'future_dated' WHEN {late} THEN 'late' END AS `hw_reason`,
+    CASE WHEN {reason} IS NOT NULL THEN {detail} WHEN `hw_broken` IS NOT NULL THEN `hw_broken`
+      WHEN `{FUTURE}` IS NOT NULL THEN `{FUTURE}` WHEN {late} THEN {late_detail} END AS `hw_detail`
   FROM (
-    SELECT *, COALESCE(ev.reason, CASE WHEN {late_condition(src)} THEN 'late' END) AS reason FROM hw_decoded
+    SELECT *, {broken} AS `hw_broken` FROM (
+      SELECT {head}, {fields}, `hw_k`, `hw_value`, `hw_headers`, `hw_partition`, `hw_offset`, `hw_rt`
+      FROM hw_source_{n}
+    )
   )
 )"""

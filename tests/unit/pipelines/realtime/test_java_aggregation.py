@@ -53,13 +53,18 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> TierPlan:
 
 @pytest.fixture(scope="module")
 def program(plan: TierPlan) -> RealtimeProgram:
-    return compile_program(plan, check_plan(plan), StoreTarget("redis://127.0.0.1:6379/0"))
+    events = next(s for s in check_plan(plan) if s.name == "events")
+    return compile_program(plan, events, StoreTarget("redis://127.0.0.1:6379/0"))
+
+
+HEAD = {"hw_event_id": "event_id", "hw_time_ms": "event_time"}
+"""The program's id and time columns, as the behaviour events name them (a millisecond event time)."""
 
 
 def rows(program: RealtimeProgram, events: list[dict[str, Any]]) -> list[list[Any]]:
     """The operator's input rows: the program's columns, hits evaluated from the plan's filters."""
     hits = [compile_predicate(from_json(w.ast)) for w in program.hit_filters]
-    fields = [c.name for c in program.columns[: len(program.columns) - len(hits)]]
+    fields = [HEAD.get(c.name, c.name) for c in program.columns[: len(program.columns) - len(hits)]]
     return [[e.get(n) for n in fields] + [bool(h(e)) for h in hits] for e in events]
 
 
@@ -201,7 +206,7 @@ def compare(plan: TierPlan, program: RealtimeProgram, events: list[dict[str, Any
     got = stored(updates)
     ids = Ids()
     n = 0
-    for view in plan.views:
+    for view in (v for v in plan.views if v.source == program.source):
         b = (end_ms // round(view.features[0].slide_s * 1000)) * round(view.features[0].slide_s * 1000)
         for entity, (vec, changed) in expected(plan, view.name, events, b, ids).items():
             u = got.get((view.name, entity))

@@ -1,31 +1,65 @@
 """The JVM decode (infra/maven/flink-udfs EventDecoder) against the Python codec, on the same bytes.
 
-Runs ``dev.headwater.flink.DecodeCheck`` (a ``java`` process, no Flink) over good events, every
-kind of bad record the codec names, and seeded bit flips / truncations of good payloads; each
-record must get the same reason, and a good one the same field values.
+Runs ``dev.headwater.flink.DecodeCheck`` (a ``java`` process, no Flink) with the decoder config the job
+builds from the plan source (:func:`headwater.pipelines.realtime.decode.decoder_config`), for both
+example sources (the behaviour events, and payments: micros, enums, a nullable double), over good
+events, every kind of bad record the codec names, records written with an older schema version, and
+seeded or generated bit flips / truncations. Each record must get the Python verdict: the reason of
+``EventCodec.decode``, then ``future_dated`` for an event further ahead than the source's
+``max_future_ms`` (the tiers' check), and a good one the same field values.
+
+The JVM leaves the source's rules to the job's SQL (``(rule) IS FALSE`` after the decode); here the
+rules are applied to the JVM's decoded fields with the registry's evaluator, in the job's order
+(decode, rules, future-dated). That the SQL of a rule gives the evaluator's verdict is checked in
+Flink by tests/integration/pipelines/realtime/test_realtime_sources.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
+import math
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from headwater.pipelines import jvm
-from headwater.pipelines.events.codec import HEADER_PRODUCE_TS, HEADER_SCHEMA_FP, EventCodec
+from headwater.pipelines.events.codec import (
+    HEADER_PRODUCE_TS,
+    HEADER_SCHEMA_FP,
+    DecodeError,
+    EventCodec,
+    wire_schema,
+)
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
-from headwater.pipelines.realtime.decode import EVENT_COLUMNS, decode_batch
+from headwater.pipelines.realtime.decode import decoder_config, event_columns
+from headwater.registry.avro import fingerprint
+from headwater.registry.expr import from_json
+from headwater.registry.expr_eval import compile_rule
+from headwater.registry.plans import PlanSchema, PlanSource, read_plan
 
+ROOT = Path(__file__).resolve().parents[4]
 NOW_MS = 1_767_225_600_000
-MAX_FUTURE_MS = 60_000
-
-PRICE = 1 + [name for name, _ in EVENT_COLUMNS].index("price")
 Record = tuple[bytes | None, bytes | None, bytes | None]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PlanSource]:
+    state = tmp_path_factory.mktemp("decode_plan") / "state"
+    exe = str(Path(sys.executable).parent / "headwater")
+    done = subprocess.run([exe, "apply", str(ROOT / "features"), "--state-dir", str(state), "--no-feast"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {s.name: s for s in read_plan(state, "realtime").sources}
 
 
 def _classpath() -> str:
@@ -41,52 +75,122 @@ def _classpath() -> str:
     return ":".join(str(j) for j in [*ours, *flink])
 
 
-def _java_decode(codec: EventCodec, records: list[Record]) -> list[list[str]]:
+def _java_decode(source: PlanSource, records: list[Record], tmp: Path) -> list[list[str]]:
     java = shutil.which("java")
     if java is None:
         pytest.skip("no `java` on PATH")
+    config = tmp / f"{source.name}.json"
+    config.write_text(decoder_config(source))
     lines = "".join(" ".join("-" if b is None else b.hex() for b in rec) + "\n" for rec in records)
-    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.DecodeCheck", str(codec.schema.path),
-           codec.fingerprint, str(MAX_FUTURE_MS), str(NOW_MS)]  # fmt: skip
+    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.DecodeCheck", str(config), str(NOW_MS)]
     # bytes, not text=True: universal newlines would turn a "\r" inside a decoded string into a line break
     done = subprocess.run(cmd, input=lines.encode(), capture_output=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return [line.split("\t") for line in done.stdout.decode().split("\n")[:-1]]
 
 
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append({"t": "\t", "n": "\n", "\\": "\\"}[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _typed(sql_type: str, text: str) -> Any:
+    if text == "\\N":
+        return None
+    if sql_type in ("INT", "BIGINT"):
+        return int(text)
+    if sql_type == "DOUBLE":
+        return float(text)  # Java writes 8.3E19, NaN, Infinity: float() reads each
+    if sql_type == "BOOLEAN":
+        return text == "true"
+    return _unescape(text)
+
+
+def java_verdict(source: PlanSource, row: list[str]) -> tuple[str, dict[str, Any] | None]:
+    """The job's verdict on a DecodeCheck line: decode, then the rules (as the SQL), then future-dated."""
+    if row[0] != "ok":
+        return row[0], None
+    cols = event_columns(source)
+    event = {name: _typed(t, text) for (name, t), text in zip(cols, row[2:], strict=True)}
+    rules = [compile_rule(from_json(w.ast)) for w in source.rules]
+    if not all(holds(event) for holds in rules):
+        return "invalid_field", None
+    return ("future_dated", None) if row[1] == "future" else ("ok", event)
+
+
+def python_verdict(codec: EventCodec, record: Record) -> tuple[str, dict[str, Any] | None]:
+    """The Python codec's verdict, then the tiers' future-dated check."""
+    value, fp, ts = record
+    headers = [(k, v) for k, v in ((HEADER_SCHEMA_FP, fp), (HEADER_PRODUCE_TS, ts)) if v is not None]
+    result = codec.decode(value, headers)
+    if isinstance(result, DecodeError):
+        return str(result.reason), None
+    if result.event_time_ms > NOW_MS + codec.source.max_future_ms:
+        return "future_dated", None
+    return "ok", dict(result.event)
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    nan = {k for k, v in a.items() if isinstance(v, float) and math.isnan(v)}
+    return a.keys() == b.keys() and all(
+        (k in nan and isinstance(b[k], float) and math.isnan(b[k])) or a[k] == b[k] for k in a
+    )
+
+
 def _negative_index(java_row: list[str]) -> bool:
     """A union or enum index < 0: corrupt for Avro (and the JVM decode).
 
     fastavro indexes its branch list with it, Python-style (-1 = the last branch), so the Python
-    codec may read such a payload as a (mostly then invalid) event: the one known difference.
+    codec may read such a payload as a (mostly then invalid) event: the one known difference
+    (issue 16 item 4 is the Python codec's to fix).
     """
-    return java_row[0] == "corrupt_payload" and "IndexOutOfBoundsException: Index -" in java_row[1]
+    return java_row[0] == "corrupt_payload" and "Index -" in java_row[1]
 
 
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+def compare(source: PlanSource, records: list[Record], tmp: Path) -> list[str]:
+    """Run both decodes; return the verdicts (the mismatches fail the test)."""
+    codec = EventCodec(source)
+    java = _java_decode(source, records, tmp)
+    assert len(java) == len(records)
+    mismatches, verdicts = [], []
+    for i, row in enumerate(java):
+        want, got = python_verdict(codec, records[i]), java_verdict(source, row)
+        verdicts.append(got[0])
+        if (want[0] != got[0] or not _same(want[1], got[1])) and not _negative_index(row):
+            mismatches.append(f"{i}: python {want} java {got} ({row[:2]})")
+    assert not mismatches, "\n".join(mismatches[:8])
+    return verdicts
 
 
-def _python_row(cols: dict[str, list[Any]], i: int) -> list[str]:
-    reason = cols["reason"][i]
-    if reason is not None:
-        return [reason]
-    out = ["ok"]
-    for name, _ in EVENT_COLUMNS:
-        v = cols[name][i]
-        text = str(v)
-        out.append(
-            "\\N" if v is None else text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-        )
+def mutations(rng: random.Random, good: list[bytes], n: int) -> list[bytes]:
+    out = []
+    for _ in range(n):
+        raw = bytearray(rng.choice(good))
+        if rng.random() < 0.3:
+            raw = raw[: rng.randrange(len(raw))]
+        else:
+            for _ in range(rng.randint(1, 3)):
+                raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+        out.append(bytes(raw))
     return out
 
 
-def _records(codec: EventCodec) -> list[Record]:
+def behaviour_records(codec: EventCodec) -> list[Record]:
     fp = codec.fingerprint.encode()
     ts = b"1767225600000"
+    limit = codec.source.max_future_ms
     config = GeneratorConfig(start_ms=NOW_MS - 600_000, malformed_share=0.0, late_share=0.0)
     events = [dict(e.event) for e in EventGenerator(config).take(300) if e.event is not None]
-    good = [codec.encode(e) for e in events]  # type: ignore[arg-type]
+    good = [codec.encode(e) for e in events]
     base = {**events[0], "event_type": "click", "item_id": "i1", "query": None, "dwell_ms": None}
     bad_fields = [
         {**base, "event_id": ""},
@@ -99,12 +203,14 @@ def _records(codec: EventCodec) -> list[Record]:
         {**base, "price": -2.5},
         {**base, "price": float("nan")},
         {**base, "position": 0},
-        {**base, "event_time": NOW_MS + MAX_FUTURE_MS + 1},  # future-dated
-        {**base, "event_time": NOW_MS + MAX_FUTURE_MS},  # at the limit: accepted
+        {**base, "session_id": ""},
+        {**base, "event_time": NOW_MS + limit + 1},  # future-dated
+        {**base, "event_time": NOW_MS + limit + 1, "dwell_ms": -1},  # a broken rule wins over future-dated
+        {**base, "event_time": NOW_MS + limit},  # at the limit: accepted
         {**base, "user_id": "ü" * 128},  # 128 characters (256 UTF-8 bytes): accepted
     ]
     records: list[Record] = [(v, fp, ts) for v in good]
-    records += [(codec.encode(e), fp, ts) for e in bad_fields]  # type: ignore[arg-type]
+    records += [(codec.encode(e), fp, ts) for e in bad_fields]
     records += [
         (good[0], None, ts),  # missing fingerprint
         (good[0], b"0123456789abcdef", ts),  # unknown fingerprint
@@ -117,40 +223,106 @@ def _records(codec: EventCodec) -> list[Record]:
         (b"\x00\xff not avro", fp, ts),
         (good[0] + b"\x00", fp, ts),  # a trailing byte
     ]
-    rng = random.Random(5)
-    for _ in range(400):
-        raw = bytearray(rng.choice(good))
-        if rng.random() < 0.3:
-            raw = raw[: rng.randrange(len(raw))]
-        else:
-            for _ in range(rng.randint(1, 3)):
-                raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
-        records.append((bytes(raw), fp, ts))
+    records += [(v, fp, ts) for v in mutations(random.Random(5), good, 400)]
     return records
 
 
-def test_java_decode_gives_the_python_codecs_reasons_and_values() -> None:
-    codec = EventCodec()
-    records = _records(codec)
-    java = _java_decode(codec, records)
-    headers = [
-        {k: v for k, v in ((HEADER_SCHEMA_FP, fp), (HEADER_PRODUCE_TS, ts)) if v is not None}
-        for _, fp, ts in records
+def test_behaviour_events_decode_in_the_jvm_as_in_python(
+    sources: dict[str, PlanSource], tmp_path: Path
+) -> None:
+    src = sources["events"]
+    verdicts = compare(src, behaviour_records(EventCodec(src)), tmp_path)
+    # the cases above reach every reason the job's decode gives, and good events decode
+    assert set(verdicts) >= {"ok", "missing_fingerprint", "unknown_fingerprint", "invalid_header",
+                             "empty_payload", "corrupt_payload", "invalid_field", "future_dated"}  # fmt: skip
+    assert verdicts[:300] == ["ok"] * 300
+    assert verdicts[312] == "invalid_field"  # dwell_ms -1 and future-dated: the rule first, as in Python
+
+
+def payment(i: int, **fields: Any) -> dict[str, Any]:
+    base = {
+        "payment_id": f"p{i}",
+        "account_id": f"a{i % 7}",
+        "merchant_id": f"m{i % 3}",
+        "method": ["card", "wallet", "bank_transfer"][i % 3],
+        "status": ["authorized", "captured", "declined", "refunded"][i % 4],
+        "amount": 10.0 + i,
+        "currency": "EUR",
+        "risk_score": None if i % 2 else 0.25,
+        "occurred_at": (NOW_MS - 60_000 + i) * 1000,  # micros
+    }
+    return {**base, **fields}
+
+
+PAYMENT_FIELDS = st.fixed_dictionaries(
+    {
+        "payment_id": st.text(max_size=130),
+        "account_id": st.text(min_size=0, max_size=3) | st.just("a" * 129),
+        "amount": st.floats(allow_nan=True, allow_infinity=True) | st.floats(-5, 5),
+        "risk_score": st.none() | st.floats(allow_nan=True) | st.floats(-0.5, 1.5),
+        "occurred_at": st.integers(-(2**63), 2**63 - 1)
+        | st.integers((NOW_MS - 10**9) * 1000, (NOW_MS + 10**7) * 1000),
+        "status": st.sampled_from(["authorized", "captured", "declined", "refunded"]),
+    }
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(PAYMENT_FIELDS, min_size=1, max_size=40), seed=st.integers(0, 2**32))
+def test_generated_payments_get_the_python_verdict_in_the_jvm(
+    sources: dict[str, PlanSource], tmp_path: Path, events: list[dict[str, Any]], seed: int
+) -> None:
+    src = sources["payments"]
+    codec = EventCodec(src)
+    fp, ts = codec.fingerprint.encode(), b"1767225600000"
+    good = [codec.encode(payment(i, **e)) for i, e in enumerate(events)]
+    records: list[Record] = [(v, fp, ts) for v in good]
+    records += [(v, fp, ts) for v in mutations(random.Random(seed), good, 40)]
+    compare(src, records, tmp_path)
+
+
+def test_payments_micros_enums_and_rules_in_the_jvm(sources: dict[str, PlanSource], tmp_path: Path) -> None:
+    src = sources["payments"]
+    codec = EventCodec(src)
+    fp, ts = codec.fingerprint.encode(), b"1767225600000"
+    limit_us = (NOW_MS + src.max_future_ms) * 1000
+    cases = [
+        payment(1),
+        payment(2, amount=-0.01),  # rule: amount >= 0
+        payment(3, risk_score=1.5),  # rule: risk_score in [0, 1]
+        payment(4, risk_score=None),  # null: the rule holds
+        payment(5, payment_id=""),  # the event id: 1..128 characters
+        payment(6, account_id="a" * 129),  # the key too
+        payment(7, occurred_at=limit_us + 1000),  # 1 ms past the future limit
+        payment(8, occurred_at=limit_us + 999),  # the same millisecond as the limit: accepted
+        payment(9, occurred_at=src.min_event_time_ms * 1000 - 1),  # before min_event_time
     ]
-    for row in java:  # the price as Python writes a float (Java writes 8.3E19 for 8.3e+19)
-        if row[0] == "ok" and row[PRICE] != "\\N":
-            row[PRICE] = str(float(row[PRICE]))
-    py = decode_batch(codec, [v for v, _, _ in records], headers, MAX_FUTURE_MS, now_ms=NOW_MS).columns
-    assert len(java) == len(records)
-    mismatches = []
-    for i, got in enumerate(java):
-        want = _python_row(py, i)
-        have = got if got[0] == "ok" else got[:1]
-        if have != want and not _negative_index(got):
-            mismatches.append((i, records[i][0], want, got))
-    assert not mismatches, "\n".join(f"{i}: python {w} java {g}" for i, _, w, g in mismatches[:8])
-    reasons = {row[0] for row in java}
-    # the cases above reach every reason the decode gives, and good events decode
-    assert reasons >= {"ok", "missing_fingerprint", "unknown_fingerprint", "invalid_header",
-                       "empty_payload", "corrupt_payload", "invalid_field", "future_dated"}  # fmt: skip
-    assert sum(row[0] == "ok" for row in java[:300]) == min(300, len(java[:300]))
+    verdicts = compare(src, [(codec.encode(e), fp, ts) for e in cases], tmp_path)
+    assert verdicts == ["ok", "invalid_field", "invalid_field", "ok", "invalid_field", "invalid_field",
+                        "future_dated", "ok", "invalid_field"]  # fmt: skip
+
+
+def test_an_older_schema_version_is_resolved_into_the_current_one(
+    sources: dict[str, PlanSource], tmp_path: Path
+) -> None:
+    """A record written before ``risk_score`` was added (with its default) decodes in both, as null."""
+    src = sources["payments"]
+    current = json.loads(src.current.json_text)
+    old = {**current, "fields": [f for f in current["fields"] if f["name"] != "risk_score"]}
+    old_text = json.dumps(old)
+    old_fp = fingerprint(old)
+    evolved = src.model_copy(
+        update={"schemas": [PlanSchema(fingerprint=old_fp, json_text=old_text), src.current]}
+    )
+    writer = wire_schema(old_text)
+    records: list[Record] = []
+    for i in range(5):
+        buf = io.BytesIO()
+        e = payment(i)
+        del e["risk_score"]
+        fastavro.schemaless_writer(buf, writer, e)
+        records.append((buf.getvalue(), old_fp.encode(), None))
+    codec = EventCodec(evolved)
+    records.append((codec.encode(payment(9)), codec.fingerprint.encode(), None))  # and a current one
+    assert compare(evolved, records, tmp_path) == ["ok"] * 6
+    assert python_verdict(codec, records[0])[1]["risk_score"] is None  # type: ignore[index]

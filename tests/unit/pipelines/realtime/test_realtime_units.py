@@ -1,19 +1,28 @@
-"""Unit tests of the realtime tier's pure parts: the SQL half, the JVM program, decode batches."""
+"""Unit tests of the realtime tier's pure parts: the SQL half (per source), the JVM programs, CLI options."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import click
 import pytest
 
-from headwater.pipelines.events.codec import EventCodec
-from headwater.pipelines.realtime.decode import decode_batch
+from headwater.pipelines.realtime.cli import _topic_overrides
+from headwater.pipelines.realtime.decode import decoder_config, event_columns, id_fields
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
-from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError, check_plan, compile_job, interval
+from headwater.pipelines.realtime.sql import (
+    CompiledJob,
+    JobOptions,
+    RealtimePlanError,
+    check_plan,
+    compile_job,
+    interval,
+    rule_checks,
+)
 from headwater.pipelines.store.store import WRITE_SCRIPT
 from headwater.pipelines.windows import compile_view, layout_version, slot_names, view_layout
-from headwater.registry.plans import TierPlan, read_plan
+from headwater.registry.plans import PlanSource, TierPlan, read_plan
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -32,12 +41,21 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> TierPlan:
     return read_plan(state, "realtime")
 
 
-def program_of(plan: TierPlan) -> RealtimeProgram:
-    return compile_program(plan, check_plan(plan), StoreTarget("redis://127.0.0.1:6379/0", namespace="hwx"))
+def source(plan: TierPlan, name: str) -> PlanSource:
+    return next(s for s in plan.sources if s.name == name)
 
 
-def job_of(plan: TierPlan, options: JobOptions) -> str:
-    return "\n".join(compile_job(plan, options, program_of(plan)).ddl)
+def program_of(plan: TierPlan, name: str = "events") -> RealtimeProgram:
+    store = StoreTarget("redis://127.0.0.1:6379/0", namespace="hwx")
+    return compile_program(plan, source(plan, name), store)
+
+
+def job_of(plan: TierPlan, options: JobOptions) -> CompiledJob:
+    return compile_job(plan, options, [program_of(plan, s.name) for s in check_plan(plan, options.sources)])
+
+
+def ddl_of(plan: TierPlan, options: JobOptions) -> str:
+    return "\n".join(job_of(plan, options).ddl)
 
 
 def test_interval_literal() -> None:
@@ -45,10 +63,32 @@ def test_interval_literal() -> None:
     assert interval(90_061_001) == "INTERVAL '1 01:01:01.001' DAY TO SECOND(3)"
 
 
+def test_one_job_has_a_pipeline_per_source_with_its_own_topic_decode_and_watermark(plan: TierPlan) -> None:
+    job = job_of(plan, JobOptions("k:9092", "dlq", topics={"payments": "pay.test"}))
+    assert [p.source for p in job.pipelines] == ["events", "payments"]
+    assert [p.topic for p in job.pipelines] == ["events", "pay.test"]
+    text = "\n".join(job.ddl)
+    # each source's own out-of-orderness (5 s and 2 s), decode function and topic
+    assert "WATERMARK FOR `hw_rt` AS `hw_rt` - INTERVAL '0 00:00:05.000' DAY TO SECOND(3)" in text
+    assert "WATERMARK FOR `hw_rt` AS `hw_rt` - INTERVAL '0 00:00:02.000' DAY TO SECOND(3)" in text
+    assert "`hw_ev` AS hw_decode_1(`hw_value`" in text
+    assert "'topic' = 'pay.test'" in text
+    assert [f.name for f in job.functions] == [
+        "hw_decode_0",
+        "hw_event_time_0",
+        "hw_decode_1",
+        "hw_event_time_1",
+    ]
+    assert job.functions[2].config == decoder_config(source(plan, "payments"))
+    assert len(job.inserts) == 2
+    assert "'pay.test') FROM hw_dlq_rows_1" in job.inserts[1]
+    only = job_of(plan, JobOptions("k:9092", "dlq", sources=("payments",)))
+    assert [p.source for p in only.pipelines] == ["payments"]
+
+
 def test_the_routed_view_carries_one_column_per_distinct_filter(plan: TierPlan) -> None:
     program = program_of(plan)
-    text = job_of(plan, JobOptions("k:9092", "dlq"))
-    assert "WATERMARK FOR `rt` AS `rt` - INTERVAL '0 00:00:05.000' DAY TO SECOND(3)" in text
+    text = ddl_of(plan, JobOptions("k:9092", "dlq", sources=("events",)))
     hits = [c for c in program.columns if c.sql_type == "BOOLEAN"]
     sqls = [c.sql for c in hits]
     assert len(sqls) == len(set(sqls))  # a filter shared by features is evaluated once
@@ -56,16 +96,38 @@ def test_the_routed_view_carries_one_column_per_distinct_filter(plan: TierPlan) 
     for c in program.columns:
         assert f"{c.sql} AS `{c.name}`" in text
     # rejected records keep their raw bytes for the dead-letter topic; good ones travel without
-    assert "CASE WHEN reason IS NOT NULL THEN `value` END AS `value`" in text
+    assert "CASE WHEN `hw_reason` IS NOT NULL THEN `hw_value` END AS `hw_value`" in text
+
+
+def test_the_decode_config_and_columns_come_from_the_plan_source(plan: TierPlan) -> None:
+    pay = source(plan, "payments")
+    config = json.loads(decoder_config(pay))
+    assert (config["time_unit"], config["event_time"]) == ("us", "occurred_at")
+    assert [s["fingerprint"] for s in config["schemas"]] == [s.fingerprint for s in pay.schemas]
+    assert config["id_fields"] == ["account_id", "payment_id"] == id_fields(pay)
+    assert (config["max_future_ms"], config["min_event_time_ms"]) == (
+        pay.max_future_ms,
+        pay.min_event_time_ms,
+    )
+    cols = dict(event_columns(pay))
+    assert (cols["status"], cols["amount"], cols["risk_score"], cols["occurred_at"]) == (
+        "STRING", "DOUBLE", "DOUBLE", "BIGINT",
+    )  # fmt: skip
 
 
 def test_program_groups_views_by_join_key_and_slide_and_lays_out_their_slots(plan: TierPlan) -> None:
     data = program_of(plan).data
+    assert data["source"] == "events"
     assert [g["id"] for g in data["groups"]] == ["item_id@5000", "user_id@1000"]
     assert data["version"] == layout_version(plan.registry_hash)
     assert data["namespace"] == "hwx"
     assert data["store"]["write_script"] == WRITE_SCRIPT  # the JVM writes through the same Lua
     columns = data["columns"]
+    assert (columns[data["event_id_column"]], columns[data["event_time_column"]]) == (
+        "hw_event_id",
+        "hw_time_ms",
+    )
+    assert data["out_of_orderness_ms"] == source(plan, "events").max_out_of_orderness_ms
     for group in data["groups"]:
         assert columns[group["key_column"]] == group["id"].split("@")[0]
         for v in group["views"]:
@@ -91,6 +153,19 @@ def test_program_groups_views_by_join_key_and_slide_and_lays_out_their_slots(pla
     json.loads(program_of(plan).text)  # the JVM reads it as JSON
 
 
+def test_the_payments_program_reads_its_own_key_id_and_fields(plan: TierPlan) -> None:
+    program = program_of(plan, "payments")
+    data = program.data
+    assert [g["id"] for g in data["groups"]] == ["account_id@1000"]
+    assert [v["name"] for v in data["groups"][0]["views"]] == ["account_payments_realtime"]
+    assert [c.sql for c in program.columns[:2]] == ["`payment_id`", "`hw_time_ms`"]
+    assert data["columns"][data["groups"][0]["key_column"]] == "account_id"
+    nobody = source(plan, "payments").model_copy(update={"event_id": None})
+    bare = compile_program(plan, nobody, StoreTarget("redis://x"))
+    assert bare.data["event_id_column"] == -1  # no event id: nothing is de-duplicated
+    assert bare.columns[0].name == "hw_time_ms"
+
+
 def test_a_numeric_aggregation_over_a_text_field_is_rejected_with_the_view(plan: TierPlan) -> None:
     view = next(v for v in plan.views if v.name == "user_dwell_realtime")
     bad = [f.model_copy(update={"field": "category"}) if f.agg == "avg" else f for f in view.features]
@@ -99,18 +174,17 @@ def test_a_numeric_aggregation_over_a_text_field_is_rejected_with_the_view(plan:
         program_of(broken)
 
 
-def test_java_decode_gets_the_schema_and_fingerprint_as_literals(plan: TierPlan) -> None:
-    codec = EventCodec()
-    java = job_of(plan, JobOptions("k:9092", "dlq", max_future_ms=1234))
-    assert f"'{codec.fingerprint}', CAST(1234 AS BIGINT), '{{" in java
-    assert '"name":"BehaviorEvent"' in java
-    python = job_of(plan, JobOptions("k:9092", "dlq", decode="python"))
-    assert "hw_decode(`value`, `headers`['schema-fp'], `headers`['produce-ts'])," in python
-    with pytest.raises(RealtimePlanError, match="'java' or 'python'"):
-        job_of(plan, JobOptions("k:9092", "dlq", decode="rust"))
+def test_a_field_of_another_source_is_rejected_with_the_view(plan: TierPlan) -> None:
+    view = next(v for v in plan.views if v.name == "account_payments_realtime")
+    bad = [f.model_copy(update={"field": "price"}) if f.agg == "sum" else f for f in view.features]
+    broken = plan.model_copy(update={"views": [view.model_copy(update={"features": bad})]})
+    with pytest.raises(
+        RealtimePlanError, match=r"account_payments_realtime.*'price' is not a field of source"
+    ):
+        program_of(broken, "payments")
 
 
-def test_a_view_with_two_slides_is_rejected_with_its_name(plan: TierPlan) -> None:
+def test_check_plan_names_what_cannot_run(plan: TierPlan) -> None:
     view = plan.views[0]
     first = view.features[0].model_copy(update={"slide_s": 2.0})
     broken = plan.model_copy(
@@ -118,29 +192,42 @@ def test_a_view_with_two_slides_is_rejected_with_its_name(plan: TierPlan) -> Non
     )
     with pytest.raises(RealtimePlanError, match=view.name):
         check_plan(broken)
+    with pytest.raises(
+        RealtimePlanError, match=r"--source nope: no realtime view reads it.*events, payments"
+    ):
+        check_plan(plan, ["nope"])
+    pay = source(plan, "payments")
+    odd = pay.model_copy(update={"fields": [*pay.fields, pay.fields[0].model_copy(update={"name": "hw_x"})]})
+    clash = plan.model_copy(update={"sources": [odd if s.name == "payments" else s for s in plan.sources]})
+    with pytest.raises(RealtimePlanError, match=r"source 'payments': field\(s\) hw_x start with 'hw_'"):
+        check_plan(clash)
+    assert [s.name for s in check_plan(clash, ["events"])] == ["events"]  # only the sources that run
 
 
-def test_decode_batch_keeps_bad_records_with_a_reason() -> None:
-    codec = EventCodec()
-    good = {"event_id": "e1", "user_id": "u1", "item_id": "i1", "event_type": "click",
-            "event_time": 1_767_225_600_000, "session_id": "s", "category": None, "price": None,
-            "dwell_ms": None, "query": None, "position": 2, "device": "ios"}  # fmt: skip
-    future = {**good, "event_id": "e2", "event_time": 1_767_225_600_000 + 3_600_000}
-    fp = dict(codec.headers())
-    batch = decode_batch(codec, [codec.encode(good), b"\x01", codec.encode(future)], [fp, fp, fp],
-                         max_future_ms=60_000, now_ms=1_767_225_600_000)  # fmt: skip
-    assert batch.columns["reason"] == [None, "corrupt_payload", "future_dated"]
-    assert batch.columns["event_time"] == [1_767_225_600_000, 0, 0]
-    assert batch.columns["position"][0] == 2
+def test_rules_are_rejected_when_false_in_order_with_the_python_detail(plan: TierPlan) -> None:
+    pay = source(plan, "payments")
+    checks = rule_checks(pay)
+    assert checks[0] == ("(`amount` >= 0) IS FALSE", "rule 'amount >= 0' of source 'payments' does not hold")
+    routed = ddl_of(plan, JobOptions("k:9092", "dlq", sources=("payments",)))
+    order = [routed.index(x) for x in ("`hw_decode_reason` IS NOT NULL THEN `hw_decode_reason`",
+                                       "'invalid_field'", "'future_dated'", "'late'")]  # fmt: skip
+    assert order == sorted(order)  # decode, rules, future-dated, late: the Python tiers' order
 
 
 def test_late_means_behind_the_watermark_by_more_than_the_allowed_lateness(plan: TierPlan) -> None:
-    job = compile_job(plan, JobOptions(kafka_bootstrap="k:9092", dlq_topic="dlq"), program_of(plan))
-    routed = job.ddl[-1]
-    assert f"CASE WHEN rt < CURRENT_WATERMARK(rt) - {interval(60_000)} THEN 'late' END" in routed
-    assert "by more than the allowed lateness (60 s)" in routed
-    assert job.inserts == [
-        "INSERT INTO hw_dlq SELECT `k`, `value`, "
-        "hw_dlq_headers(`headers`, reason, detail, `partition`, `offset`, 'events') FROM hw_dlq_rows"
-    ]
-    assert job.reason_column == len(program_of(plan).columns)  # the JVM routes on it
+    job = job_of(plan, JobOptions(kafka_bootstrap="k:9092", dlq_topic="dlq"))
+    events, payments = job.ddl[2], job.ddl[4]
+    assert f"WHEN `hw_rt` < CURRENT_WATERMARK(`hw_rt`) - {interval(60_000)} THEN 'late'" in events
+    assert f"WHEN `hw_rt` < CURRENT_WATERMARK(`hw_rt`) - {interval(30_000)} THEN 'late'" in payments
+
+
+def test_topic_overrides_name_their_source() -> None:
+    assert _topic_overrides(("t1",), ["events"]) == {"events": "t1"}
+    assert _topic_overrides(("payments=p", "events=e"), ["events", "payments"]) == {
+        "payments": "p",
+        "events": "e",
+    }
+    with pytest.raises(click.UsageError, match="2 sources run"):
+        _topic_overrides(("t1",), ["events", "payments"])
+    with pytest.raises(click.UsageError, match="one of the sources this job runs"):
+        _topic_overrides(("other=t",), ["events"])

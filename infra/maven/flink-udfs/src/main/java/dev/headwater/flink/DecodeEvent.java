@@ -1,42 +1,89 @@
 package dev.headwater.flink;
 
-import org.apache.flink.table.annotation.DataTypeHint;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Optional;
+
+import org.apache.flink.table.api.DataTypes;
+import org.apache.flink.table.catalog.DataTypeFactory;
 import org.apache.flink.table.functions.ScalarFunction;
+import org.apache.flink.table.types.DataType;
+import org.apache.flink.table.types.inference.TypeInference;
 import org.apache.flink.types.Row;
 
 /**
- * {@code hw_decode(value, schema_fp, produce_ts, expected_fp, max_future_ms, schema_json)}: the
- * realtime job's Avro decode in the JVM. Returns the row of pipelines/realtime/decode.py
- * DECODED_COLUMNS: a reason (NULL for a good record), a detail, then the event's fields (NULL,
- * event_time 0, for a rejected record).
+ * {@code hw_decode_<n>(value, schema_fp, produce_ts)}: the realtime job's Avro decode of one source, in
+ * the JVM. Built with the source's decoder config (pipelines/realtime/decode.py {@code decoder_config}),
+ * so its row type is the source's: {@code hw_reason} (NULL for a record that decodes), {@code hw_detail},
+ * {@code hw_future} (the future-dated detail, else NULL), {@code hw_time_ms} (the event time in ms, 0
+ * for a rejected record), then the current schema's fields (NULL for a rejected record) typed as
+ * {@link #sqlType} says.
  */
 public class DecodeEvent extends ScalarFunction {
+    private static final long serialVersionUID = 1L;
+    /** The columns before the source's fields. */
+    public static final String[] HEAD = {"hw_reason", "hw_detail", "hw_future", "hw_time_ms"};
+
+    private final String config;
     private transient EventDecoder decoder;
 
-    @DataTypeHint("ROW<reason STRING, detail STRING, event_id STRING, user_id STRING, item_id STRING, "
-        + "event_type STRING, event_time BIGINT, session_id STRING, category STRING, price DOUBLE, "
-        + "dwell_ms BIGINT, `query` STRING, `position` INT, device STRING>")
-    public Row eval(byte[] value, byte[] fp, byte[] produceTs, String expectedFp, Long maxFutureMs,
-                    String schemaJson) {
-        EventDecoder.Result r = decoder(schemaJson).decode(value, fp, produceTs,
-            expectedFp.getBytes(java.nio.charset.StandardCharsets.US_ASCII), maxFutureMs,
-            System.currentTimeMillis());
-        Object[] out = new Object[2 + EventDecoder.FIELDS.length];
+    public DecodeEvent(String config) {
+        this.config = config;
+    }
+
+    public Row eval(byte[] value, byte[] fp, byte[] produceTs) {
+        if (decoder == null) {
+            decoder = new EventDecoder(config);
+        }
+        EventDecoder.Result r = Decoded.of(decoder, value, fp, produceTs);
+        Object[] out = new Object[HEAD.length + decoder.config().names.length];
         out[0] = r.reason;
         out[1] = r.detail;
+        out[2] = r.future;
+        out[3] = r.timeMs;
         if (r.reason == null) {
-            System.arraycopy(r.fields, 0, out, 2, r.fields.length);
-        } else {
-            out[6] = 0L;
+            System.arraycopy(r.fields, 0, out, HEAD.length, r.fields.length);
         }
         return Row.of(out);
     }
 
-    private EventDecoder decoder(String schemaJson) {
-        if (decoder == null) {
-            decoder = new EventDecoder(schemaJson);
+    /** The Flink SQL type of a field of {@code kind} (the registry's field kinds). */
+    public static DataType sqlType(String kind) {
+        switch (kind) {
+            case "string":
+            case "enum":
+                return DataTypes.STRING();
+            case "int":
+                return DataTypes.INT();
+            case "long":
+            case "timestamp":
+                return DataTypes.BIGINT();
+            case "float":
+            case "double":
+                return DataTypes.DOUBLE();
+            case "boolean":
+                return DataTypes.BOOLEAN();
+            default:
+                throw new IllegalArgumentException("field kind '" + kind + "' has no SQL type here: rebuild infra/");
         }
-        return decoder;
+    }
+
+    @Override
+    public TypeInference getTypeInference(DataTypeFactory typeFactory) {
+        EventDecoder.Config c = EventDecoder.Config.parse(config);
+        List<DataTypes.Field> fields = new ArrayList<>();
+        fields.add(DataTypes.FIELD(HEAD[0], DataTypes.STRING()));
+        fields.add(DataTypes.FIELD(HEAD[1], DataTypes.STRING()));
+        fields.add(DataTypes.FIELD(HEAD[2], DataTypes.STRING()));
+        fields.add(DataTypes.FIELD(HEAD[3], DataTypes.BIGINT()));
+        for (int i = 0; i < c.names.length; i++) {
+            fields.add(DataTypes.FIELD(c.names[i], sqlType(c.kinds[i])));
+        }
+        DataType row = DataTypes.ROW(fields.toArray(new DataTypes.Field[0])).bridgedTo(Row.class);
+        return TypeInference.newBuilder()
+            .typedArguments(DataTypes.BYTES(), DataTypes.BYTES(), DataTypes.BYTES())
+            .outputTypeStrategy(ctx -> Optional.of(row))
+            .build();
     }
 
     @Override

@@ -5,9 +5,12 @@ import java.nio.ByteBuffer;
 import java.nio.charset.CharacterCodingException;
 import java.nio.charset.CharsetDecoder;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
+import java.util.List;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
@@ -18,80 +21,183 @@ import org.apache.avro.io.DecoderFactory;
 import org.apache.avro.util.Utf8;
 
 /**
- * Decodes and validates one behaviour event exactly like headwater's Python codec
- * (pipelines/events/codec.py, {@code EventCodec.decode} and {@code validate_event}) and the realtime
- * tier's future-dated check (pipelines/realtime/decode.py): same steps, same reason codes.
+ * Decodes and validates one record of any source of the plan exactly like headwater's Python codec
+ * (pipelines/events/codec.py {@code EventCodec.decode}): same steps, same reason codes. Nothing here
+ * knows a field name: the source comes as the JSON that pipelines/realtime/decode.py
+ * {@code decoder_config} writes from the plan's {@code PlanSource} (every schema version, the current
+ * schema's fields and kinds, the event-time field and unit, the id fields, the event-time limits).
  *
- * <p>Steps: 1. the {@code schema-fp} header must equal the writer schema's fingerprint (given by
- * Python); 2. {@code produce-ts}, when present, is ASCII digits (at most 16); 3. the payload is one
- * Avro record of the schema that uses every byte; 4. the field rules; 5. the event time is at most
- * {@code maxFutureMs} ahead of this process's clock. Never throws on bad input.
+ * <p>Steps: 1. the {@code schema-fp} header names one of the source's schema versions (the writer
+ * schema); 2. {@code produce-ts}, when present, is ASCII digits (at most 16); 3. the payload is one
+ * Avro record of the writer schema that uses every byte, resolved into the current schema (Avro's
+ * rules); 4. the event time lies in {@code [min_event_time_ms, max_event_time_ms)} and each string
+ * key/event-id field has 1..128 characters. The source's rules are not evaluated here: the realtime
+ * SQL evaluates them ({@code (rule) IS FALSE}, pipelines/realtime/sql.py) right after this decode, so
+ * a filter and a rule have one implementation per engine. Then 5. the record is flagged future-dated
+ * (not rejected: the SQL rejects it after the rules, the order of the Python tiers) when its event
+ * time is more than {@code max_future_ms} ahead of this process's clock. Never throws on bad input.
  */
 public final class EventDecoder {
-    /** The decoded event's fields in Avro order (the realtime SQL job's EVENT_COLUMNS). */
-    public static final String[] FIELDS = {
-        "event_id", "user_id", "item_id", "event_type", "event_time", "session_id",
-        "category", "price", "dwell_ms", "query", "position", "device",
-    };
-
-    static final long MIN_EVENT_TIME_MS = 946_684_800_000L;
-    static final long MAX_EVENT_TIME_MS = 4_102_444_800_000L;
     static final int MAX_ID_CHARS = 128;
     static final int MAX_DETAIL_CHARS = 500;
-
-    private static final Map<String, Schema> SCHEMAS = new ConcurrentHashMap<>();
     private static final ThreadLocal<CharsetDecoder> UTF8 =
         ThreadLocal.withInitial(StandardCharsets.UTF_8::newDecoder);
 
-    private final Schema schema;
-    private final GenericDatumReader<GenericRecord> reader;
-    private final int[] positions;
-    private BinaryDecoder decoder;
+    /** The source as the decoder reads it (parsed once from the plan's JSON). */
+    public static final class Config {
+        public final String source;
+        /** The {@code schema-fp} header value of each schema version (ASCII), oldest first. */
+        final byte[][] fingerprints;
+        final Schema[] writers;
+        public final String[] names;
+        /** Per field: string, enum, int, long, float, double, boolean or timestamp. */
+        public final String[] kinds;
+        public final String eventTime;
+        final int timeField;
+        /** 1000 when the event-time field is in micros, else 1. */
+        final long timeDiv;
+        /** Fields whose text must have 1..128 characters (the string key and event id). */
+        final int[] idFields;
+        final long minEventTimeMs;
+        final long maxEventTimeMs;
+        final long maxFutureMs;
 
-    /** Result of one record: a reason (null when good), a detail, and the fields in {@link #FIELDS} order. */
+        Config(JsonNode n) {
+            source = n.path("source").asText();
+            List<byte[]> fps = new ArrayList<>();
+            List<Schema> schemas = new ArrayList<>();
+            for (JsonNode s : n.path("schemas")) {
+                fps.add(s.path("fingerprint").asText().getBytes(StandardCharsets.US_ASCII));
+                schemas.add(new Schema.Parser().parse(s.path("json").asText()));  // a parser per version
+            }
+            if (schemas.isEmpty()) {
+                throw new IllegalArgumentException("source " + source + ": the decoder config has no schema");
+            }
+            fingerprints = fps.toArray(new byte[0][]);
+            writers = schemas.toArray(new Schema[0]);
+            List<String> ns = new ArrayList<>();
+            List<String> ks = new ArrayList<>();
+            for (JsonNode f : n.path("fields")) {
+                ns.add(f.path("name").asText());
+                ks.add(f.path("kind").asText());
+            }
+            names = ns.toArray(new String[0]);
+            kinds = ks.toArray(new String[0]);
+            Schema current = writers[writers.length - 1];
+            for (int i = 0; i < names.length; i++) {
+                Schema.Field f = current.getField(names[i]);
+                if (f == null || f.pos() != i) {
+                    throw new IllegalArgumentException("source " + source + ": field " + names[i]
+                        + " is not field " + i + " of the current schema: re-run `headwater apply`");
+                }
+            }
+            eventTime = n.path("event_time").asText();
+            timeField = ns.indexOf(eventTime);
+            if (timeField < 0) {
+                throw new IllegalArgumentException("source " + source + ": event_time " + eventTime
+                    + " is not a field of the current schema");
+            }
+            timeDiv = "us".equals(n.path("time_unit").asText()) ? 1000L : 1L;
+            List<Integer> ids = new ArrayList<>();
+            for (JsonNode f : n.path("id_fields")) {
+                ids.add(ns.indexOf(f.asText()));
+            }
+            idFields = ids.stream().mapToInt(Integer::intValue).toArray();
+            minEventTimeMs = n.path("min_event_time_ms").asLong();
+            maxEventTimeMs = n.path("max_event_time_ms").asLong();
+            maxFutureMs = n.path("max_future_ms").asLong();
+        }
+
+        /** Parse the JSON of pipelines/realtime/decode.py {@code decoder_config}. */
+        public static Config parse(String json) {
+            try {
+                return new Config(new ObjectMapper().readTree(json));
+            } catch (IOException e) {
+                throw new IllegalArgumentException("decoder config is not valid JSON: " + e.getMessage(), e);
+            }
+        }
+
+        Schema current() {
+            return writers[writers.length - 1];
+        }
+    }
+
+    /**
+     * Result of one record: a reason (null when the record decodes), a detail, the future-dated detail
+     * (null unless the event time is too far ahead), the event time in ms, and the current schema's
+     * fields (Avro order; strings and enum symbols as String, float as Double, timestamps raw).
+     */
     public static final class Result {
         public final String reason;
         public final String detail;
+        public final String future;
+        public final long timeMs;
         public final Object[] fields;
 
-        Result(String reason, String detail, Object[] fields) {
+        Result(String reason, String detail, String future, long timeMs, Object[] fields) {
             this.reason = reason;
             this.detail = detail;
+            this.future = future;
+            this.timeMs = timeMs;
             this.fields = fields;
         }
 
-        /** The event time in UTC ms; 0 for a rejected record (never moves a watermark). */
-        public long eventTime() {
-            return reason == null ? (Long) fields[4] : 0L;
+        /**
+         * The rowtime of the record: 0 (1970, never moves a watermark) when it is rejected or future-dated,
+         * else its event time capped by {@code nowMs}, so an accepted event from the near future cannot push
+         * the watermark past the wall clock and make the events after it late.
+         */
+        public long rowtime(long nowMs) {
+            return reason != null || future != null ? 0L : Math.min(timeMs, nowMs);
         }
     }
 
-    /** Parses {@code schemaJson}, the event schema's JSON text (once per text and JVM). */
-    public EventDecoder(String schemaJson) {
-        this.schema = SCHEMAS.computeIfAbsent(schemaJson, s -> new Schema.Parser().parse(s));
-        this.reader = new GenericDatumReader<>(schema, schema, new GenericData());
-        this.positions = new int[FIELDS.length];
-        for (int i = 0; i < FIELDS.length; i++) {
-            Schema.Field f = schema.getField(FIELDS[i]);
-            if (f == null) {
-                throw new IllegalArgumentException(
-                    "event schema " + schema.getFullName() + " has no field '" + FIELDS[i]
-                        + "' that the realtime job decodes: update EventDecoder.FIELDS and the job together");
-            }
-            positions[i] = f.pos();
-        }
+    private final Config config;
+    private final GenericDatumReader<GenericRecord>[] readers;
+    private final GenericRecord[] reuse;
+    private BinaryDecoder decoder;
+
+    /** A decoder of the source {@code configJson} describes. */
+    public EventDecoder(String configJson) {
+        this(Config.parse(configJson));
     }
 
-    /** Decode one record; {@code expectedFp} is the schema-fp header value the writer schema has. */
-    public Result decode(byte[] value, byte[] fp, byte[] produceTs, byte[] expectedFp,
-                         long maxFutureMs, long nowMs) {
+    @SuppressWarnings("unchecked")
+    public EventDecoder(Config config) {
+        this.config = config;
+        Schema current = config.current();
+        readers = new GenericDatumReader[config.writers.length];
+        for (int i = 0; i < readers.length; i++) {
+            Schema writer = i == readers.length - 1 ? current : config.writers[i];
+            readers[i] = new GenericDatumReader<>(writer, current, new GenericData());
+        }
+        reuse = new GenericRecord[readers.length];
+    }
+
+    public Config config() {
+        return config;
+    }
+
+    /** Decode one record at wall-clock time {@code nowMs}. */
+    public Result decode(byte[] value, byte[] fp, byte[] produceTs, long nowMs) {
         // Step 1
         if (fp == null) {
             return reject("missing_fingerprint", "no 'schema-fp' header on the record");
         }
-        if (!Arrays.equals(fp, expectedFp)) {
-            return reject("unknown_fingerprint", "schema-fp " + bytesRepr(fp, 40)
-                + " is not the schema this consumer knows (" + ascii(expectedFp) + ")");
+        int version = -1;
+        for (int i = config.fingerprints.length - 1; i >= 0; i--) {
+            if (Arrays.equals(fp, config.fingerprints[i])) {
+                version = i;
+                break;
+            }
+        }
+        if (version < 0) {
+            StringBuilder known = new StringBuilder();
+            for (byte[] f : config.fingerprints) {
+                known.append(known.length() == 0 ? "" : ", ").append(new String(f, StandardCharsets.US_ASCII));
+            }
+            return reject("unknown_fingerprint", "schema-fp " + bytesRepr(fp, 40) + " is no schema version of source '"
+                + config.source + "' (known: " + known + "); list the new schema in sources.yaml and apply");
         }
         // Step 2
         if (produceTs != null && (produceTs.length == 0 || produceTs.length > 16 || !digits(produceTs))) {
@@ -105,89 +211,77 @@ public final class EventDecoder {
         GenericRecord record;
         try {
             decoder = DecoderFactory.get().binaryDecoder(value, decoder);
-            record = reader.read(null, decoder);
+            record = readers[version].read(reuse[version], decoder);
+            reuse[version] = record;
             if (!decoder.isEnd()) {
                 int left = decoder.inputStream().available();
                 return reject("corrupt_payload", left + " trailing bytes after a "
                     + (value.length - left) + "-byte record");
             }
         } catch (IOException | RuntimeException e) {
-            return reject("corrupt_payload", "not an Avro " + schema.getName() + " record: "
+            reuse[version] = null;  // a half-read record is no base for the next one
+            return reject("corrupt_payload", "not an Avro record of source '" + config.source + "': "
                 + e.getClass().getSimpleName() + ": " + e.getMessage());
         }
-        Object[] fields = new Object[FIELDS.length];
-        for (int i = 0; i < FIELDS.length; i++) {
-            Object v = record.get(positions[i]);
+        Object[] fields = new Object[config.names.length];
+        for (int i = 0; i < fields.length; i++) {
+            Object v = record.get(i);
             if (v instanceof Utf8 u) {
                 // Avro's Java reader replaces invalid UTF-8; the Python codec rejects it: so do we.
                 try {
                     v = UTF8.get().decode(ByteBuffer.wrap(u.getBytes(), 0, u.getByteLength())).toString();
                 } catch (CharacterCodingException e) {
-                    return reject("corrupt_payload", "not an Avro " + schema.getName()
-                        + " record: field " + FIELDS[i] + " is not valid UTF-8");
+                    return reject("corrupt_payload", "not an Avro record of source '" + config.source
+                        + "': field " + config.names[i] + " is not valid UTF-8");
                 }
+            } else if (v instanceof GenericData.EnumSymbol) {
+                v = v.toString();
+            } else if (v instanceof Float f) {
+                v = f.doubleValue();
             }
-            fields[i] = v instanceof GenericData.EnumSymbol ? v.toString() : v;
+            fields[i] = v;
         }
         // Step 4
-        String problem = validate(fields);
+        Object ts = fields[config.timeField];
+        if (ts == null) {
+            return reject("invalid_field", config.eventTime + ": the event time is null");
+        }
+        long ms = Math.floorDiv((Long) ts, config.timeDiv);
+        String problem = validate(fields, ms);
         if (problem != null) {
             return reject("invalid_field", problem);
         }
         // Step 5
-        long ts = (Long) fields[4];
-        if (ts > nowMs + maxFutureMs) {
-            return reject("future_dated", String.format(
-                "event_time %d is %.1f s ahead of the realtime tier's clock (at most %s s allowed)",
-                ts, (ts - nowMs) / 1000.0, seconds(maxFutureMs)));
+        String future = null;
+        if (ms > nowMs + config.maxFutureMs) {
+            future = String.format("%s %d (UTC ms) is %.1f s ahead of the realtime tier's clock (at most %s s "
+                + "allowed: max_future of source '%s')", config.eventTime, ms, (ms - nowMs) / 1000.0,
+                seconds(config.maxFutureMs), config.source);
         }
-        return new Result(null, null, fields);
+        return new Result(null, null, future, ms, fields);
     }
 
-    /** The rules Avro cannot express (codec.py validate_event); null when the event is valid. */
-    static String validate(Object[] f) {
-        for (int i : new int[] {0, 1, 5}) {
+    /** The checks Avro cannot express, but the rules (codec.py EventCodec.validate); null when valid. */
+    private String validate(Object[] f, long ms) {
+        if (ms < config.minEventTimeMs || ms >= config.maxEventTimeMs) {
+            return config.eventTime + ": expected UTC ms in [" + config.minEventTimeMs + ", "
+                + config.maxEventTimeMs + ") (source '" + config.source
+                + "': min_event_time in sources.yaml), found " + ms;
+        }
+        for (int i : config.idFields) {
             String s = (String) f[i];
-            int n = s.codePointCount(0, s.length());
-            if (n == 0 || n > MAX_ID_CHARS) {
-                return FIELDS[i] + ": expected 1.." + MAX_ID_CHARS + " characters, found " + n + " ("
-                    + strRepr(s) + ")";
+            int n = s == null ? -1 : s.codePointCount(0, s.length());
+            if (n <= 0 || n > MAX_ID_CHARS) {
+                String size = s == null ? "null" : n + " (" + strRepr(s) + ")";
+                return config.names[i] + ": expected 1.." + MAX_ID_CHARS + " characters, found " + size;
             }
-        }
-        String kind = (String) f[3];
-        long ts = (Long) f[4];
-        if (ts < MIN_EVENT_TIME_MS || ts >= MAX_EVENT_TIME_MS) {
-            return "event_time: expected UTC ms between years 2000 and 2100, found " + ts;
-        }
-        String item = (String) f[2];
-        if (!kind.equals("search") && (item == null || item.isEmpty())) {
-            return "item_id: required for a " + kind + " event, found " + (item == null ? "None" : "''");
-        }
-        String query = (String) f[9];
-        if (kind.equals("search") && (query == null || query.isEmpty())) {
-            return "query: required for a search event, found " + (query == null ? "None" : "''");
-        }
-        Long dwell = (Long) f[8];
-        if (kind.equals("dwell") && dwell == null) {
-            return "dwell_ms: required for a dwell event, found null";
-        }
-        if (dwell != null && dwell < 0) {
-            return "dwell_ms: expected >= 0, found " + dwell;
-        }
-        Double price = (Double) f[7];
-        if (price != null && !(Double.isFinite(price) && price >= 0)) {
-            return "price: expected a finite number >= 0, found " + price;
-        }
-        Integer position = (Integer) f[10];
-        if (position != null && position < 1) {
-            return "position: expected >= 1 (1 = top of the slate), found " + position;
         }
         return null;
     }
 
     private static Result reject(String reason, String detail) {
         String d = detail.length() > MAX_DETAIL_CHARS ? detail.substring(0, MAX_DETAIL_CHARS) : detail;
-        return new Result(reason, d, null);
+        return new Result(reason, d, null, 0L, null);
     }
 
     private static boolean digits(byte[] b) {
@@ -197,10 +291,6 @@ public final class EventDecoder {
             }
         }
         return true;
-    }
-
-    private static String ascii(byte[] b) {
-        return new String(b, StandardCharsets.US_ASCII);
     }
 
     private static String bytesRepr(byte[] b, int max) {
@@ -214,7 +304,8 @@ public final class EventDecoder {
     }
 
     private static String strRepr(String s) {
-        return "'" + (s.length() > 40 ? s.substring(0, 40) : s) + "'";
+        int end = s.offsetByCodePoints(0, Math.min(40, s.codePointCount(0, s.length())));
+        return "'" + s.substring(0, end) + "'";
     }
 
     private static String seconds(long ms) {

@@ -297,8 +297,9 @@ abstract class Agg {
         @Override
         Object add(Object partial, Row r, long t, String eventId) {
             Object[] p = (Object[]) partial;
-            if (p == null || t > (Long) p[0] || (t == (Long) p[0] && eventId.compareTo((String) p[1]) > 0)) {
-                return new Object[] {t, eventId, r.getField(field)};
+            String id = eventId == null ? "" : eventId;  // no event id: the first of a time tie stays
+            if (p == null || t > (Long) p[0] || (t == (Long) p[0] && id.compareTo((String) p[1]) > 0)) {
+                return new Object[] {t, id, r.getField(field)};
             }
             return p;
         }
@@ -334,6 +335,9 @@ abstract class Agg {
         @Override
         double value(Object running) {
             Object v = last(running);
+            if (v instanceof Boolean b && !text) {
+                return b ? 1.0 : 0.0;  // Python's float(True)
+            }
             return v instanceof Number && !text ? number(v) : Double.NaN;  // text has no number: NaN
         }
 

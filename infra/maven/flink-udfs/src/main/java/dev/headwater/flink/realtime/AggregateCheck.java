@@ -50,7 +50,7 @@ public final class AggregateCheck {
             } else {
                 Row r = row(program, node);
                 long t = (Long) r.getField(program.eventTimeColumn);
-                String id = (String) r.getField(program.eventIdColumn);
+                String id = program.eventIdColumn < 0 ? null : (String) r.getField(program.eventIdColumn);
                 clock = Math.max(clock, t);
                 for (Program.Group g : program.groups) {
                     Object key = r.getField(g.keyColumn);

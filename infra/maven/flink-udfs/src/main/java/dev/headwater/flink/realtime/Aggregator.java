@@ -89,7 +89,7 @@ final class Aggregator {
      *
      * <p>Steps: 1. an event that no feature keeps changes nothing; 2. an event older than the longest
      * window at the entity's boundary cannot change a value it will publish (OUTSIDE); 3. an id already
-     * in its slice is a duplicate; 4. the partials of its slice take it, and where the slice is already
+     * in its slice is a duplicate (a null {@code eventId}: the source has no event id, no de-duplication); 4. the partials of its slice take it, and where the slice is already
      * inside a feature's window (an out-of-order event), that feature's running accumulator too; 5. then
      * the value at the current boundary has changed: it is emitted now, as a revision.
      */
@@ -111,16 +111,21 @@ final class Aggregator {
             return Outcome.OUTSIDE;
         }
         // Step 3
-        long id = EventIds.hash(eventId);
         KeyState.Slice slice = st.slices.get(s);
-        if (slice != null && slice.has(id)) {
-            return Outcome.DUPLICATE;
-        }
-        if (slice == null) {
+        if (eventId != null) {
+            long id = EventIds.hash(eventId);
+            if (slice != null && slice.has(id)) {
+                return Outcome.DUPLICATE;
+            }
+            if (slice == null) {
+                slice = new KeyState.Slice(aggs.length);
+                st.slices.put(s, slice);
+            }
+            slice.add(id);
+        } else if (slice == null) {
             slice = new KeyState.Slice(aggs.length);
             st.slices.put(s, slice);
         }
-        slice.add(id);
         // Step 4
         boolean entered = s < st.boundary;
         boolean revised = false;

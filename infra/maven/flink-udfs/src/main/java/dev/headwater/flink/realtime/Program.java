@@ -9,16 +9,20 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 
 /**
  * The realtime plan as the JVM operators read it: compiled by pipelines/realtime/program.py from the
- * registry's realtime plan (the contract between Python and the JVM, format 1). Parsed once per
+ * registry's realtime plan, one program per source (the contract between Python and the JVM, format 2). Parsed once per
  * operator instance in {@code open()}; the operators carry the JSON text, not these objects.
  *
  * <p>The event rows the operators receive have the columns of {@link #columns}, in order: the event
- * id, the event time (epoch ms), the fields the features read, and one BOOLEAN per distinct filter
- * (evaluated by Flink SQL, so the registry's filter grammar has one implementation per engine).
+ * id as text (only when the source declares an {@code event_id}), the event time (epoch ms), the
+ * source's fields the features read, and one BOOLEAN per distinct filter (evaluated by Flink SQL, so
+ * the registry's filter grammar has one implementation per engine).
  */
 public final class Program {
-    public static final int FORMAT = 1;
+    public static final int FORMAT = 2;
 
+    /** The source the program reads (operator uids and metrics carry it). */
+    public final String source;
+    /** Column of the event id (text), -1 when the source has none: then events are not de-duplicated. */
     public final int eventIdColumn;
     public final int eventTimeColumn;
     public final List<String> columns;
@@ -169,7 +173,8 @@ public final class Program {
             throw new IllegalArgumentException("realtime program format " + format + ", this jar reads "
                 + FORMAT + ": rebuild infra/ (`make setup`) or re-run `headwater apply`");
         }
-        eventIdColumn = n.path("event_id_column").asInt();
+        source = text(n, "source");
+        eventIdColumn = n.path("event_id_column").asInt(-1);
         eventTimeColumn = n.path("event_time_column").asInt();
         List<String> cols = new ArrayList<>();
         n.path("columns").forEach(c -> cols.add(c.asText()));

@@ -11,7 +11,8 @@ import org.apache.flink.types.Row;
 /**
  * Adds the realtime tier's aggregation and store writes to a PyFlink job: the Python side builds the
  * Kafka source, the decode, the dead-letter routing and the filter columns in Flink SQL, then calls
- * {@link #attach} with the name of that table and the compiled program (pipelines/realtime/program.py).
+ * {@link #attach} with the name of that table and the compiled program (pipelines/realtime/program.py),
+ * once per source of the job: each source is its own pipeline (uids carry the source's name).
  *
  * <p>The table becomes one stream (so the source and the decode run once). Rows with a reason go back
  * to the table world as a view for the dead-letter insert; the good ones go, per group (join key,
@@ -28,17 +29,21 @@ public final class RealtimeGraph {
     public static void attach(StreamTableEnvironment tEnv, String table, String programJson, int reasonColumn,
                               String dlqView) {
         Program program = Program.parse(programJson);
+        String src = program.source;
         DataStream<Row> all = tEnv.toDataStream(tEnv.from(table));
-        DataStream<Row> rejected = all.filter(new Rejected(reasonColumn, true)).name("hw-rejected").uid("hw-rejected");
+        DataStream<Row> rejected = all.filter(new Rejected(reasonColumn, true))
+            .name("hw-rejected " + src).uid("hw-rejected-" + src);
         tEnv.createTemporaryView(dlqView, tEnv.fromDataStream(rejected));
-        DataStream<Row> rows = all.filter(new Rejected(reasonColumn, false)).name("hw-events").uid("hw-events");
+        DataStream<Row> rows = all.filter(new Rejected(reasonColumn, false))
+            .name("hw-events " + src).uid("hw-events-" + src);
         for (Program.Group g : program.groups) {
-            rows.filter(new HasKey(g.keyColumn)).name("hw-has-key " + g.id).uid("hw-has-key-" + g.id)
+            String id = src + "-" + g.id;
+            rows.filter(new HasKey(g.keyColumn)).name("hw-has-key " + id).uid("hw-has-key-" + id)
                 .keyBy(new KeyOf(g.keyColumn), Types.STRING)
-                .transform("hw-views " + g.id, TypeInformation.of(Update.class),
+                .transform("hw-views " + id, TypeInformation.of(Update.class),
                     new ViewOperator(programJson, g.index))
-                .uid("hw-views-" + g.id)
-                .sinkTo(new RedisSink(programJson, g.index)).name("hw-store " + g.id).uid("hw-store-" + g.id);
+                .uid("hw-views-" + id)
+                .sinkTo(new RedisSink(programJson, g.index)).name("hw-store " + id).uid("hw-store-" + id);
         }
     }
 

@@ -99,7 +99,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             emitted.inc();
             output.collect(record.replace(new Update(view, (String) currentKey, eventTime, slots, dict)));
         };
-        MetricGroup m = getMetricGroup().addGroup("group", group.id);
+        MetricGroup m = getMetricGroup().addGroup("source", program.source).addGroup("group", group.id);
         events = m.counter("hw_events");
         duplicates = m.counter("hw_duplicates");
         outside = m.counter("hw_outside_window");
@@ -135,10 +135,12 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     public void processElement(StreamRecord<Row> element) throws Exception {
         Row r = element.getValue();
         long t = (Long) r.getField(program.eventTimeColumn);
-        String id = (String) r.getField(program.eventIdColumn);
+        String id = program.eventIdColumn < 0 ? null : (String) r.getField(program.eventIdColumn);
         events.inc();
         lastElementAt = now();
-        maxEventTime = Math.max(maxEventTime, t);
+        // an accepted event from the near future (within the source's max_future) moves the clock only
+        // up to the wall clock: else it would publish boundaries ahead of the events still on their way
+        maxEventTime = Math.max(maxEventTime, Math.min(t, lastElementAt));
         KeyState st = state.value();
         boolean fresh = st == null;
         if (fresh) {
