@@ -2,11 +2,14 @@
 
 Algorithm (no event is copied once per window it falls in):
 
-1. Events of the view: not ``late``, one per ``event_id``, with a non-null entity id.
+1. Events of the view, read from its own source's bronze table: not ``late``, one per event id
+   (when the source declares one), with a non-null entity id, and the event time in ms
+   (:data:`EVENT_MS`, whatever the source's field and unit).
 2. Partials per (entity, pane), a pane being ``Q`` ms wide, ``Q`` = gcd of the view's slides:
    for each feature, the part of its aggregation over the pane (count, sum, min, max, the
-   ``(event_time, event_id, value)`` struct for ``last``, both operands of a ratio). Distinct
-   counts and top-k keep one row per (entity, pane, value) with its count.
+   ``(event time, tie-breaker, value)`` struct for ``last``, both operands of a ratio). Distinct
+   counts and top-k (and a ratio's distinct-count operand) keep one row per (entity, pane, value)
+   with its count.
 3. Each pane is attached to the boundaries whose longest window holds it: a sequence of
    boundaries ``first + j * step`` (the daily job) or per-entity target times (consistency).
 4. Per (entity, boundary) and feature, the panes inside that feature's own window
@@ -32,6 +35,12 @@ SCALAR_AGGS = frozenset({"count", "sum", "avg", "min", "max", "last", "ratio"})
 VALUE_AGGS = frozenset({"distinct_count", "top_k"})
 BOUNDARY = "event_time_ms"
 """Column of the boundary T (epoch ms) in the computed frames."""
+EVENT_MS = "__event_ms"
+"""Column of a view's events: the source's event time in UTC epoch ms."""
+TIE = "__tie"
+"""Column of a view's events: what orders two events of the same ms for ``last`` (the event id)."""
+VALUE_OPERAND_AGGS = frozenset({"distinct_count"})
+"""Ratio operands computed from per-value counts, not from per-pane partials."""
 
 
 class AggregationError(ValueError):
@@ -95,7 +104,7 @@ def _operand_partials(prefix: str, agg: str, field: str | None, where: PlanWhere
     if agg in ("min", "max"):
         return [getattr(F, agg)(value).alias(f"{prefix}__{agg}")]
     if agg == "last":
-        record = F.struct(F.col("event_time"), F.col("event_id"), _col(field).cast("string").alias("v"))
+        record = F.struct(F.col(EVENT_MS), F.col(TIE), _col(field).cast("string").alias("v"))
         return [F.max(F.when(cond, record)).alias(f"{prefix}__last")]
     msg = (
         f"aggregation {agg!r} cannot be computed offline (operand {prefix!r}); "
@@ -124,13 +133,20 @@ def _operand_value(prefix: str, agg: str, inside: Column) -> Column:
     return part("last", "max").getField("v")
 
 
+def ratio_sides(feature: PlanFeature) -> list[tuple[str, PlanOperand]]:
+    """Return a ratio's operands, each with the prefix of its columns (``<name>__num``, ``__den``)."""
+    num, den = _operands(feature)
+    return [(f"{feature.name}__num", num), (f"{feature.name}__den", den)]
+
+
 def feature_partials(feature: PlanFeature) -> list[Column]:
-    """Partial columns of a scalar feature (both operands for a ratio)."""
+    """Partial columns of a scalar feature (a ratio's operands but those in :data:`VALUE_OPERAND_AGGS`)."""
     if feature.agg == "ratio":
-        num, den = _operands(feature)
         return [
-            *_operand_partials(f"{feature.name}__num", num.agg, num.field, num.where),
-            *_operand_partials(f"{feature.name}__den", den.agg, den.field, den.where),
+            part
+            for prefix, op in ratio_sides(feature)
+            if op.agg not in VALUE_OPERAND_AGGS
+            for part in _operand_partials(prefix, op.agg, op.field, op.where)
         ]
     return _operand_partials(feature.name, feature.agg, feature.field, feature.where)
 
@@ -155,16 +171,34 @@ def in_window(feature: PlanFeature, pane: int) -> Column:
     return (start >= boundary - F.lit(window)) & (start + F.lit(pane) <= boundary)
 
 
-def feature_value(feature: PlanFeature, pane: int) -> Column:
-    """Return the feature's value at T from the attached partials."""
-    from pyspark.sql import functions as F
+def feature_values(feature: PlanFeature, pane: int) -> list[Column]:
+    """Return the feature's value at T from the attached partials (a ratio: its scalar operands).
 
+    A ratio's operands come out as ``<name>__num``/``<name>__den`` (doubles); :func:`ratio_value`
+    divides them once the value operands (distinct counts) are joined in.
+    """
     inside = in_window(feature, pane)
     if feature.agg != "ratio":
-        return _operand_value(feature.name, feature.agg, inside).alias(feature.name)
-    num, den = _operands(feature)
-    n = _operand_value(f"{feature.name}__num", num.agg, inside).cast("double")
-    d = _operand_value(f"{feature.name}__den", den.agg, inside).cast("double")
+        return [_operand_value(feature.name, feature.agg, inside).alias(feature.name)]
+    return [
+        _operand_value(prefix, op.agg, inside).cast("double").alias(prefix)
+        for prefix, op in ratio_sides(feature)
+        if op.agg not in VALUE_OPERAND_AGGS
+    ]
+
+
+def ratio_value(feature: PlanFeature) -> Column:
+    """``numerator / denominator`` from the operand columns (null when the denominator is 0 or null)."""
+    from pyspark.sql import functions as F
+
+    (num_name, num), (den_name, den) = ratio_sides(feature)
+
+    def side(name: str, op: PlanOperand) -> Column:
+        col = F.col(f"`{name}`").cast("double")
+        # A distinct count over no value is 0 (its per-value frame simply has no row).
+        return F.coalesce(col, F.lit(0.0)) if op.agg in VALUE_OPERAND_AGGS else col
+
+    n, d = side(num_name, num), side(den_name, den)
     return F.when(d != 0, n / d).alias(feature.name)
 
 

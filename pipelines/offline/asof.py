@@ -15,20 +15,23 @@ from typing import TYPE_CHECKING
 
 from headwater.pipelines.offline.aggregate import BOUNDARY
 from headwater.pipelines.offline.compute import attach_window_ms, compute_view, view_events
-from headwater.registry.plans import PlanView
+from headwater.pipelines.offline.source_columns import time_between
+from headwater.registry.plans import PlanSource, PlanView
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 LABEL_TIME = "event_time"
-"""Column of the label time (epoch ms) in the labels frame."""
+"""Column of the label time (epoch ms) in the labels frame (what ``headwater labels`` writes)."""
 
 
-def values_at_label_time(bronze: DataFrame, labels: DataFrame, view: PlanView) -> DataFrame:
+def values_at_label_time(
+    bronze: DataFrame, labels: DataFrame, view: PlanView, source: PlanSource
+) -> DataFrame:
     """Return ``view``'s values per distinct (entity, label time): ``__key``, ``__t``, ``<view>.<feature>``.
 
-    Only the events that can fall in a window of some label are read: from the earliest label time
-    minus the view's reach to the latest label time.
+    ``bronze`` is the table of the view's own ``source``. Only the events that can fall in a window of
+    some label are read: from the earliest label time minus the view's reach to the latest label time.
     """
     from pyspark.sql import functions as F
 
@@ -40,13 +43,10 @@ def values_at_label_time(bronze: DataFrame, labels: DataFrame, view: PlanView) -
     )
     span = targets.agg(F.min(BOUNDARY).alias("lo"), F.max(BOUNDARY).alias("hi")).first()
     if span is None or span["lo"] is None:
-        events = view_events(bronze, view).limit(0)
+        events = view_events(bronze, view, source).limit(0)
     else:
-        reach = attach_window_ms(view)
-        window = (F.col("event_time") >= F.lit(int(span["lo"]) - reach)) & (
-            F.col("event_time") < F.lit(int(span["hi"]))
-        )
-        events = view_events(bronze.where(window), view)
+        window = time_between(source, int(span["lo"]) - attach_window_ms(view), int(span["hi"]))
+        events = view_events(bronze.where(window), view, source)
     values = compute_view(events, view, targets)
     return values.select(
         F.col(key).alias("__key"),
@@ -56,7 +56,11 @@ def values_at_label_time(bronze: DataFrame, labels: DataFrame, view: PlanView) -
 
 
 def join_at_label_time(
-    labels: DataFrame, bronze: DataFrame, view: PlanView, targets_from: DataFrame | None = None
+    labels: DataFrame,
+    bronze: DataFrame,
+    view: PlanView,
+    source: PlanSource,
+    targets_from: DataFrame | None = None,
 ) -> DataFrame:
     """Add ``<view>.<feature>`` columns to ``labels``: the view's values as of each label's time.
 
@@ -67,6 +71,6 @@ def join_at_label_time(
     """
     from pyspark.sql import functions as F
 
-    values = values_at_label_time(bronze, labels if targets_from is None else targets_from, view)
+    values = values_at_label_time(bronze, labels if targets_from is None else targets_from, view, source)
     on = (F.col(view.join_key) == F.col("__key")) & (F.col(LABEL_TIME) == F.col("__t"))
     return labels.join(values, on, "left").drop("__key", "__t")

@@ -18,7 +18,7 @@ from headwater.registry.config import state_dir as resolved_state_dir
 
 if TYPE_CHECKING:
     from headwater.pipelines.store import OnlineStore
-    from headwater.registry.plans import PlanView, TierPlan
+    from headwater.registry.plans import PlanSource, PlanView, TierPlan
 
 LAKE = click.option("--lake", type=click.Path(path_type=Path), default=None,
                     help="Lake folder (default: $HEADWATER_LAKE, else headwater.yaml's).")  # fmt: skip
@@ -74,44 +74,61 @@ def _views(plan: TierPlan, names: tuple[str, ...]) -> list[PlanView]:
 @LAKE
 @STATE
 @MASTER
+@click.option("--source", "source_names", multiple=True,
+              help="Only this source of the plan (repeatable; default: every source).")  # fmt: skip
 @click.option("--batch", "batch_records", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Records per Delta commit (few large files).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Processes that consume and decode partitions in parallel (1: in-process).")  # fmt: skip
+              help="Processes per source that consume and decode partitions (1: in-process).")  # fmt: skip
 @click.option("--follow", is_flag=True, help="Keep landing new events (default: stop when caught up).")
 def landing(
-    lake: Path | None, state_dir: Path | None, master: str | None, batch_records: int, workers: int,
-    follow: bool,
+    lake: Path | None, state_dir: Path | None, master: str | None, source_names: tuple[str, ...],
+    batch_records: int, workers: int, follow: bool,
 ) -> None:  # fmt: skip
-    """Land the events topic in the bronze Delta table (exactly once; malformed, future, late -> DLQ)."""
+    """Land each source's topic in its bronze Delta table (exactly once; malformed, future, late -> DLQ)."""
     from headwater.pipelines.offline.lake import bronze_path, lake_root
-    from headwater.pipelines.offline.landing import Lander, LandingConfig, LandingError, LandingStats
+    from headwater.pipelines.offline.landing import LandingConfig, LandingError, LandingStats, land_sources
     from headwater.pipelines.offline.session import offline_session
     from headwater.pipelines.settings import Settings
 
     settings = Settings.from_env()
-    plan = _plan(state_dir, "offline")
-    source = next((s for s in plan.sources if s.topic == settings.events_topic), None)
-    config = LandingConfig(
-        bootstrap=settings.kafka_bootstrap, topic=settings.events_topic, dlq_topic=settings.dlq_topic,
-        table=bronze_path(lake_root(lake)), batch_records=batch_records, workers=workers,
-        max_out_of_orderness_ms=round((source.max_out_of_orderness_s or 0) * 1000) if source else 5_000,
-        allowed_lateness_ms=round((source.allowed_lateness_s or 60) * 1000) if source else 60_000,
-    )  # fmt: skip
+    sources = _sources(_plan(state_dir, "offline"), source_names)
+    root = lake_root(lake)
+    configs = [
+        LandingConfig(bootstrap=settings.kafka_bootstrap, source=source, dlq_topic=settings.dlq_topic,
+                      table=bronze_path(root, source.name), batch_records=batch_records, workers=workers)
+        for source in sources
+    ]  # fmt: skip
 
-    def report(s: LandingStats) -> None:
-        click.echo(f"batch {s.batches}: {s.records} records, {s.landed} landed, {s.malformed} malformed, "
-                   f"{s.future} future-dated, {s.late} late ({s.records_per_s:,.0f} records/s)")  # fmt: skip
+    def report(name: str, s: LandingStats) -> None:
+        click.echo(f"{name} batch {s.batches}: {s.records} records, {s.landed} landed, "
+                   f"{s.malformed} malformed, {s.future} future-dated, {s.late} late "
+                   f"({s.records_per_s:,.0f} records/s)")  # fmt: skip
 
     spark = offline_session("headwater-landing", master)
     try:
-        stats = Lander(spark, config).run(follow=follow, progress=report)
+        done = land_sources(spark, configs, follow=follow, progress=report)
     except LandingError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(json.dumps({"table": str(config.table), "batches": stats.batches, "records": stats.records,
-                           "landed": stats.landed, "malformed": stats.malformed, "future_dated": stats.future,
-                           "late": stats.late,
-                           "seconds": round(stats.seconds, 2)}))  # fmt: skip
+    for config in configs:
+        stats = done[config.source.name]
+        click.echo(json.dumps({"source": config.source.name, "table": str(config.table),
+                               "batches": stats.batches, "records": stats.records, "landed": stats.landed,
+                               "malformed": stats.malformed,
+                               "future_dated": stats.future, "late": stats.late,
+                               "seconds": round(stats.seconds, 2)}))  # fmt: skip
+
+
+def _sources(plan: TierPlan, names: tuple[str, ...]) -> list[PlanSource]:
+    """Return the plan's sources named ``names`` (all of them when none is named)."""
+    if not names:
+        return list(plan.sources)
+    known = {s.name: s for s in plan.sources}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        msg = f"unknown source(s) {unknown} in the {plan.tier} plan; known: {sorted(known)}"
+        raise click.ClickException(msg)
+    return [known[n] for n in names]
 
 
 def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
@@ -156,7 +173,7 @@ def offline(
     chunk_days: int, no_zorder: bool, lake: Path | None, state_dir: Path | None, master: str | None,
 ) -> None:  # fmt: skip
     """Compute the views of a tier plan per day into Delta tables (partitioned by date, Z-ordered)."""
-    from headwater.pipelines.offline.job import DayRun, OfflineJobError, read_bronze, run_view
+    from headwater.pipelines.offline.job import BronzeTables, DayRun, OfflineJobError, run_view
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
@@ -164,7 +181,8 @@ def offline(
         msg = "give --date or --backfill, not both"
         raise click.UsageError(msg)
     days = _days(day, backfill)
-    views = _views(_plan(state_dir, tier), view_names)
+    plan = _plan(state_dir, tier)
+    views = _views(plan, view_names)
     root = lake_root(lake)
 
     def report(run: DayRun) -> None:
@@ -172,18 +190,20 @@ def offline(
 
     spark = offline_session("headwater-offline", master)
     try:
-        bronze = read_bronze(spark, root)
+        bronze = BronzeTables(spark, root, plan.sources)
         for i, view in enumerate(views, start=1):
-            click.echo(f"[{i}/{len(views)}] {view.name}: {len(days)} day(s) {days[0]}..{days[-1]}")
-            run_view(spark, bronze, view, root, days, chunk_days, not no_zorder, report)
+            click.echo(f"[{i}/{len(views)}] {view.name} (source {view.source}): {len(days)} day(s) "
+                       f"{days[0]}..{days[-1]}")  # fmt: skip
+            table, source = bronze.for_view(view)
+            run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report)
     except OfflineJobError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 @click.command("training-set")
 @click.option("--labels", required=True, help="Parquet/Delta labels (user_id, item_id, event_time ms, label,"
-              " [group]) as `headwater labels` writes them, or `bronze` to derive them here"
-              " (all landed days, default horizon).")  # fmt: skip
+              " [group]) as `headwater labels` writes them, or `bronze` to derive them here from the"
+              " behaviour source (all landed days, default horizon).")  # fmt: skip
 @click.option(
     "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Parquet file to write."
 )
@@ -199,8 +219,8 @@ def training_set(
     master: str | None, redis_url: str | None,
 ) -> None:  # fmt: skip
     """Build a point-in-time training set (never a future value) for `headwater model train`."""
-    from headwater.pipelines.offline.job import OfflineJobError, read_bronze
-    from headwater.pipelines.offline.labels import derive_labels
+    from headwater.pipelines.offline.job import BronzeTables, OfflineJobError
+    from headwater.pipelines.offline.labels import LabelsError, derive_labels, labels_source
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
     from headwater.pipelines.offline.training import TrainingSetError, build_training_set, read_labels
@@ -213,11 +233,15 @@ def training_set(
     store = _store(redis_url)
     spark = offline_session("headwater-training-set", master)
     try:
-        bronze = read_bronze(spark, root)
-        frame = derive_labels(bronze) if labels == "bronze" else read_labels(spark, Path(labels))
+        bronze = BronzeTables(spark, root, plan.sources)
+        if labels == "bronze":
+            behaviour = labels_source(plan.sources)
+            frame = derive_labels(bronze.table(behaviour.name), behaviour)
+        else:
+            frame = read_labels(spark, Path(labels))
         ids = RedisDictionary(store.client, store.namespace).ids
         result = build_training_set(spark, frame, views, root, out, plan.registry_hash, ids, bronze)
-    except (TrainingSetError, OfflineJobError) as exc:
+    except (TrainingSetError, OfflineJobError, LabelsError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,
                            "columns": len(result.columns)}))  # fmt: skip
@@ -281,7 +305,7 @@ def consistency(
 ) -> None:  # fmt: skip
     """Recompute sampled online values offline at their own boundary; report mismatch rates."""
     from headwater.pipelines.offline.consistency import check_view
-    from headwater.pipelines.offline.job import OfflineJobError, read_bronze
+    from headwater.pipelines.offline.job import BronzeTables, OfflineJobError
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
@@ -290,11 +314,14 @@ def consistency(
     spark = offline_session("headwater-consistency", master)
     results = []
     try:
-        bronze = read_bronze(spark, root)
         for tier in tiers or ("realtime", "nearline"):
             plan = _plan(state_dir, tier)
+            bronze = BronzeTables(spark, root, plan.sources)
             for view in [v for v in plan.views if not view_names or v.name in view_names]:
-                results.append(check_view(spark, bronze, store, view, plan.registry_hash, root, sample))
+                table, source = bronze.for_view(view)
+                results.append(
+                    check_view(spark, table, store, view, source, plan.registry_hash, root, sample)
+                )
     except OfflineJobError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

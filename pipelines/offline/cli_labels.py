@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from headwater.pipelines.offline.cli import LAKE, MASTER
+from headwater.pipelines.offline.cli import LAKE, MASTER, STATE, _plan
 
 
 def _range(day: str | None, first: str | None, last: str | None) -> tuple[date | None, date | None]:
@@ -37,11 +37,15 @@ def _range(day: str | None, first: str | None, last: str | None) -> tuple[date |
 @click.option(
     "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Parquet file to write."
 )
+@click.option("--source", "source_name", default=None,
+              help="The behaviour source to label (default: the plan's one source with user_id, item_id, "
+                   "session_id, event_type and position).")  # fmt: skip
 @LAKE
+@STATE
 @MASTER
 def labels(
-    day: str | None, first: str | None, last: str | None, horizon_s: int, out: Path, lake: Path | None,
-    master: str | None,
+    day: str | None, first: str | None, last: str | None, horizon_s: int, out: Path, source_name: str | None,
+    lake: Path | None, state_dir: Path | None, master: str | None,
 ) -> None:  # fmt: skip
     """Label each landed impression 1 if the user clicked its item in the session soon after, else 0.
 
@@ -49,15 +53,19 @@ def labels(
     item_id, event_time (ms), label, session_id, position.
     """
     from headwater.pipelines.offline.job import OfflineJobError, read_bronze
-    from headwater.pipelines.offline.labels import LabelsError, derive_labels, write_labels
+    from headwater.pipelines.offline.labels import LabelsError, derive_labels, labels_source, write_labels
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
     lo, hi = _range(day, first, last)
     root = lake_root(lake)
+    try:
+        source = labels_source(_plan(state_dir, "offline").sources, source_name)
+    except LabelsError as exc:
+        raise click.ClickException(str(exc)) from exc
     spark = offline_session("headwater-labels", master)
     try:
-        frame = derive_labels(read_bronze(spark, root), lo, hi, horizon_s)
+        frame = derive_labels(read_bronze(spark, root, source), source, lo, hi, horizon_s)
         result = write_labels(frame, out, root / "_staging")
     except (OfflineJobError, LabelsError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -6,18 +6,24 @@ from typing import TYPE_CHECKING
 
 from headwater.pipelines.offline.aggregate import (
     BOUNDARY,
+    EVENT_MS,
     SCALAR_AGGS,
+    TIE,
     VALUE_AGGS,
+    VALUE_OPERAND_AGGS,
     AggregationError,
     Progression,
     attach,
     feature_partials,
-    feature_value,
+    feature_values,
     in_window,
     ms,
     pane_ms,
+    ratio_sides,
+    ratio_value,
 )
-from headwater.registry.plans import PlanFeature, PlanView
+from headwater.pipelines.offline.source_columns import event_ms
+from headwater.registry.plans import PlanFeature, PlanSource, PlanView, PlanWhere
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -25,13 +31,25 @@ if TYPE_CHECKING:
 TOP_K_TYPE = "array<struct<value:string,share:double>>"
 
 
-def view_events(bronze: DataFrame, view: PlanView) -> DataFrame:
-    """Return the events a view aggregates: on time, one per ``event_id``, with an entity id."""
+def view_events(bronze: DataFrame, view: PlanView, source: PlanSource) -> DataFrame:
+    """Return the events a view aggregates, from its source's bronze rows.
+
+    On time (not ``late``), one per event id when the source declares one (``event_id``; none: every
+    row counts), with an entity id; plus :data:`EVENT_MS` (the event time in ms) and :data:`TIE` (the
+    event id, else the Kafka position: what orders two events of one ms for ``last``).
+    """
     from pyspark.sql import functions as F
 
     key = view.join_key
     on_time = bronze.where(~F.coalesce(F.col("late"), F.lit(False))) if "late" in bronze.columns else bronze
-    return on_time.where(F.col(key).isNotNull()).dropDuplicates(["event_id"])
+    rows = on_time.where(F.col(f"`{key}`").isNotNull())
+    if source.event_id is not None:
+        rows = rows.dropDuplicates([source.event_id])
+        tie = F.col(f"`{source.event_id}`").cast("string")
+    else:
+        tie = F.format_string("%010d/%020d", F.coalesce("kafka_partition", F.lit(-1)),
+                              F.coalesce("kafka_offset", F.lit(-1)))  # fmt: skip
+    return rows.select("*", event_ms(source).alias(EVENT_MS), tie.alias(TIE))
 
 
 def _check(view: PlanView) -> None:
@@ -51,15 +69,16 @@ def attach_window_ms(view: PlanView) -> int:
 def compute_view(events: DataFrame, view: PlanView, at: Progression | DataFrame) -> DataFrame:
     """Values of ``view`` per (entity, T): columns ``<join_key>``, ``event_time_ms``, then the features.
 
-    With a :class:`Progression`, rows exist for the entities with an event in the longest window
-    before each T; with a frame of targets (``<join_key>``, ``event_time_ms``), one row per target.
+    ``events`` come from :func:`view_events`. With a :class:`Progression`, rows exist for the entities
+    with an event in the longest window before each T; with a frame of targets (``<join_key>``,
+    ``event_time_ms``), one row per target.
     """
     from pyspark.sql import functions as F
 
     _check(view)
     key, pane = view.join_key, pane_ms(view)
     reach = attach_window_ms(view)
-    panes = events.withColumn("pane_start", F.floor(F.col("event_time") / F.lit(pane)) * F.lit(pane))
+    panes = events.withColumn("pane_start", F.floor(F.col(EVENT_MS) / F.lit(pane)) * F.lit(pane))
     scalars = [f for f in view.features if f.agg in SCALAR_AGGS]
     partial_cols = [F.count(F.lit(1)).alias("__events")]
     for f in scalars:
@@ -67,13 +86,21 @@ def compute_view(events: DataFrame, view: PlanView, at: Progression | DataFrame)
     partials = panes.groupBy(key, "pane_start").agg(*partial_cols)
     attached = attach(partials, key, pane, reach, at)
     values = attached.groupBy(key, BOUNDARY).agg(
-        F.sum("__events").alias("__events"), *[feature_value(f, pane) for f in scalars]
+        F.sum("__events").alias("__events"), *[c for f in scalars for c in feature_values(f, pane)]
     )
     if not isinstance(at, Progression):
         values = at.select(key, BOUNDARY).join(values, [key, BOUNDARY], "left")
     for f in view.features:
         if f.agg in VALUE_AGGS:
-            values = values.join(_value_feature(panes, view, f, pane, at), [key, BOUNDARY], "left")
+            counts = _per_value(panes, key, f, f.field, f.where, pane, at)
+            values = values.join(_value_feature(counts, key, f), [key, BOUNDARY], "left")
+        elif f.agg == "ratio":
+            for prefix, op in ratio_sides(f):
+                if op.agg in VALUE_OPERAND_AGGS:
+                    counts = _per_value(panes, key, f, op.field, op.where, pane, at)
+                    distinct = counts.groupBy(key, BOUNDARY).agg(F.count(F.lit(1)).alias(prefix))
+                    values = values.join(distinct, [key, BOUNDARY], "left")
+            values = values.withColumn(f.name, ratio_value(f))
     return values.select(
         key, F.col(BOUNDARY).cast("long").alias(BOUNDARY), *[_filled(f) for f in view.features]
     )
@@ -97,23 +124,29 @@ def _filled(feature: PlanFeature) -> Column:
     return col.alias(feature.name)
 
 
-def _value_feature(
-    panes: DataFrame, view: PlanView, f: PlanFeature, pane: int, at: Progression | DataFrame
-) -> DataFrame:
-    """distinct_count or top_k of one feature per (entity, T)."""
-    from pyspark.sql import Window
+def _per_value(
+    panes: DataFrame, key: str, f: PlanFeature, field: str | None, where: PlanWhere | None, pane: int,
+    at: Progression | DataFrame,
+) -> DataFrame:  # fmt: skip
+    """Count each non-null value of ``field`` (rows passing ``where``) per (entity, T) in ``f``'s window."""
     from pyspark.sql import functions as F
 
-    key = view.join_key
-    cond = F.expr(f.where.sql["spark"]) if f.where is not None else F.lit(True)
-    field = F.col(f"`{f.field}`")
+    cond = F.expr(where.sql["spark"]) if where is not None else F.lit(True)
+    column = F.col(f"`{field}`")
     counts = (
-        panes.where(cond & field.isNotNull())
-        .groupBy(key, "pane_start", field.cast("string").alias("value"))
+        panes.where(cond & column.isNotNull())
+        .groupBy(key, "pane_start", column.cast("string").alias("value"))
         .agg(F.count(F.lit(1)).alias("c"))
     )
     attached = attach(counts, key, pane, ms(f.window_s) + ms(f.slide_s), at).where(in_window(f, pane))
-    per_value = attached.groupBy(key, BOUNDARY, "value").agg(F.sum("c").alias("c"))
+    return attached.groupBy(key, BOUNDARY, "value").agg(F.sum("c").alias("c"))
+
+
+def _value_feature(per_value: DataFrame, key: str, f: PlanFeature) -> DataFrame:
+    """distinct_count or top_k of one feature per (entity, T), from its per-value counts."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     if f.agg == "distinct_count":
         return per_value.groupBy(key, BOUNDARY).agg(F.count(F.lit(1)).alias(f.name))
     group = Window.partitionBy(key, BOUNDARY)

@@ -1,6 +1,6 @@
 """Online/offline consistency: online values against an offline recomputation at their own boundary.
 
-Steps: 1. sample entity ids of each view from the bronze table; 2. read their online vectors
+Steps: 1. sample entity ids of each view from its own source's bronze table; 2. read their online vectors
 (one ``MGET``) and keep those found, with their event time T (the boundary they were computed
 for); 3. recompute the view in Spark for exactly those (entity, T) pairs; 4. pack both the same
 way and compare slot by slot (NaN equals NaN; float32 tolerance).
@@ -19,10 +19,11 @@ import pyarrow as pa
 from headwater.pipelines.offline.aggregate import BOUNDARY
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, spark_to_arrow, staging_dir
 from headwater.pipelines.offline.compute import attach_window_ms, compute_view, view_events
+from headwater.pipelines.offline.source_columns import time_between
 from headwater.pipelines.offline.vectors import pack
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import RedisDictionary, compile_view, slot_names, view_layout
-from headwater.registry.plans import PlanView
+from headwater.registry.plans import PlanSource, PlanView
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -98,13 +99,12 @@ def check_view(
     bronze: DataFrame,
     store: OnlineStore,
     view: PlanView,
+    source: PlanSource,
     registry_hash: str,
     lake: Path,
     sample: int,
 ) -> ViewConsistency:
-    """Compare ``sample`` entities of ``view`` online and offline."""
-    from pyspark.sql import functions as F
-
+    """Compare ``sample`` entities of ``view`` online and offline (``bronze``: its ``source``'s table)."""
     spec = compile_view(view)
     layout = view_layout(spec, registry_hash)
     entities = sample_entities(bronze, view, sample)
@@ -117,12 +117,7 @@ def check_view(
     found = np.flatnonzero(read.found)
     targets = pa.table({view.join_key: [entities[i] for i in found], BOUNDARY: read.event_time_ms[found]})
     lo, hi = int(targets.column(BOUNDARY).to_numpy().min()), int(targets.column(BOUNDARY).to_numpy().max())
-    events = view_events(
-        bronze.where(
-            (F.col("event_time") >= F.lit(lo - attach_window_ms(view))) & (F.col("event_time") < F.lit(hi))
-        ),
-        view,
-    )
+    events = view_events(bronze.where(time_between(source, lo - attach_window_ms(view), hi)), view, source)
     with staging_dir(lake / "_staging") as folder:
         at = arrow_to_spark(spark, targets, folder / "targets")
         values = spark_to_arrow(compute_view(events, view, at), folder)

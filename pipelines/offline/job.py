@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from headwater.pipelines.offline.aggregate import BOUNDARY, Progression
 from headwater.pipelines.offline.compute import attach_window_ms, compute_view, view_events
 from headwater.pipelines.offline.lake import DAY_MS, bronze_path, day_start_ms, feature_path, is_delta_table
-from headwater.registry.plans import PlanView
+from headwater.pipelines.offline.source_columns import time_between
+from headwater.registry.plans import PlanSource, PlanView
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,20 +62,61 @@ class DayRun:
     seconds: float
 
 
-def read_bronze(spark: SparkSession, lake: Path) -> DataFrame:
-    """Return the bronze events table.
+def read_bronze(spark: SparkSession, lake: Path, source: PlanSource) -> DataFrame:
+    """Return the bronze table of ``source``.
 
     Raises:
-        OfflineJobError: no table yet (run ``headwater run landing`` first).
+        OfflineJobError: no table yet (run ``headwater run landing`` or ``headwater events import`` first).
     """
-    path = bronze_path(lake)
+    path = bronze_path(lake, source.name)
     if not is_delta_table(path):
-        msg = f"no bronze events table at {path}; land events first with `headwater run landing`"
+        msg = (f"no bronze table of source {source.name!r} at {path}; land its events first with "
+               f"`headwater run landing` (or import a history with `headwater events import --source "
+               f"{source.name}`)")  # fmt: skip
         raise OfflineJobError(msg)
     return spark.read.format("delta").load(str(path))
 
 
-def events_for(bronze: DataFrame, view: PlanView, first: date, last: date) -> DataFrame:
+class BronzeTables:
+    """The bronze table of each source of a plan, opened when first asked for."""
+
+    def __init__(self, spark: SparkSession, lake: Path, sources: Sequence[PlanSource]) -> None:
+        """Bind to the lake and the plan's sources (nothing is read yet)."""
+        self.spark = spark
+        self.lake = lake
+        self.sources = {s.name: s for s in sources}
+        self._frames: dict[str, DataFrame] = {}
+
+    def source(self, name: str) -> PlanSource:
+        """Return the plan source ``name``.
+
+        Raises:
+            OfflineJobError: the plan declares no such source.
+        """
+        found = self.sources.get(name)
+        if found is None:
+            msg = (f"source {name!r} is not in the applied plan (sources: {sorted(self.sources)}); "
+                   "run `headwater apply`")  # fmt: skip
+            raise OfflineJobError(msg)
+        return found
+
+    def table(self, name: str) -> DataFrame:
+        """Return the bronze table of source ``name`` (see :func:`read_bronze`)."""
+        if name not in self._frames:
+            self._frames[name] = read_bronze(self.spark, self.lake, self.source(name))
+        return self._frames[name]
+
+    def for_view(self, view: PlanView) -> tuple[DataFrame, PlanSource]:
+        """Return the bronze table ``view`` reads and its source."""
+        try:
+            source = self.source(view.source)
+        except OfflineJobError as exc:
+            msg = f"view {view.name} ({view.defined_at}): {exc}"
+            raise OfflineJobError(msg) from None
+        return self.table(source.name), source
+
+
+def events_for(bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date) -> DataFrame:
     """Return the events that can reach the view's values for days ``first..last`` (partition-pruned)."""
     from pyspark.sql import functions as F
 
@@ -82,17 +124,16 @@ def events_for(bronze: DataFrame, view: PlanView, first: date, last: date) -> Da
     lo_ms, hi_ms = day_start_ms(first + timedelta(days=1)) - reach, day_start_ms(last + timedelta(days=1))
     lo_day = first - timedelta(days=-(-reach // DAY_MS))
     scoped = bronze.where((F.col("date") >= F.lit(lo_day)) & (F.col("date") <= F.lit(last)))
-    scoped = scoped.where((F.col("event_time") >= F.lit(lo_ms)) & (F.col("event_time") < F.lit(hi_ms)))
-    return view_events(scoped, view)
+    return view_events(scoped.where(time_between(source, lo_ms, hi_ms)), view, source)
 
 
-def daily_values(bronze: DataFrame, view: PlanView, first: date, last: date) -> DataFrame:
+def daily_values(bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date) -> DataFrame:
     """Return the view's rows for days ``first..last``: entity, ``event_time`` (T), ``date``, features."""
     from pyspark.sql import functions as F
 
     count = (last - first).days + 1
     at = Progression(day_start_ms(first + timedelta(days=1)), DAY_MS, count)
-    values = compute_view(events_for(bronze, view, first, last), view, at)
+    values = compute_view(events_for(bronze, view, source, first, last), view, at)
     t = F.col(BOUNDARY)
     return values.select(
         view.join_key,
@@ -123,19 +164,20 @@ def run_view(
     spark: SparkSession,
     bronze: DataFrame,
     view: PlanView,
+    source: PlanSource,
     lake: Path,
     days: Sequence[date],
     chunk_days: int = 7,
     zorder: bool = True,
     progress: Callable[[DayRun], None] | None = None,
 ) -> list[DayRun]:
-    """Compute and write ``view`` for ``days`` (consecutive), ``chunk_days`` at a time."""
+    """Compute and write ``view`` for ``days`` (consecutive), ``chunk_days`` at a time, from ``bronze``."""
     table = feature_path(lake, view.name)
     runs: list[DayRun] = []
     for s in range(0, len(days), chunk_days):
         chunk = days[s : s + chunk_days]
         started = time.monotonic()
-        frame = daily_values(bronze, view, chunk[0], chunk[-1])
+        frame = daily_values(bronze, view, source, chunk[0], chunk[-1])
         write_days(frame, table, chunk[0], chunk[-1])
         if zorder:
             optimize(spark, table, view.join_key, chunk[0], chunk[-1])

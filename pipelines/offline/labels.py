@@ -1,4 +1,8 @@
-"""Ranker labels from the bronze events: an impression is positive when clicked soon after it.
+"""Ranker labels from the behaviour source's bronze table: an impression clicked soon after is positive.
+
+This module is ranking-specific: it reads the fields of a behaviour stream (:data:`LABEL_FIELDS`). The
+source is the plan's, found by those fields (:func:`labels_source`), and its event time and event id
+are the ones the plan declares; the output keeps the column names the ranker's training set reads.
 
 Rule: an impression (user, item, session, position, event_time t) gets label 1 when the same
 user clicked the same item in the same session at a time c with ``t <= c <= t + horizon``, else
@@ -17,6 +21,7 @@ Output columns (what ``headwater training-set --labels`` reads): ``group``, ``us
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -27,6 +32,8 @@ import pyarrow.parquet as pq
 
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
 from headwater.pipelines.offline.lake import day_start_ms
+from headwater.pipelines.offline.source_columns import event_ms
+from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -34,6 +41,8 @@ if TYPE_CHECKING:
 DEFAULT_HORIZON_S = 1_800
 """A click counts for an impression shown at most this long before it (30 minutes)."""
 LABEL_COLUMNS = ("group", "user_id", "item_id", "event_time", "label", "session_id", "position")
+LABEL_FIELDS = ("user_id", "item_id", "session_id", "event_type", "position")
+"""The behaviour fields labels are derived from: a source with all of them is a behaviour stream."""
 
 
 class LabelsError(ValueError):
@@ -49,10 +58,42 @@ class LabelsResult:
     positives: int
 
 
+def labels_source(sources: Sequence[PlanSource], name: str | None = None) -> PlanSource:
+    """Return the plan source labels are derived from: ``name``, else the one with every :data:`LABEL_FIELDS`.
+
+    Raises:
+        LabelsError: no source (or more than one) has the behaviour fields, or ``name`` lacks them.
+    """
+    if name is not None:
+        found = next((s for s in sources if s.name == name), None)
+        if found is None:
+            msg = f"source {name!r} is not in the applied plan (sources: {sorted(s.name for s in sources)})"
+            raise LabelsError(msg)
+        missing = [f for f in LABEL_FIELDS if found.field(f) is None]
+        if missing:
+            msg = (
+                f"source {name!r} lacks the field(s) {missing} labels are derived from ({list(LABEL_FIELDS)})"
+            )
+            raise LabelsError(msg)
+        return found
+    fits = [s for s in sources if all(s.field(f) is not None for f in LABEL_FIELDS)]
+    if len(fits) != 1:
+        msg = (f"{len(fits)} source(s) of the plan have the behaviour fields {list(LABEL_FIELDS)} "
+               f"({sorted(s.name for s in fits)}); name the one to label with --source")  # fmt: skip
+        raise LabelsError(msg)
+    return fits[0]
+
+
 def derive_labels(
-    bronze: DataFrame, first: date | None = None, last: date | None = None, horizon_s: int = DEFAULT_HORIZON_S
+    bronze: DataFrame,
+    source: PlanSource,
+    first: date | None = None,
+    last: date | None = None,
+    horizon_s: int = DEFAULT_HORIZON_S,
 ) -> DataFrame:
     """Return labelled impressions of days ``first..last`` (UTC, inclusive; None = unbounded).
+
+    ``bronze`` is the table of the behaviour ``source`` (:func:`labels_source`).
 
     Steps: 1. keep on-time, de-duplicated events of the day range (clicks up to ``horizon_s`` past
     its end); 2. number each session's pages; 3. match clicks to impressions and credit each click
@@ -61,8 +102,17 @@ def derive_labels(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    # Step 1
-    events = bronze.where(~F.coalesce(F.col("late"), F.lit(False))).dropDuplicates(["event_id"])
+    # Step 1: the source's event time as ms in `event_time`, its event id in `event_id` (from here on).
+    on_time = bronze.where(~F.coalesce(F.col("late"), F.lit(False)))
+    if source.event_id is not None:
+        on_time = on_time.dropDuplicates([source.event_id])
+        ident = F.col(f"`{source.event_id}`").cast("string")
+    else:
+        ident = F.format_string("%d/%d", F.col("kafka_partition"), F.col("kafka_offset"))
+    events = on_time.select(
+        *[F.col(f"`{f}`") for f in LABEL_FIELDS], "kafka_offset",
+        event_ms(source).alias("event_time"), ident.alias("event_id"),
+    )  # fmt: skip
     horizon_ms = horizon_s * 1000
     lo = day_start_ms(first) if first is not None else None
     hi = day_start_ms(last + timedelta(days=1)) if last is not None else None

@@ -1,9 +1,9 @@
-"""Where the offline tier's Delta tables live, and the bronze table's columns.
+"""Where the offline tier's Delta tables live.
 
-The lake root is ``<repo>/.headwater/lake`` by default (``$HEADWATER_LAKE`` or ``--lake``
-override it). Under it: ``bronze/events`` (landed events) and ``features/<view>`` (one table per
-feature view). Event times are UTC epoch milliseconds everywhere (``event_time``), the ``date``
-partition column is the UTC date of ``event_time``.
+The lake root comes from :func:`lake_root`. Under it: ``bronze/<source>`` (one table per source of the
+plan: its landed and imported events, columns from its schema, see :mod:`.source_columns`) and
+``features/<view>`` (one table per feature view). Day arithmetic is in UTC epoch milliseconds; a
+bronze ``date`` partition is the UTC date of its source's event time.
 """
 
 from __future__ import annotations
@@ -12,37 +12,10 @@ import os
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import pyarrow as pa
-
 from headwater.registry.config import lake_dir
 
 DAY_MS = 86_400_000
 LAKE_ENV = "HEADWATER_LAKE"
-
-BRONZE_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("user_id", pa.string()),
-        ("item_id", pa.string()),
-        ("event_type", pa.string()),
-        ("event_time", pa.int64()),
-        ("session_id", pa.string()),
-        ("category", pa.string()),
-        ("price", pa.float64()),
-        ("dwell_ms", pa.int64()),
-        ("query", pa.string()),
-        ("position", pa.int64()),
-        ("device", pa.string()),
-        ("produce_ts_ms", pa.int64()),
-        ("kafka_topic", pa.string()),
-        ("kafka_partition", pa.int32()),
-        ("kafka_offset", pa.int64()),
-        ("late", pa.bool_()),
-    ]
-)
-"""Columns of ``bronze/events`` (plus the ``date`` partition column Spark derives)."""
-
-EVENT_COLUMNS = tuple(BRONZE_SCHEMA.names[:12])
 
 
 def lake_root(lake: str | os.PathLike[str] | None = None) -> Path:
@@ -54,9 +27,9 @@ def lake_root(lake: str | os.PathLike[str] | None = None) -> Path:
     return lake_dir(lake)
 
 
-def bronze_path(lake: Path) -> Path:
-    """Return the bronze events table."""
-    return lake / "bronze" / "events"
+def bronze_path(lake: Path, source: str) -> Path:
+    """Return the bronze table of the source named ``source``."""
+    return lake / "bronze" / source
 
 
 def feature_path(lake: Path, view: str) -> Path:

@@ -1,4 +1,8 @@
-"""Land the ``events`` topic in the bronze Delta table, exactly once, dead-lettering what is malformed.
+"""Land each source's topic in its own bronze Delta table, exactly once, dead-lettering what is malformed.
+
+Every source of the plan lands into ``bronze/<source>`` (columns from its schema, :mod:`.source_columns`),
+decoded with the codec built from its :class:`~headwater.registry.plans.PlanSource` and judged by its
+own event-time rules; :func:`land_sources` runs one :class:`Lander` per source side by side.
 
 Exactly once: the Kafka position of every partition is stored in the same Delta commit as the
 rows it covers (the commit's ``userMetadata``, with ``txnAppId``/``txnVersion`` so that a batch
@@ -7,7 +11,7 @@ crash before the commit lands nothing and the batch is read again; a crash after
 past it. Each row also keeps its ``kafka_partition``/``kafka_offset``.
 
 Malformed records go to the dead-letter topic with the codec's reason; future-dated events
-(more than ``max_future_ms`` ahead of the clock, as in the realtime tier) with reason
+(more than the source's ``max_future_ms`` ahead of the clock) with reason
 ``future_dated``, not landed; events older than the source's allowed lateness (per-partition
 watermark = max event time seen - max out-of-orderness, as in WINDOWS.md) with reason ``late``,
 kept in bronze flagged ``late = true`` (the feature jobs skip them, as the streaming tiers do).
@@ -22,8 +26,9 @@ are large (few large files) and a batch's Delta commit runs while the next batch
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +36,9 @@ import pyarrow as pa
 
 from headwater.pipelines.events.codec import EventCodec, dead_letter
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
-from headwater.pipelines.offline.bronze import with_date
 from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
 from headwater.pipelines.offline.landing_state import (
     CHUNK_RECORDS,
-    DEFAULT_MAX_FUTURE_MS,
     MARKER,
     Checkpoint,
     LandingConfig,
@@ -43,10 +46,11 @@ from headwater.pipelines.offline.landing_state import (
     LandingStats,
     read_checkpoint,
 )
+from headwater.pipelines.offline.source_columns import with_date
 
 __all__ = [
-    "DEFAULT_MAX_FUTURE_MS", "MARKER", "Checkpoint", "Lander", "LandingConfig", "LandingError",
-    "LandingStats", "read_checkpoint",
+    "MARKER", "Checkpoint", "Lander", "LandingConfig", "LandingError", "LandingStats", "land_sources",
+    "read_checkpoint",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
@@ -69,18 +73,17 @@ class Lander:
         """Bind to a Spark session and a configuration (nothing is opened yet)."""
         self.spark = spark
         self.config = config
-        self.codec = EventCodec()
-        self.rules = TimeRules(
-            config.max_out_of_orderness_ms, config.allowed_lateness_ms, config.max_future_ms
-        )
+        self.codec = EventCodec(config.source)
+        self.rules = TimeRules.of(config.source)
 
     def run(
         self,
         follow: bool = False,
         max_batches: int | None = None,
         progress: Callable[[LandingStats], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> LandingStats:
-        """Land until caught up with the end offsets seen at start (or forever with ``follow``)."""
+        """Land until caught up with the end offsets seen at start (``follow``: until ``stop`` is set)."""
         stats = LandingStats()
         started = time.monotonic()
         checkpoint = read_checkpoint(self.spark, self.config)
@@ -92,7 +95,7 @@ class Lander:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="landing-commit") as pool:
                 partitions = self._assign(consumer, checkpoint)
                 begins = consumer.beginning_offsets(partitions)
-                while max_batches is None or collected < max_batches:
+                while (max_batches is None or collected < max_batches) and not (stop and stop.is_set()):
                     ends = consumer.end_offsets(partitions)
                     if readers is None:
                         behind = [tp for tp in partitions if consumer.position(tp) < ends[tp]]
@@ -102,7 +105,10 @@ class Lander:
                     if not behind:
                         if not follow:
                             break
-                        time.sleep(self.config.poll_timeout_ms / 1000)
+                        if stop is not None:
+                            stop.wait(self.config.poll_timeout_ms / 1000)
+                        else:
+                            time.sleep(self.config.poll_timeout_ms / 1000)
                         continue
                     if readers is None:
                         batch = self._collect(consumer, producer, checkpoint, stats)
@@ -132,9 +138,7 @@ class Lander:
         from headwater.pipelines.offline.landing_workers import worker_pool
 
         cfg = self.config
-        return worker_pool(
-            cfg.workers, cfg.bootstrap, cfg.topic, cfg.dlq_topic, self.rules, cfg.poll_timeout_ms
-        )
+        return worker_pool(cfg.workers, cfg.bootstrap, cfg.source, cfg.dlq_topic, cfg.poll_timeout_ms)
 
     def _collect_parallel(
         self, readers: ProcessPoolExecutor, partitions: list[Any], begins: dict[Any, int],
@@ -257,7 +261,7 @@ class Lander:
 
     def _commit(self, table: pa.Table, checkpoint: Checkpoint) -> None:
         with staging_dir(self.config.table.parent / "_staging") as folder:
-            self._write(with_date(arrow_to_spark(self.spark, table, folder)), checkpoint)
+            self._write(with_date(arrow_to_spark(self.spark, table, folder), self.config.source), checkpoint)
 
     def _write(self, frame: DataFrame, checkpoint: Checkpoint) -> None:
         (
@@ -269,3 +273,42 @@ class Lander:
             .option("userMetadata", checkpoint.metadata(self.config.app_id))
             .save(str(self.config.table))
         )
+
+
+def land_sources(
+    spark: SparkSession,
+    configs: Sequence[LandingConfig],
+    follow: bool = False,
+    progress: Callable[[str, LandingStats], None] | None = None,
+) -> dict[str, LandingStats]:
+    """Land every source of ``configs`` side by side (one :class:`Lander` thread each, one Spark session).
+
+    Each source keeps its own table, checkpoint and commits, so exactly-once holds per source. The
+    first failure stops the others (after their commit in flight) and is raised.
+
+    Raises:
+        LandingError: a source cannot be landed (broker, topic or table problem).
+    """
+    stop = threading.Event()
+    out: dict[str, LandingStats] = {}
+
+    def land(config: LandingConfig) -> LandingStats:
+        def report(stats: LandingStats) -> None:
+            if progress is not None:
+                progress(config.source.name, stats)
+
+        try:
+            return Lander(spark, config).run(follow=follow, progress=report, stop=stop)
+        except BaseException:
+            stop.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=max(1, len(configs)), thread_name_prefix="landing-source") as pool:
+        futures = {c.source.name: pool.submit(land, c) for c in configs}
+        try:
+            for name, future in futures.items():
+                out[name] = future.result()
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+    return out

@@ -1,15 +1,16 @@
 """One landing batch in columns: raw Kafka records decoded, classified and turned into Arrow once.
 
 Per record only what must be per record runs in Python: the codec's decode (header check, the
-fastavro read, field validation). Everything after it is columnar: the Arrow table is built in
-one call from the decoded events, and the event-time rules (future-dated, late) are numpy
-arithmetic over the ``event_time`` column, per partition, in offset order.
+fastavro read, field validation), with the codec of the records' own source. Everything after it is
+columnar: the Arrow table (the source's bronze columns, :mod:`.source_columns`) is built in one call
+from the decoded events, and the event-time rules (future-dated, late) are numpy arithmetic over the
+event times in ms, per partition, in offset order.
 
-Rules, as the streaming tiers apply them:
+Rules, as the streaming tiers apply them, with the source's limits from the plan (:class:`TimeRules`):
 
-- future-dated: ``event_time > now + max_future_ms`` -> dead letter ``future_dated``, not landed,
+- future-dated: ``event time > now + max_future_ms`` -> dead letter ``future_dated``, not landed,
   and it does not move the watermark (one such event would make every later one look late);
-- late: ``event_time < watermark - allowed_lateness`` where the watermark is the partition's max
+- late: ``event time < watermark - allowed_lateness`` where the watermark is the partition's max
   event time seen before this event minus ``max_out_of_orderness`` -> dead letter ``late``, and
   landed flagged ``late = true`` (the feature jobs skip it).
 """
@@ -24,12 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec, Reason
-from headwater.pipelines.offline.lake import BRONZE_SCHEMA, EVENT_COLUMNS
+from headwater.pipelines.offline.source_columns import META_COLUMNS, event_schema
+from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
     from kafka.consumer.fetcher import ConsumerRecord
-
-EVENTS_SCHEMA = pa.schema([BRONZE_SCHEMA.field(name) for name in EVENT_COLUMNS])
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ class TimeRules:
     max_out_of_orderness_ms: int
     allowed_lateness_ms: int
     max_future_ms: int
+
+    @classmethod
+    def of(cls, source: PlanSource) -> TimeRules:
+        """Return the rules the plan resolved for ``source`` (the registry's defaults already applied)."""
+        return cls(source.max_out_of_orderness_ms, source.allowed_lateness_ms, source.max_future_ms)
 
 
 @dataclass
@@ -76,6 +81,7 @@ def decode_records(
     events: list[Any] = []
     kept: list[ConsumerRecord] = []
     produce_ts: list[int | None] = []
+    event_times: list[int] = []
     rejected: list[Rejected] = []
     next_offsets: dict[int, int] = {}
     decode = codec.decode
@@ -86,16 +92,18 @@ def decode_records(
             events.append(decoded.event)
             kept.append(record)
             produce_ts.append(decoded.produce_ts_ms)
+            event_times.append(decoded.event_time_ms)
         else:
             rejected.append(Rejected(record, str(decoded.reason), decoded.detail))
     # Step 2
-    table = _bronze_table(events, kept, produce_ts)
+    table = _bronze_table(event_schema(codec.source), events, kept, produce_ts)
     # Step 3
-    times = table.column("event_time").to_numpy()
+    name = codec.source.event_time
+    times = np.asarray(event_times, dtype=np.int64)
     future = times > now_ms + rules.max_future_ms
     for i in np.flatnonzero(future):
         ahead = (int(times[i]) - now_ms) / 1000
-        detail = (f"event_time {int(times[i])} is {ahead:.1f} s ahead of the landing clock "
+        detail = (f"{name} {int(times[i])} ms is {ahead:.1f} s ahead of the landing clock "
                   f"(at most {rules.max_future_ms / 1000:g} s allowed)")  # fmt: skip
         rejected.append(Rejected(kept[i], str(Reason.FUTURE_DATED), detail))
     if future.any():
@@ -107,7 +115,9 @@ def decode_records(
     partitions = table.column("kafka_partition").to_numpy()
     late = late_mask(times, partitions, rules, max_event_ms)
     for i in np.flatnonzero(late):
-        detail = f"event_time {int(times[i])} behind the partition watermark"
+        detail = (
+            f"{name} {int(times[i])} ms is behind the partition watermark by more than the allowed lateness"
+        )
         rejected.append(Rejected(kept[i], str(Reason.LATE), detail))
     table = table.set_column(table.schema.get_field_index("late"), "late", pa.array(late, pa.bool_()))
     return DecodedChunk(table, rejected, next_offsets)
@@ -138,8 +148,10 @@ def late_mask(
     return late
 
 
-def _bronze_table(events: list[Any], kept: list[ConsumerRecord], produce_ts: list[int | None]) -> pa.Table:
-    base = pa.Table.from_pylist(events, schema=EVENTS_SCHEMA)
+def _bronze_table(
+    schema: pa.Schema, events: list[Any], kept: list[ConsumerRecord], produce_ts: list[int | None]
+) -> pa.Table:
+    base = pa.Table.from_pylist(events, schema=schema)
     n = len(kept)
     extra = {
         "produce_ts_ms": pa.array(produce_ts, pa.int64()),
@@ -149,5 +161,5 @@ def _bronze_table(events: list[Any], kept: list[ConsumerRecord], produce_ts: lis
         "late": pa.array(np.zeros(n, dtype=bool), pa.bool_()),
     }
     for name, column in extra.items():
-        base = base.append_column(BRONZE_SCHEMA.field(name), column)
+        base = base.append_column(META_COLUMNS.field(name), column)
     return base

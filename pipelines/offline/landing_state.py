@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from headwater.pipelines.events.codec import Reason
 from headwater.pipelines.offline.lake import is_delta_table
+from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 MARKER = "headwater_landing"
 CHUNK_RECORDS = 50_000
 """Records per poll: decoded into Arrow at once, then released."""
-DEFAULT_MAX_FUTURE_MS = 5 * 60 * 1000
-"""As the realtime tier's decode: an event further ahead of the clock is a dead letter."""
 
 
 class LandingError(RuntimeError):
@@ -26,20 +25,25 @@ class LandingError(RuntimeError):
 
 @dataclass(frozen=True)
 class LandingConfig:
-    """Where to read, where to write, and the source's event-time rules."""
+    """Where to read (the source's topic, from the plan), where to write, and how big a batch is.
+
+    The event-time rules are the source's own (:class:`PlanSource`), never a default of the landing.
+    """
 
     bootstrap: str
-    topic: str
+    source: PlanSource
     dlq_topic: str
     table: Path
-    max_out_of_orderness_ms: int = 5_000
-    allowed_lateness_ms: int = 60_000
-    max_future_ms: int = DEFAULT_MAX_FUTURE_MS
     batch_records: int = 1_000_000
     max_batch_s: float = 60.0
     workers: int = 1
     """Reader processes (each consumes and decodes its share of the partitions); 1 reads in-process."""
     poll_timeout_ms: int = 500
+
+    @property
+    def topic(self) -> str:
+        """The source's topic."""
+        return self.source.topic
 
     @property
     def app_id(self) -> str:

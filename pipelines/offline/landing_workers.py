@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from headwater.pipelines.offline.landing_batch import TimeRules
 from headwater.pipelines.offline.landing_state import Checkpoint
+from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
@@ -55,14 +56,15 @@ class SliceResult:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
-def _init(bootstrap: str, topic: str, dlq_topic: str, rules: TimeRules, poll_timeout_ms: int) -> None:
-    """Open this worker's consumer, dead-letter producer and codec (once per process)."""
+def _init(bootstrap: str, source: PlanSource, dlq_topic: str, poll_timeout_ms: int) -> None:
+    """Open this worker's consumer, dead-letter producer and the source's codec (once per process)."""
     from kafka import KafkaConsumer, KafkaProducer
 
     from headwater.pipelines.events.codec import EventCodec
 
     _WORKER.update(
-        topic=topic, dlq_topic=dlq_topic, rules=rules, poll_timeout_ms=poll_timeout_ms, codec=EventCodec(),
+        topic=source.topic, dlq_topic=dlq_topic, rules=TimeRules.of(source), poll_timeout_ms=poll_timeout_ms,
+        codec=EventCodec(source),
         consumer=KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                auto_offset_reset="earliest",
                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
@@ -121,12 +123,12 @@ def read_slice(task: SliceTask) -> SliceResult:
 
 
 def worker_pool(
-    workers: int, bootstrap: str, topic: str, dlq_topic: str, rules: TimeRules, poll_timeout_ms: int
+    workers: int, bootstrap: str, source: PlanSource, dlq_topic: str, poll_timeout_ms: int
 ) -> ProcessPoolExecutor:
-    """Start ``workers`` reader processes (spawned: the parent holds a JVM gateway)."""
+    """Start ``workers`` reader processes for ``source`` (spawned: the parent holds a JVM gateway)."""
     return ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-        initargs=(bootstrap, topic, dlq_topic, rules, poll_timeout_ms),
+        initargs=(bootstrap, source, dlq_topic, poll_timeout_ms),
     )  # fmt: skip
 
 

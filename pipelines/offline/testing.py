@@ -1,4 +1,4 @@
-"""Build plan views and scripted histories in code, for the offline tier's tests and benchmarks.
+"""Plan views, example sources and scripted histories built in code, for the offline tests and benchmarks.
 
 ``feature("clicks", "count", "2d", where="event_type = 'click'")`` gives the same
 :class:`~headwater.registry.plans.PlanFeature` that ``headwater apply`` writes (filters compiled
@@ -7,12 +7,14 @@ to AST and Spark SQL by the registry), without a YAML repo.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from headwater.registry.durations import parse_duration
 from headwater.registry.expr import parse, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
-from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
+from headwater.registry.plans import PlanFeature, PlanOperand, PlanSource, PlanView, PlanWhere
 
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
@@ -55,12 +57,50 @@ def feature(
     )  # fmt: skip
 
 
+def example_source(name: str, repo: Path | None = None) -> PlanSource:
+    """Return the plan form of source ``name`` of the example feature repo (``events`` or ``payments``)."""
+    from headwater.pipelines.events.schema import example_repo
+
+    return _example_source(name, (repo or example_repo()).resolve())
+
+
+@lru_cache(maxsize=8)
+def _example_source(name: str, repo: Path) -> PlanSource:
+    from headwater.registry.load import load_repo
+    from headwater.registry.plans import plan_source
+    from headwater.registry.sources import check_sources
+
+    loaded = load_repo(repo)
+    compiled = check_sources(repo, loaded.sources, loaded.diagnostics)
+    if name not in compiled:
+        problems = "; ".join(d.message for d in loaded.diagnostics.errors) or "no such source"
+        msg = f"example repo {repo}: source {name!r} does not check: {problems}"
+        raise ValueError(msg)
+    return plan_source(compiled[name])
+
+
+def behaviour() -> PlanSource:
+    """Return the example behaviour source (``events``: ms event time ``event_time``, id ``event_id``)."""
+    return example_source("events")
+
+
+def payments() -> PlanSource:
+    """Return the example payments source (micros event time ``occurred_at``, event id ``payment_id``)."""
+    return example_source("payments")
+
+
 def view(
-    name: str, entity: str, join_key: str, features: list[PlanFeature], tier: str = "offline"
+    name: str,
+    entity: str,
+    join_key: str,
+    features: list[PlanFeature],
+    tier: str = "offline",
+    source: str = "events",
 ) -> PlanView:
-    """One plan view."""
+    """One plan view (of the example behaviour source unless ``source`` says otherwise)."""
     return PlanView(
-        name=name, entity=entity, join_key=join_key, source="events", tier=tier, freshness_sla="P1D",
+        name=name, version=f"vtest-{name}", entity=entity, join_key=join_key, source=source, tier=tier,
+        freshness_sla="P1D",
         freshness_sla_s=86400.0, compute_cost=1.0, estimated_cost=1.0, owner="tests", description="",
         tags={}, features=features, defined_at=f"<code>:{name}",
     )  # fmt: skip
@@ -75,3 +115,36 @@ def event(n: int, user: str, kind: str, t: int, **fields: Any) -> dict[str, Any]
     }  # fmt: skip
     base.update(fields)
     return base
+
+
+def payment(n: int, account: str, t_ms: int, **fields: Any) -> dict[str, Any]:
+    """Return a payment ``p<n>`` at ``t_ms`` (``occurred_at`` in micros), by default 10.0 captured by card."""
+    base: dict[str, Any] = {
+        "payment_id": f"p{n:05d}", "account_id": account, "merchant_id": "m1", "method": "card",
+        "status": "captured", "amount": 10.0, "currency": "EUR", "risk_score": None,
+        "occurred_at": t_ms * 1000,
+    }  # fmt: skip
+    base.update(fields)
+    return base
+
+
+def write_plan(
+    state_dir: Path,
+    tier: str,
+    views: list[PlanView],
+    sources: list[PlanSource] | None = None,
+    registry_hash: str = "sha256:" + "ab" * 32,
+) -> Path:
+    """Write a tier plan as ``headwater apply`` would (default sources: the example repo's two)."""
+    from headwater.registry.plans import SCHEMA_VERSION, TierPlan, plan_path
+
+    plan = TierPlan(
+        schema_version=SCHEMA_VERSION, tier=tier, registry_hash=registry_hash,
+        generated_at="2026-01-01T00:00:00+00:00", tier_spec={},
+        entities={"user": "user_id", "item": "item_id", "account": "account_id", "merchant": "merchant_id"},
+        sources=sources if sources is not None else [behaviour(), payments()], views=views,
+    )  # fmt: skip
+    path = plan_path(state_dir, tier)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(plan.model_dump_json(), encoding="utf-8")
+    return path

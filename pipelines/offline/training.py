@@ -5,8 +5,9 @@ boundary B is the latest daily boundary ``<= t`` (``B = floor(t / 1 day) * 1 day
 aggregates events strictly before B). The daily job writes a row for every entity with an event in
 the view's longest window, so a missing row means empty windows (count 0, NaN, empty top_k), never
 an older value. A label whose day has no computed partition is an error, not an empty value.
-Realtime and nearline views are recomputed from the bronze events as of t itself (each feature's
-``B_f = floor(t / S_f) * S_f``, :mod:`headwater.pipelines.offline.asof`): what serving reads at t.
+Realtime and nearline views are recomputed from their own source's bronze table as of t itself (each
+feature's ``B_f = floor(t / S_f) * S_f``, :mod:`headwater.pipelines.offline.asof`): what serving reads
+at t.
 
 Output: the Parquet format ``headwater model train --training-set`` reads
 (:mod:`headwater.serving.trainset`): ``group``, ``user_id``, ``item_id``, ``event_time`` (ms),
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
 from headwater.pipelines.offline.asof import join_at_label_time
 from headwater.pipelines.offline.compute import _filled
-from headwater.pipelines.offline.job import computed_days
+from headwater.pipelines.offline.job import BronzeTables, computed_days
 from headwater.pipelines.offline.lake import DAY_MS, feature_path, is_delta_table
 from headwater.pipelines.offline.vectors import IdLookup, pack
 from headwater.pipelines.windows import compile_view, layout_version, slot_names
@@ -130,13 +131,14 @@ def build_training_set(
     out: Path,
     registry_hash: str,
     ids: IdLookup,
-    bronze: DataFrame | None = None,
+    bronze: BronzeTables | None = None,
 ) -> TrainingSetResult:
     """Join ``labels`` to the user and item ``views`` as of each label's time; write Parquet to ``out``.
 
     Offline views are read from their daily tables (the value as of the label's day boundary is
-    what a daily view serves). Realtime and nearline views are recomputed from ``bronze`` as of the
-    label time itself (:mod:`.asof`), since their daily values would not be what serving reads.
+    what a daily view serves). Realtime and nearline views are recomputed from their own source's
+    table in ``bronze`` as of the label time itself (:mod:`.asof`), since their daily values would not
+    be what serving reads.
 
     Raises:
         TrainingSetError: a streaming view is asked for without ``bronze``, or a table lacks a day.
@@ -154,7 +156,8 @@ def build_training_set(
             if bronze is None:
                 msg = f"view {view.name} ({view.tier}): its label-time values need the bronze events"
                 raise TrainingSetError(msg)
-            frame = join_at_label_time(frame, bronze, view, targets_from=labels)
+            table, source = bronze.for_view(view)
+            frame = join_at_label_time(frame, table, view, source, targets_from=labels)
         else:
             frame = join_view(spark, frame, view, lake, f"{view.name}")
         used.append(view)

@@ -12,7 +12,7 @@ from headwater.pipelines.offline.asof import join_at_label_time
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import read_bronze
 from headwater.pipelines.offline.lake import bronze_path
-from headwater.pipelines.offline.testing import T0, event, feature, view
+from headwater.pipelines.offline.testing import T0, behaviour, event, feature, view
 from headwater.pipelines.windows import compile_view, reference_values
 from headwater.pipelines.windows.reference import empty_values
 
@@ -47,8 +47,8 @@ LABELS = [("u1", T0 + 30_500), ("u1", T0 + 45 * S), ("u1", T0 + 46 * S), ("u1", 
 @pytest.fixture(scope="module")
 def bronze(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     root: Path = tmp_path_factory.mktemp("asof-lake")
-    append_events(spark, history(), bronze_path(root))
-    return read_bronze(spark, root)
+    append_events(spark, behaviour(), history(), bronze_path(root, "events"))
+    return read_bronze(spark, root, behaviour())
 
 
 def labels_frame(spark: Any, rows: list[tuple[str, int]]) -> Any:
@@ -57,7 +57,7 @@ def labels_frame(spark: Any, rows: list[tuple[str, int]]) -> Any:
 
 
 def test_label_time_values_equal_the_reference_at_each_label(spark: Any, bronze: Any) -> None:
-    rows = join_at_label_time(labels_frame(spark, LABELS), bronze, SESSION).collect()
+    rows = join_at_label_time(labels_frame(spark, LABELS), bronze, SESSION, behaviour()).collect()
     assert len(rows) == len(LABELS)  # one row per label, also for u3 who has no event at all
     spec = compile_view(SESSION)
     for row in rows:
@@ -73,7 +73,7 @@ def test_label_time_values_equal_the_reference_at_each_label(spark: Any, bronze:
 
 def test_no_event_at_or_after_the_label_boundary_is_counted(spark: Any, bronze: Any) -> None:
     labels = labels_frame(spark, [("u1", T0 + 45 * S), ("u1", T0 + 45_999), ("u1", T0 + 46 * S)])
-    rows = join_at_label_time(labels, bronze, SESSION).collect()
+    rows = join_at_label_time(labels, bronze, SESSION, behaviour()).collect()
     got = sorted((r["event_time"], r["asof_session.clicks_30s"]) for r in rows)
     # The click at 45 s is at the boundary of a label at 45 s and in the open pane at 45.999 s: only the
     # label at 46 s counts it (the click at 10 s has left the 30 s window by then).

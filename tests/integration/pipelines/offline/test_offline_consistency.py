@@ -27,7 +27,7 @@ from headwater.pipelines.offline.cli import consistency as consistency_cli
 from headwater.pipelines.offline.consistency import check_view
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, feature_path
-from headwater.pipelines.offline.testing import HOUR_MS, T0, event, feature, view
+from headwater.pipelines.offline.testing import HOUR_MS, T0, behaviour, event, feature, view, write_plan
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import (
     RedisDictionary,
@@ -37,7 +37,6 @@ from headwater.pipelines.windows import (
     to_vectors,
     view_layout,
 )
-from headwater.registry.plans import SCHEMA_VERSION, TierPlan, plan_path
 
 REGISTRY = "sha256:" + "cd" * 32
 NEARLINE = view("cons_user_nearline", "user", "user_id", [
@@ -113,7 +112,7 @@ def store(redis_url: str) -> Iterator[OnlineStore]:
 @pytest.fixture(scope="module")
 def lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lake")
-    append_events(spark, history(), bronze_path(root))
+    append_events(spark, behaviour(), history(), bronze_path(root, "events"))
     return root
 
 
@@ -127,7 +126,8 @@ def same(expected: Any, found: Any) -> bool:
 
 
 def test_offline_day_of_the_nearline_view_equals_the_reference(spark: Any, lake: Path) -> None:
-    runs = run_view(spark, read_bronze(spark, lake), NEARLINE, lake, [date(2026, 1, 1)], zorder=False)
+    bronze = read_bronze(spark, lake, behaviour())
+    runs = run_view(spark, bronze, NEARLINE, behaviour(), lake, [date(2026, 1, 1)], zorder=False)
     assert [r.rows for r in runs] == [len(USERS)]
     rows = spark.read.format("delta").load(str(feature_path(lake, NEARLINE.name))).collect()
     spec = compile_view(NEARLINE)
@@ -151,7 +151,8 @@ def test_consistency_of_nearline_values(
     assert set(expected) == set(USERS)
     assert all(expected[u]["clicks_2h"] > 0 for u in USERS[:3])  # the check compares real values
 
-    result = check_view(spark, read_bronze(spark, lake), store, NEARLINE, REGISTRY, lake, sample=50)
+    bronze = read_bronze(spark, lake, behaviour())
+    result = check_view(spark, bronze, store, NEARLINE, behaviour(), REGISTRY, lake, sample=50)
     assert (result.sampled, result.found) == (len(USERS), len(USERS))
     assert result.mismatch_rate == 0.0, result.examples
     assert set(result.mismatches) == set(view_layout(spec, REGISTRY).features)
@@ -168,11 +169,7 @@ def test_consistency_of_nearline_values(
 
     # The command finds exactly that value, and exits 1 (over the 0.1% target).
     state = tmp_path / "state"
-    plan = TierPlan(schema_version=SCHEMA_VERSION, tier="nearline", registry_hash=REGISTRY,
-                    generated_at="2026-01-01T00:00:00+00:00", tier_spec={}, entities={"user": "user_id"},
-                    sources=[], views=[NEARLINE])  # fmt: skip
-    plan_path(state, "nearline").parent.mkdir(parents=True)
-    plan_path(state, "nearline").write_text(plan.model_dump_json(), encoding="utf-8")
+    write_plan(state, "nearline", [NEARLINE], registry_hash=REGISTRY)
     args = ["--tier", "nearline", "--json", "--lake", str(lake), "--state-dir", str(state),
             "--redis-url", redis_url, "--namespace", store.namespace]  # fmt: skip
     run = CliRunner().invoke(consistency_cli, args)

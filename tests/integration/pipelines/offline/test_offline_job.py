@@ -12,7 +12,7 @@ import pytest
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, days, feature_path
-from headwater.pipelines.offline.testing import DAY_MS, HOUR_MS, T0, event, feature, view
+from headwater.pipelines.offline.testing import DAY_MS, HOUR_MS, T0, behaviour, event, feature, view
 from headwater.pipelines.windows import compile_view, empty_values, reference_values
 
 D0 = date(2026, 1, 1)
@@ -68,10 +68,10 @@ def history() -> tuple[list[dict[str, Any]], list[bool]]:
 def lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lake")
     events, late = history()
-    append_events(spark, events, bronze_path(root), late)
-    bronze = read_bronze(spark, root)
+    append_events(spark, behaviour(), events, bronze_path(root, "events"), late)
+    bronze = read_bronze(spark, root, behaviour())
     for v in (USER_VIEW, ITEM_VIEW):
-        run_view(spark, bronze, v, root, days(D0, date(2026, 1, 3)), zorder=v is USER_VIEW)
+        run_view(spark, bronze, v, behaviour(), root, days(D0, date(2026, 1, 3)), zorder=v is USER_VIEW)
     return root
 
 
@@ -145,8 +145,9 @@ def test_rerun_changes_nothing_and_tables_are_zordered(spark: Any, lake: Path) -
     from delta.tables import DeltaTable
 
     before = table_rows(spark, lake, "scripted_user", "user_id")
-    bronze = read_bronze(spark, lake)
-    runs = run_view(spark, bronze, USER_VIEW, lake, days(date(2026, 1, 3), date(2026, 1, 3)), zorder=False)
+    bronze = read_bronze(spark, lake, behaviour())
+    one_day = days(date(2026, 1, 3), date(2026, 1, 3))
+    runs = run_view(spark, bronze, USER_VIEW, behaviour(), lake, one_day, zorder=False)
     assert [r.rows for r in runs] == [sum(1 for k in before if k[0] == "2026-01-03")]
     assert table_rows(spark, lake, "scripted_user", "user_id") == before
     history = DeltaTable.forPath(spark, str(feature_path(lake, "scripted_user"))).history().collect()

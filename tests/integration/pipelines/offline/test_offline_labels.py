@@ -14,7 +14,7 @@ from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.cli_labels import labels
 from headwater.pipelines.offline.labels import LabelsError, derive_labels, write_labels
 from headwater.pipelines.offline.lake import DAY_MS, bronze_path
-from headwater.pipelines.offline.testing import T0, event
+from headwater.pipelines.offline.testing import T0, behaviour, event, write_plan
 
 HORIZON_S = 600
 
@@ -63,13 +63,13 @@ EXPECTED = {
 @pytest.fixture
 def lake(spark: Any, tmp_path: Path) -> Path:
     events, late = history()
-    append_events(spark, events, bronze_path(tmp_path / "lake"), late)
+    append_events(spark, behaviour(), events, bronze_path(tmp_path / "lake", "events"), late)
     return tmp_path / "lake"
 
 
 def test_labels_are_exact_and_slates_are_session_pages(spark: Any, lake: Path) -> None:
-    bronze = spark.read.format("delta").load(str(bronze_path(lake)))
-    rows = derive_labels(bronze, date(2026, 1, 1), date(2026, 1, 1), HORIZON_S).collect()
+    bronze = spark.read.format("delta").load(str(bronze_path(lake, "events")))
+    rows = derive_labels(bronze, behaviour(), date(2026, 1, 1), date(2026, 1, 1), HORIZON_S).collect()
     ids = {(e["user_id"], e["item_id"], e["event_time"]): e["event_id"]
            for e in history()[0] if e["event_type"] == "impression"}  # fmt: skip
     assert len(rows) == len(EXPECTED)
@@ -88,9 +88,10 @@ def test_labels_cli_writes_what_training_set_reads(spark: Any, lake: Path, tmp_p
     from headwater.pipelines.offline.training import read_labels
 
     out = tmp_path / "labels.parquet"
+    write_plan(tmp_path / "state", "offline", [])  # two sources: the one with behaviour fields is labelled
     result = CliRunner().invoke(
         labels, ["--from", "2026-01-01", "--to", "2026-01-02", "--horizon", str(HORIZON_S), "--lake",
-                 str(lake), "--out", str(out)],
+                 str(lake), "--out", str(out), "--state-dir", str(tmp_path / "state")],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     table = pq.read_table(out)
@@ -111,9 +112,8 @@ def test_labels_cli_writes_what_training_set_reads(spark: Any, lake: Path, tmp_p
 
 
 def test_labels_of_an_empty_range_is_a_clear_error(spark: Any, lake: Path, tmp_path: Path) -> None:
-    bronze = spark.read.format("delta").load(str(bronze_path(lake)))
+    bronze = spark.read.format("delta").load(str(bronze_path(lake, "events")))
+    frame = derive_labels(bronze, behaviour(), date(2026, 3, 1), date(2026, 3, 1))
     with pytest.raises(LabelsError, match="no impressions to label"):
-        write_labels(
-            derive_labels(bronze, date(2026, 3, 1), date(2026, 3, 1)), tmp_path / "x.parquet", tmp_path
-        )
+        write_labels(frame, tmp_path / "x.parquet", tmp_path)
     assert not (tmp_path / "x.parquet").exists()

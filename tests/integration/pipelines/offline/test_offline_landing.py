@@ -12,8 +12,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from headwater.pipelines.events.codec import EventCodec, parse_dead_letter
-from headwater.pipelines.offline.landing import DEFAULT_MAX_FUTURE_MS, Lander, LandingConfig, read_checkpoint
-from headwater.pipelines.offline.testing import T0, event
+from headwater.pipelines.offline.landing import Lander, LandingConfig, read_checkpoint
+from headwater.pipelines.offline.testing import T0, behaviour, event
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.topics import ensure_topics
 
@@ -67,13 +67,14 @@ def test_landing_is_exactly_once_and_dead_letters_bad_records(
     topic, dlq = topics
     codec = EventCodec()
     # A future-dated event first: were it to move the watermark, every later event would look late.
-    future_ms = time.time_ns() // 1_000_000 + DEFAULT_MAX_FUTURE_MS + 3_600_000
+    future_ms = time.time_ns() // 1_000_000 + behaviour().max_future_ms + 3_600_000
     first = [(codec.encode(event(60, "u1", "click", future_ms, item_id="i1")), codec.headers(), 0)]  # type: ignore[arg-type]
     first += [good(codec, n, T0 + n * 1000, n % 2) for n in range(1, 7)]
     first.append((b"\x00garbage", codec.headers(), 0))
     first.append((codec.encode(event(50, "u1", "click", T0 - 600_000, item_id="i1")), codec.headers(), 1))  # type: ignore[arg-type]
     produce(kafka_bootstrap, topic, first)
-    config = LandingConfig(kafka_bootstrap, topic, dlq, tmp_path / "bronze" / "events", batch_records=5)
+    source = behaviour().model_copy(update={"topic": topic})
+    config = LandingConfig(kafka_bootstrap, source, dlq, tmp_path / "bronze" / "events", batch_records=5)
     stats = Lander(spark, config).run()
     assert (stats.records, stats.landed, stats.malformed, stats.late, stats.future) == (9, 7, 1, 1, 1)
     landed = bronze_rows(spark, config.table)
@@ -95,7 +96,7 @@ def test_landing_is_exactly_once_and_dead_letters_bad_records(
     from headwater.pipelines.offline.bronze import events_table
 
     replay = checkpoint.__class__(checkpoint.seq, dict(checkpoint.offsets), dict(checkpoint.max_event_ms))
-    lander._commit(events_table([event(1, "u1", "click", T0 + 1000, item_id="i1")]), replay)
+    lander._commit(events_table(source, [event(1, "u1", "click", T0 + 1000, item_id="i1")]), replay)
     assert bronze_rows(spark, config.table) == landed
 
     # New records land once, from where the table says landing stopped.
@@ -113,13 +114,14 @@ def test_landing_with_reader_processes_is_exactly_once(
 ) -> None:
     topic, dlq = topics
     codec = EventCodec()
-    future_ms = time.time_ns() // 1_000_000 + DEFAULT_MAX_FUTURE_MS + 3_600_000
+    future_ms = time.time_ns() // 1_000_000 + behaviour().max_future_ms + 3_600_000
     batch = [good(codec, n, T0 + n * 1000, n % 2) for n in range(1, 31)]
     batch.append((b"\x00garbage", codec.headers(), 1))
     batch.append((codec.encode(event(99, "u1", "click", future_ms, item_id="i1")), codec.headers(), 0))  # type: ignore[arg-type]
     produce(kafka_bootstrap, topic, batch)
+    source = behaviour().model_copy(update={"topic": topic})
     config = LandingConfig(
-        kafka_bootstrap, topic, dlq, tmp_path / "bronze" / "events", batch_records=8, workers=2
+        kafka_bootstrap, source, dlq, tmp_path / "bronze" / "events", batch_records=8, workers=2
     )
     stats = Lander(spark, config).run()
     assert (stats.records, stats.landed, stats.malformed, stats.future, stats.late) == (32, 30, 1, 1, 0)
@@ -133,7 +135,7 @@ def test_landing_with_reader_processes_is_exactly_once(
     # A rerun, with readers or in-process, lands nothing; new records land once either way.
     assert Lander(spark, config).run().records == 0
     produce(kafka_bootstrap, topic, [good(codec, 40, T0 + 40_000, 0), good(codec, 41, T0 + 41_000, 1)])
-    in_process = LandingConfig(kafka_bootstrap, topic, dlq, config.table, batch_records=8, workers=1)
+    in_process = LandingConfig(kafka_bootstrap, source, dlq, config.table, batch_records=8, workers=1)
     assert Lander(spark, in_process).run().landed == 2
     after = bronze_rows(spark, config.table)
     assert len(after) == 32

@@ -17,7 +17,7 @@ from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, days
 from headwater.pipelines.offline.materialize import materialize
-from headwater.pipelines.offline.testing import DAY_MS, HOUR_MS, T0, event, feature, view
+from headwater.pipelines.offline.testing import DAY_MS, HOUR_MS, T0, behaviour, event, feature, view
 from headwater.pipelines.offline.training import build_training_set, read_labels
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import (
@@ -57,10 +57,10 @@ def history() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lake")
-    append_events(spark, history(), bronze_path(root))
-    bronze = read_bronze(spark, root)
+    append_events(spark, behaviour(), history(), bronze_path(root, "events"))
+    bronze = read_bronze(spark, root, behaviour())
     for v in (USERS, ITEMS):
-        run_view(spark, bronze, v, root, days(date(2026, 1, 1), date(2026, 1, 2)), zorder=False)
+        run_view(spark, bronze, v, behaviour(), root, days(date(2026, 1, 1), date(2026, 1, 2)), zorder=False)
     return root
 
 
