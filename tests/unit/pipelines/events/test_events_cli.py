@@ -1,8 +1,14 @@
+from pathlib import Path
+
+import pytest
 from click.testing import CliRunner
 
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.events.producer import ProducerSettings, ProduceStats
 from headwater.pipelines.events.tail import TailSummary
+from headwater.registry.commands import apply
+
+EXAMPLE = Path(__file__).resolve().parents[4] / "features"
 
 
 def test_help_lists_produce_and_tail() -> None:
@@ -58,3 +64,85 @@ def test_stats_rate_and_summary_percentiles() -> None:
     assert data["invalid"] == {"corrupt_payload": 1}
     assert data["age_ms_p50"] == 51
     assert data["age_ms_p99"] == 100
+
+
+# --- bring your own data: errors before any broker is needed -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state folder with the example repo applied (plans only)."""
+    state = tmp_path_factory.mktemp("state")
+    result = CliRunner().invoke(apply, [str(EXAMPLE), "--state-dir", str(state), "--no-feast"])
+    assert result.exit_code == 0, result.output
+    return state
+
+
+def produce_args(state: Path, *args: str) -> list[str]:
+    return ["produce", "--state-dir", str(state), "--bootstrap", "127.0.0.1:1", *args]
+
+
+def test_produce_help_shows_the_file_options() -> None:
+    result = CliRunner().invoke(events, ["produce", "--help"])
+    for option in (
+        "--source",
+        "--from",
+        "--format",
+        "--reject-file",
+        "--rejects-to",
+        "--time-shift",
+        "--pace",
+    ):
+        assert option in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "rows.jsonl"], "--from FILE needs --source NAME"),
+        (["--time-shift", "to-now"], "--time-shift only apply with --from FILE"),
+        (["--source", "payments", "--reject-file", "r.jsonl"], "--reject-file only apply with --from FILE"),
+        (
+            ["--source", "payments", "--from", "x.jsonl", "--late-share", "0.1"],
+            "--late-share only shape the behaviour generator",
+        ),
+        (["--source", "payments", "--malformed-share", "0.1"], "not random events of source 'payments'"),
+        (
+            ["--source", "payments", "--from", "x.jsonl", "--time-shift", "soon"],
+            "--time-shift 'soon': expected to-now",
+        ),
+    ],
+)
+def test_contradictory_options_are_usage_errors(applied: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(events, produce_args(applied, *args))
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_unknown_source_names_those_there_and_the_fix(applied: Path) -> None:
+    result = CliRunner().invoke(events, produce_args(applied, "--source", "orders", "--from", "x.jsonl"))
+    assert result.exit_code == 1
+    assert "source 'orders' is not in the applied plan (sources: events, payments)" in result.output
+    assert "headwater apply" in result.output
+    tailed = CliRunner().invoke(events, ["tail", "--state-dir", str(applied), "--source", "orders"])
+    assert tailed.exit_code == 1
+    assert "source 'orders' is not in the applied plan" in tailed.output
+
+
+def test_no_applied_plan_says_where_it_looked(tmp_path: Path) -> None:
+    result = CliRunner().invoke(events, produce_args(tmp_path, "--source", "payments", "--from", "x.jsonl"))
+    assert result.exit_code == 1
+    assert f"no offline plan at {tmp_path}" in result.output
+    assert "--state-dir" in result.output
+
+
+def test_a_missing_or_unreadable_file_is_named_before_connecting(applied: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "absent.jsonl"
+    result = CliRunner().invoke(events, produce_args(applied, "--source", "payments", "--from", str(missing)))
+    assert result.exit_code == 1
+    assert f"{missing}: no such file" in result.output
+    odd = tmp_path / "rows.xls"
+    odd.write_text("x")
+    result = CliRunner().invoke(events, produce_args(applied, "--source", "payments", "--from", str(odd)))
+    assert result.exit_code == 1
+    assert "cannot tell the format from the extension" in result.output
