@@ -157,12 +157,18 @@ def write_plan(
     return _write(state_dir, plan)
 
 
-def write_example_plan(state_dir: Path, topics: dict[str, str]) -> TierPlan:
-    """Write the example repo's nearline plan (every source, every view), source topics renamed."""
+def example_plan(topics: dict[str, str] | None = None) -> TierPlan:
+    """The example repo's nearline plan (every source, every view), source topics renamed."""
     result = example_check()
     plan = build_plans(result, registry_hash(result))["nearline"]
-    sources = [s.model_copy(update={"topic": topics.get(s.name, s.topic)}) for s in plan.sources]
-    return _write(state_dir, plan.model_copy(update={"sources": sources}))
+    names = topics or {}
+    sources = [s.model_copy(update={"topic": names.get(s.name, s.topic)}) for s in plan.sources]
+    return plan.model_copy(update={"sources": sources})
+
+
+def write_example_plan(state_dir: Path, topics: dict[str, str]) -> TierPlan:
+    """Write :func:`example_plan` where apply would."""
+    return _write(state_dir, example_plan(topics))
 
 
 def _write(state_dir: Path, plan: TierPlan) -> TierPlan:
@@ -329,6 +335,15 @@ def produce(
     producer.flush()
     producer.close()
     return last
+
+
+def list_topics(settings: Settings) -> list[str]:
+    """Every topic of the broker."""
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        return list(admin.list_topics())
+    finally:
+        admin.close()
 
 
 def read_topic(settings: Settings, topic: str) -> Iterator[Any]:
