@@ -9,7 +9,7 @@ HW := $(VENV)/bin/headwater
 SHELL := /bin/bash
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis-server chromium services-up services-down demo test test-unit lint check bench clean
+.PHONY: help setup redis-server chromium services-up services-down demo test test-unit lint check bench wheel clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -72,6 +72,14 @@ test-unit: setup  ## Unit tests only (no services)
 
 bench: setup  ## Every benchmark; figures printed and written to bench/results/
 	bash infra/with-services.sh bash bench/run_all.sh
+
+# The wheel a user installs (`pip install dist/headwater-*.whl`): the code, the example feature repo
+# (`headwater init`) and the Maven project of the jars (`headwater setup jars`). build/lib is removed
+# first: setuptools reuses it, and a module deleted since the last build would ship again.
+wheel: setup  ## Build the installable wheel into dist/
+	rm -rf build/lib build/bdist.*
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	@ls -1 dist/headwater-*.whl
 
 clean:  ## Remove build output and local service state (stop services first)
 	rm -rf build infra/state .headwater .pytest_cache .mypy_cache .ruff_cache

@@ -35,7 +35,8 @@ kafka:
   bootstrap: {kafka}
 redis:
   url: {redis}
-# jvm_lib: ~/.cache/headwater/lib   # the tiers' jars, filled by `headwater setup jars` (default)
+# jvm_lib: /opt/jars        # the tiers' jars [default: ~/.cache/headwater/lib, which
+#                           # `headwater setup jars` fills; in a source checkout infra/lib]
 """
 
 GITIGNORE = f"# written by `headwater apply` and the tiers\n{DEFAULT_STATE_DIR}/\n"

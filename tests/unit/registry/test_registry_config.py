@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from headwater.registry import config as cfg
 from headwater.registry.init import TEMPLATE, InitError, scaffold
+from headwater.registry.resources import checkout_root
 from headwater.registry.validate import check_repo
 
 ENV = (
@@ -224,3 +225,11 @@ def test_cli_reports_a_broken_config_before_any_work(here: Path) -> None:
     result = CliRunner().invoke(main, ["check"])
     assert result.exit_code == 1
     assert f"{path}:1: unknown key 'stat_dir'" in result.output
+
+
+def test_the_checkout_is_a_feature_repo_with_the_template_config() -> None:
+    root = checkout_root()
+    assert root is not None  # the tests run from a source checkout
+    text = (root / cfg.CONFIG_FILE).read_text(encoding="utf-8")
+    assert text == TEMPLATE.format(kafka="127.0.0.1:9092", redis="redis://127.0.0.1:6379/0")
+    assert cfg.load_config(root / cfg.CONFIG_FILE).config == cfg.RepoConfig(lake=".headwater/lake")
