@@ -109,7 +109,7 @@ def topics() -> None:
     "--state-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where `headwater apply` wrote the plans (default: $HEADWATER_STATE_DIR or .headwater/).",
+    help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR, else headwater.yaml's].",
 )
 def create_command(partitions: int | None, state_dir: Path | None) -> None:
     """Create the topic of every source of the applied plan, and the dead-letter topic, if missing.

@@ -66,7 +66,7 @@ _state_dir_option = click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR or .headwater/].",
+    help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR, else headwater.yaml's].",
 )
 
 
