@@ -217,9 +217,9 @@ class _Parser:
         token = self.peek()
         if self.accept("keyword", "not"):
             self._enter(token)
-            inner = Not(self.parse_unary())
+            negated = Not(self.parse_unary())
             self.depth -= 1
-            return inner
+            return negated
         if self.accept("punct", "("):
             self._enter(token)
             inner = self.parse_or()

@@ -125,7 +125,7 @@ def _deepest_line(text: str) -> int:
     last_line = 1
     try:
         for event in YAML(typ="safe", pure=True).parse(text):
-            last_line = event.start_mark.line + 1
+            last_line = int(event.start_mark.line) + 1
             kind = type(event).__name__
             if kind in ("SequenceStartEvent", "MappingStartEvent"):
                 depth += 1

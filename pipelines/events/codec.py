@@ -12,6 +12,12 @@ Wire format of one Kafka record on a source's topic:
 - headers: ``schema-fp`` = the writer schema's CRC-64-AVRO fingerprint (16 hex digits, ASCII),
   ``produce-ts`` = the produce time in UTC milliseconds (ASCII decimal).
 
+Bounds: a payload over ``max_event_bytes`` (default :data:`MAX_EVENT_BYTES`) and a string field over
+``max_string_chars`` characters (default :data:`MAX_STRING_CHARS`) are rejected as ``oversized``;
+the encoding is walked before fastavro reads it (:mod:`~headwater.pipelines.events.wire_check`), so
+an out-of-range enum or union index is ``corrupt_payload`` as in Avro's Java decoder, not a symbol
+picked Python-style from the end of the list.
+
 :meth:`EventCodec.decode` never raises on bad input: it returns a :class:`DecodeError` with a
 :class:`Reason`, so a consumer sends the record to the dead-letter topic (see
 :func:`dead_letter`) and goes on. The writer's fingerprint selects the writer schema among the
@@ -33,6 +39,7 @@ from typing import Any, Protocol
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
+from headwater.pipelines.events.wire_check import WireError, compile_checker
 from headwater.registry.expr import from_json
 from headwater.registry.expr_eval import compile_rule
 from headwater.registry.plans import PlanSource
@@ -48,10 +55,23 @@ Event = dict[str, Any]
 
 MAX_ID_CHARS = 128
 MAX_DETAIL_CHARS = 500
+MAX_EVENT_BYTES = 64 * 1024
+"""Default bound on one payload: the example events are 60-200 bytes; Kafka's own limit is 1 MiB."""
+MAX_STRING_CHARS = 4096
+"""Default bound on any string field (key, id, free text such as a search query)."""
 
 # What fastavro's reader raises on bytes that are not a valid encoding (found by fuzzing:
 # truncation, bit flips, random bytes; see tests/unit/pipelines/events/test_events_codec.py).
-_CORRUPT_ERRORS = (EOFError, IndexError, UnicodeDecodeError, ValueError, OverflowError, struct.error, KeyError, TypeError)
+_CORRUPT_ERRORS = (
+    EOFError,
+    IndexError,
+    UnicodeDecodeError,
+    ValueError,
+    OverflowError,
+    struct.error,
+    KeyError,
+    TypeError,
+)
 
 
 class Reason(StrEnum):
@@ -63,6 +83,8 @@ class Reason(StrEnum):
     EMPTY_PAYLOAD = "empty_payload"
     CORRUPT_PAYLOAD = "corrupt_payload"
     INVALID_FIELD = "invalid_field"
+    OVERSIZED = "oversized"
+    """The payload is over the codec's byte bound, or a string field over its character bound."""
     LATE = "late"
     """Not produced by the codec: a tier rejects an event older than its allowed lateness."""
     FUTURE_DATED = "future_dated"
@@ -108,7 +130,8 @@ def wire_schema(json_text: str) -> dict[str, Any]:
     wire = copy.deepcopy(raw)
     for entry in wire.get("fields", []):
         entry["type"] = _strip_logical(entry["type"])
-    return dict(parse_schema(wire))
+    parsed: dict[str, Any] = parse_schema(wire)  # type: ignore[assignment]  # a record schema parses to a dict
+    return parsed
 
 
 def _strip_logical(avro_type: Any) -> Any:
@@ -128,25 +151,44 @@ class EventCodec:
     is cheap per event but not thread-safe: use one per thread.
     """
 
-    def __init__(self, source: PlanSource | None = None) -> None:
-        """Bind to ``source`` (default: the example behaviour-event source, for the demo generator and tests)."""
+    def __init__(
+        self,
+        source: PlanSource | None = None,
+        *,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        max_string_chars: int = MAX_STRING_CHARS,
+    ) -> None:
+        """Bind to ``source`` (default: the example behaviour source, for the demo generator and tests).
+
+        ``max_event_bytes`` bounds a payload and ``max_string_chars`` every string field: larger ones
+        are rejected as ``oversized``.
+        """
         if source is None:
             from headwater.pipelines.events.schema import behavior_source
 
             source = behavior_source()
         self.source = source
+        self.max_event_bytes = max_event_bytes
+        self.max_string_chars = max_string_chars
         current = source.current
         self._fingerprint = current.fingerprint
         self._fp_header = current.fingerprint.encode("ascii")
         self._wire = wire_schema(current.json_text)
         # fingerprint header -> writer schema; None for the current one (read without resolution).
         self._writers: dict[bytes, dict[str, Any] | None] = {
-            v.fingerprint.encode("ascii"): (None if v is current else wire_schema(v.json_text)) for v in source.schemas
+            v.fingerprint.encode("ascii"): (None if v is current else wire_schema(v.json_text))
+            for v in source.schemas
         }
+        self._checkers = {
+            v.fingerprint.encode("ascii"): compile_checker(json.loads(v.json_text)) for v in source.schemas
+        }
+        self._strings = tuple(f.name for f in source.fields if f.kind == "string")
         self._time = source.event_time
         self._time_div = 1000 if source.event_time_unit == "us" else 1
         self._ids = tuple(
-            name for name in (source.key, source.event_id) if name and (f := source.field(name)) and f.kind == "string"
+            name
+            for name in (source.key, source.event_id)
+            if name and (f := source.field(name)) and f.kind == "string"
         )
         self._rules = [(w.text, compile_rule(from_json(w.ast))) for w in source.rules]
         self._buffer = io.BytesIO()
@@ -179,14 +221,14 @@ class EventCodec:
         return buffer.getvalue()
 
     def key(self, event: Mapping[str, Any]) -> bytes | None:
-        """The Kafka key of ``event``: its ``key`` field as UTF-8 text (None for an unkeyed source)."""
+        """Return the Kafka key of ``event``: its ``key`` field as UTF-8 text (None for an unkeyed source)."""
         if self.source.key is None:
             return None
         value = event.get(self.source.key)
         return None if value is None else str(value).encode("utf-8")
 
     def event_time_ms(self, event: Mapping[str, Any]) -> int:
-        """The event time of a decoded (or to-be-encoded) event in UTC milliseconds."""
+        """Return the event time of a decoded (or to-be-encoded) event in UTC milliseconds."""
         return int(event[self._time]) // self._time_div
 
     def headers(self, produce_ts_ms: int | None = None) -> list[tuple[str, bytes]]:
@@ -217,12 +259,22 @@ class EventCodec:
         raw_ts = _header(headers, HEADER_PRODUCE_TS)
         if raw_ts is not None:
             if not raw_ts.isdigit() or len(raw_ts) > 16:
-                detail = f"{HEADER_PRODUCE_TS} must be UTC milliseconds in ASCII digits, found {raw_ts[:40]!r}"
+                detail = (
+                    f"{HEADER_PRODUCE_TS} must be UTC milliseconds in ASCII digits, found {raw_ts[:40]!r}"
+                )
                 return DecodeError(Reason.INVALID_HEADER, detail)
             produce_ts = int(raw_ts)
         # Step 3
         if not value:
             return DecodeError(Reason.EMPTY_PAYLOAD, "the record has no value (tombstone or empty bytes)")
+        if len(value) > self.max_event_bytes:
+            detail = f"a {len(value)}-byte payload is over the {self.max_event_bytes}-byte limit"
+            return DecodeError(Reason.OVERSIZED, f"{detail} of source {self.source.name!r}")
+        try:
+            self._checkers[fp](value)
+        except WireError as exc:
+            detail = f"not an Avro record of source {self.source.name!r}: {exc}"
+            return DecodeError(Reason.CORRUPT_PAYLOAD, detail[:MAX_DETAIL_CHARS])
         stream = io.BytesIO(value)
         writer = self._writers[fp]
         try:
@@ -238,11 +290,18 @@ class EventCodec:
             return DecodeError(Reason.CORRUPT_PAYLOAD, detail)
         # Step 4
         event: Event = record  # type: ignore[assignment]
+        problem = self._oversized(event)
+        if problem is not None:
+            return DecodeError(Reason.OVERSIZED, problem)
         problem = self.validate(event)
         if problem is not None:
             return DecodeError(Reason.INVALID_FIELD, problem[:MAX_DETAIL_CHARS])
-        return DecodedEvent(event=event, fingerprint=self._fingerprint if writer is None else fp.decode("ascii"),
-                            produce_ts_ms=produce_ts, event_time_ms=int(event[self._time]) // self._time_div)
+        return DecodedEvent(
+            event=event,
+            fingerprint=self._fingerprint if writer is None else fp.decode("ascii"),
+            produce_ts_ms=produce_ts,
+            event_time_ms=int(event[self._time]) // self._time_div,
+        )
 
     def validate(self, event: Mapping[str, Any]) -> str | None:
         """Check what Avro cannot express; return what is wrong, or None when the event is valid.
@@ -255,6 +314,8 @@ class EventCodec:
         ts = event.get(self._time)
         if ts is None:
             return f"{self._time}: the event time is null"
+        if not isinstance(ts, int):
+            return f"{self._time}: expected an integer event time, found {type(ts).__name__}"
         ms = int(ts) // self._time_div
         if not src.min_event_time_ms <= ms < src.max_event_time_ms:
             return (
@@ -269,6 +330,17 @@ class EventCodec:
         for text, holds in self._rules:
             if not holds(event):
                 return f"rule {text!r} of source {src.name!r} does not hold"
+        return self._oversized(event)
+
+    def _oversized(self, event: Mapping[str, Any]) -> str | None:
+        """Name the first string field over ``max_string_chars`` characters, if any."""
+        for name in self._strings:
+            text = event.get(name)
+            if text is not None and len(text) > self.max_string_chars:
+                return (
+                    f"{name}: {len(text)} characters ({text[:40]!r}...) is over the limit of "
+                    f"{self.max_string_chars} characters of source {self.source.name!r}"
+                )
         return None
 
 

@@ -1,5 +1,15 @@
+"""The generic event codec on the example repo's two sources (`events`, `payments`).
+
+Round trips, every rejection reason, the wire walk that agrees with Avro's Java decoder
+(out-of-range enum and union indices, negative lengths, over-long varints), the size bounds, and
+schema evolution (a payments v2 with a nullable field read alongside v1).
+"""
+
+import json
 import random
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +24,12 @@ from headwater.pipelines.events.codec import (
     dead_letter,
     parse_dead_letter,
 )
-from headwater.pipelines.events.schema import BehaviorEvent, load_schema
+from headwater.pipelines.events.schema import BehaviorEvent
+from headwater.registry.plans import PlanSource, plan_source
+from headwater.registry.validate import check_repo
+
+EXAMPLE = Path(__file__).resolve().parents[4] / "features"
+EVENTS_FP = "5335328fdc7bb5ab"
 
 FULL: BehaviorEvent = {
     "event_id": "0f8fad5b-d9cb-469f-a165-70867728950e",
@@ -61,7 +76,8 @@ def test_round_trip_keeps_every_field(codec: EventCodec, event: BehaviorEvent) -
     assert isinstance(result, DecodedEvent)
     assert result.event == event
     assert type(result.event["event_time"]) is int
-    assert result.fingerprint == load_schema().fingerprint
+    assert result.fingerprint == EVENTS_FP
+    assert result.event_time_ms == event["event_time"]
     assert result.produce_ts_ms == 1_767_225_600_999
 
 
@@ -87,7 +103,7 @@ def test_encoding_reuses_its_buffer_without_leaking_bytes(codec: EventCodec) -> 
     assert len(short_one) < len(long_one)
     assert codec.encode(FULL) == long_one
     assert codec.decode(short_one, headers(codec)) == DecodedEvent(
-        SEARCH_WITH_NULLS, load_schema().fingerprint, 1_767_225_600_999
+        SEARCH_WITH_NULLS, EVENTS_FP, 1_767_225_600_999, SEARCH_WITH_NULLS["event_time"]
     )
 
 
@@ -114,14 +130,14 @@ def test_unknown_fingerprint_names_both_fingerprints(codec: EventCodec) -> None:
 
 @pytest.mark.parametrize("raw_ts", [b"soon", b"-5", b"", b"12345678901234567890"])
 def test_invalid_produce_ts_header(codec: EventCodec, raw_ts: bytes) -> None:
-    hdrs = [(HEADER_SCHEMA_FP, load_schema().fingerprint_header), (HEADER_PRODUCE_TS, raw_ts)]
+    hdrs = [(HEADER_SCHEMA_FP, codec.fingerprint_header), (HEADER_PRODUCE_TS, raw_ts)]
     result = codec.decode(codec.encode(FULL), hdrs)
     assert isinstance(result, DecodeError)
     assert result.reason is Reason.INVALID_HEADER
 
 
 def test_produce_ts_is_optional(codec: EventCodec) -> None:
-    result = codec.decode(codec.encode(FULL), [(HEADER_SCHEMA_FP, load_schema().fingerprint_header)])
+    result = codec.decode(codec.encode(FULL), [(HEADER_SCHEMA_FP, codec.fingerprint_header)])
     assert isinstance(result, DecodedEvent)
     assert result.produce_ts_ms is None
 
@@ -158,29 +174,28 @@ def test_invalid_utf8_is_corrupt(codec: EventCodec) -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "field_name"),
+    ("change", "detail"),
     [
-        ({"event_id": ""}, "event_id"),
-        ({"user_id": "u" * 129}, "user_id"),
-        ({"session_id": ""}, "session_id"),
-        ({"event_time": 0}, "event_time"),
-        ({"event_time": 4_102_444_800_000}, "event_time"),
-        ({"event_type": "click", "item_id": None}, "item_id"),
-        ({"event_type": "search", "query": None}, "query"),
-        ({"event_type": "search", "query": ""}, "query"),
-        ({"event_type": "dwell", "dwell_ms": None}, "dwell_ms"),
-        ({"dwell_ms": -1}, "dwell_ms"),
-        ({"price": -0.01}, "price"),
-        ({"price": float("nan")}, "price"),
-        ({"price": float("inf")}, "price"),
-        ({"position": 0}, "position"),
+        ({"event_id": ""}, "event_id: expected 1..128 characters"),
+        ({"user_id": "u" * 129}, "user_id: expected 1..128 characters"),
+        ({"event_time": 0}, "event_time: expected UTC ms in [946684800000, 4102444800000)"),
+        ({"event_time": 4_102_444_800_000}, "event_time: expected UTC ms"),
+        ({"session_id": ""}, "rule \"session_id != ''\""),
+        ({"event_type": "click", "item_id": None}, "rule \"event_type = 'search' or item_id is not null\""),
+        ({"event_type": "search", "query": None}, "rule \"event_type != 'search' or (query"),
+        ({"event_type": "search", "query": ""}, "rule \"event_type != 'search' or (query"),
+        ({"event_type": "dwell", "dwell_ms": None}, "rule \"event_type != 'dwell' or dwell_ms is not null\""),
+        ({"dwell_ms": -1}, "rule 'dwell_ms is null or dwell_ms >= 0'"),
+        ({"price": -0.01}, "rule 'price is null or price >= 0'"),
+        ({"price": float("nan")}, "rule 'price is null or price >= 0'"),
+        ({"position": 0}, "rule 'position is null or position >= 1'"),
     ],
 )
-def test_field_rules(codec: EventCodec, change: dict[str, object], field_name: str) -> None:
+def test_field_rules(codec: EventCodec, change: dict[str, object], detail: str) -> None:
     result = codec.decode(codec.encode({**FULL, **change}), headers(codec))  # type: ignore[typeddict-item]
     assert isinstance(result, DecodeError)
     assert result.reason is Reason.INVALID_FIELD
-    assert result.detail.startswith(f"{field_name}:")
+    assert result.detail.startswith(detail), result.detail
 
 
 def test_fuzzed_bytes_never_raise(codec: EventCodec) -> None:
@@ -262,3 +277,246 @@ def test_parse_dead_letter_rejects_other_records() -> None:
     hdrs = [(k, b"three" if k == "dlq-source-offset" else v) for k, v in letter.kafka_headers()]
     with pytest.raises(ValueError, match="is not an integer"):
         parse_dead_letter(b"x", None, hdrs)
+
+
+# --- the wire walk: what Avro's Java decoder rejects is corrupt here too ------------------------
+
+
+def varint(n: int) -> bytes:
+    """Avro's zig-zag varint of ``n``."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def text(s: str) -> bytes:
+    raw = s.encode()
+    return varint(len(raw)) + raw
+
+
+def full_raw(**parts: bytes) -> bytes:
+    """FULL encoded by hand, field by field; ``parts`` replaces the bytes of named fields."""
+    fields = {
+        "event_id": text(FULL["event_id"]),
+        "user_id": text(FULL["user_id"]),
+        "item_id": varint(1) + text("i001337"),
+        "event_type": varint(4),  # purchase
+        "event_time": varint(FULL["event_time"]),
+        "session_id": text(FULL["session_id"]),
+        "category": varint(1) + text("music"),
+        "price": varint(1) + bytes.fromhex("48e17a14ae3f6040"),  # 129.99 little-endian
+        "dwell_ms": varint(1) + varint(8_500),
+        "query": varint(1) + text("jazz vinyl é 🎷"),
+        "position": varint(1) + varint(3),
+        "device": varint(1),  # android
+    }
+    return b"".join({**fields, **parts}.values())
+
+
+def test_hand_encoding_matches_the_codec(codec: EventCodec) -> None:
+    assert full_raw() == codec.encode(FULL)
+
+
+@pytest.mark.parametrize(
+    ("parts", "fragment"),
+    [
+        # fastavro alone read these as symbols[-1] = 'dwell' / 'web' (the JVM rejects them)
+        ({"event_type": varint(-1)}, "enum EventType index -1 at byte"),
+        ({"device": varint(-3)}, "enum Device index -3 at byte"),
+        ({"event_type": varint(7)}, "enum EventType index 7"),
+        # ... and this as branch [-1] = string, i.e. a null written as a value
+        ({"item_id": varint(-1) + text("i001337")}, "union branch index -1"),
+        ({"category": varint(2) + text("music")}, "union branch index 2"),
+        ({"event_id": varint(-5) + b"abcde"}, "negative length -5"),
+        ({"event_time": b"\xff" * 10 + b"\x01"}, "invalid long encoding"),
+        ({"position": varint(1) + b"\xff\xff\xff\xff\x7f"}, "does not fit 32 bits"),
+        ({"position": varint(1) + b"\x80\x80\x80\x80\x80\x00"}, "more than 5 varint bytes"),
+        ({"query": varint(1) + varint(10_000) + b"short"}, "the payload ends inside a value"),
+    ],
+)
+def test_out_of_range_indices_and_lengths_are_corrupt(
+    codec: EventCodec, parts: dict[str, bytes], fragment: str
+) -> None:
+    result = codec.decode(full_raw(**parts), headers(codec))
+    assert isinstance(result, DecodeError), result
+    assert result.reason is Reason.CORRUPT_PAYLOAD
+    assert fragment in result.detail
+
+
+def test_every_in_range_index_decodes_to_its_symbol(codec: EventCodec) -> None:
+    symbols = ("impression", "click", "like", "share", "purchase", "search", "dwell")
+    for index, symbol in enumerate(symbols):
+        event = {**FULL, "event_type": symbol}
+        result = codec.decode(full_raw(event_type=varint(index)), headers(codec))
+        assert isinstance(result, DecodedEvent), (symbol, result)
+        assert result.event["event_type"] == symbol
+        assert codec.encode(result.event) == codec.encode(event)  # type: ignore[arg-type]
+
+
+# --- size bounds -----------------------------------------------------------------------------
+
+
+def test_payload_over_the_byte_limit_is_oversized(events_source: PlanSource) -> None:
+    small = EventCodec(events_source, max_event_bytes=120)
+    fits = {**FULL, "query": "q"}
+    assert isinstance(small.decode(small.encode(fits), headers(small)), DecodedEvent)
+    big = {**FULL, "query": "q" * 200}
+    result = small.decode(small.encode(big), headers(small))
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.OVERSIZED
+    assert result.detail.startswith(f"a {len(small.encode(big))}-byte payload is over the 120-byte limit")
+
+
+def test_default_byte_limit(codec: EventCodec) -> None:
+    assert codec.max_event_bytes == 64 * 1024
+    huge = codec.encode({**FULL, "query": "q" * 3000, "category": "c" * 3000}) + b"\x00" * (64 * 1024)
+    result = codec.decode(huge, headers(codec))
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.OVERSIZED
+
+
+@pytest.mark.parametrize("name", ["query", "category", "session_id"])
+def test_string_over_the_char_limit_is_oversized(events_source: PlanSource, name: str) -> None:
+    codec = EventCodec(events_source, max_string_chars=40)
+    ok = codec.decode(codec.encode({**FULL, name: "é" * 40}), headers(codec))
+    assert isinstance(ok, DecodedEvent)
+    result = codec.decode(codec.encode({**FULL, name: "é" * 41}), headers(codec))
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.OVERSIZED
+    assert result.detail.startswith(f"{name}: 41 characters")
+    assert "over the limit of 40 characters of source 'events'" in result.detail
+    assert codec.validate({**FULL, name: "é" * 41}) == result.detail
+
+
+# --- the second source: payments (micros event time, enums, a nullable double) -----------------
+
+PAYMENT = {
+    "payment_id": "p-1",
+    "account_id": "a-1",
+    "merchant_id": "m-1",
+    "method": "wallet",
+    "status": "captured",
+    "amount": 12.5,
+    "currency": "EUR",
+    "risk_score": 0.25,
+    "occurred_at": 1_767_225_600_123_456,
+}
+
+
+@pytest.fixture(scope="module")
+def example_sources() -> dict[str, PlanSource]:
+    result = check_repo(EXAMPLE)
+    return {name: plan_source(src) for name, src in result.sources.items()}
+
+
+@pytest.fixture(scope="module")
+def events_source(example_sources: dict[str, PlanSource]) -> PlanSource:
+    return example_sources["events"]
+
+
+@pytest.fixture(scope="module")
+def payments(example_sources: dict[str, PlanSource]) -> EventCodec:
+    return EventCodec(example_sources["payments"])
+
+
+def test_payment_round_trip_in_micros(payments: EventCodec) -> None:
+    result = payments.decode(payments.encode(PAYMENT), payments.headers(produce_ts_ms=7))
+    assert isinstance(result, DecodedEvent)
+    assert result.event == PAYMENT
+    assert result.event_time_ms == 1_767_225_600_123
+    assert payments.key(PAYMENT) == b"a-1"
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"amount": -1.0}, "rule 'amount >= 0'"),
+        ({"risk_score": 1.5}, "rule 'risk_score is null or (risk_score >= 0 and risk_score <= 1)'"),
+        ({"payment_id": ""}, "payment_id: expected 1..128 characters"),
+        ({"occurred_at": 1_000}, "occurred_at: expected UTC ms in"),
+    ],
+)
+def test_payment_rules(payments: EventCodec, change: dict[str, object], detail: str) -> None:
+    result = payments.decode(payments.encode({**PAYMENT, **change}), payments.headers())
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.INVALID_FIELD
+    assert result.detail.startswith(detail)
+
+
+def test_payment_negative_enum_index_is_corrupt(payments: EventCodec) -> None:
+    good = payments.encode(PAYMENT)
+    start = len(text("p-1") + text("a-1") + text("m-1"))
+    assert good[start] == varint(1)[0]  # method = wallet
+    bad = good[:start] + varint(-1) + good[start + 1 :]
+    result = payments.decode(bad, payments.headers())
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.CORRUPT_PAYLOAD
+    assert "enum PaymentMethod index -1" in result.detail
+
+
+# --- schema evolution: payments v2 adds a nullable field with a default ------------------------
+
+
+@pytest.fixture(scope="module")
+def payments_v2(tmp_path_factory: pytest.TempPathFactory) -> PlanSource:
+    root = tmp_path_factory.mktemp("evolution") / "features"
+    shutil.copytree(EXAMPLE, root)
+    v1 = json.loads((root / "schemas/payment_event.avsc").read_text())
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "channel", "type": ["null", "string"], "default": None}]}
+    (root / "schemas/payment_event_v2.avsc").write_text(json.dumps(v2, indent=2))
+    sources = (root / "sources.yaml").read_text()
+    sources = sources.replace(
+        "    schema: schemas/payment_event.avsc\n",
+        "    schema: schemas/payment_event_v2.avsc\n    previous_schemas: [schemas/payment_event.avsc]\n",
+    )
+    (root / "sources.yaml").write_text(sources)
+    result = check_repo(root)
+    assert list(result.diagnostics.errors) == [], [d.format() for d in result.diagnostics.errors]
+    return plan_source(result.sources["payments"])
+
+
+def test_v1_and_v2_events_decode_through_a_source_listing_both(
+    payments: EventCodec, payments_v2: PlanSource
+) -> None:
+    v2 = EventCodec(payments_v2)
+    assert payments_v2.schemas[0].fingerprint == payments.fingerprint
+    assert v2.fingerprint != payments.fingerprint
+    old = v2.decode(payments.encode(PAYMENT), payments.headers(produce_ts_ms=1))
+    assert isinstance(old, DecodedEvent), old
+    assert old.event == {**PAYMENT, "channel": None}
+    assert old.fingerprint == payments.fingerprint
+    assert old.event_time_ms == 1_767_225_600_123
+    new_event = {**PAYMENT, "channel": "app"}
+    new = v2.decode(v2.encode(new_event), v2.headers(produce_ts_ms=1))
+    assert isinstance(new, DecodedEvent)
+    assert new.event == new_event
+    assert new.fingerprint == v2.fingerprint
+
+
+def test_a_v1_reader_refuses_v2_events_by_fingerprint(payments: EventCodec, payments_v2: PlanSource) -> None:
+    v2 = EventCodec(payments_v2)
+    result = payments.decode(v2.encode({**PAYMENT, "channel": "app"}), v2.headers())
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.UNKNOWN_FINGERPRINT
+    assert "list the new schema in sources.yaml" in result.detail
+
+
+def test_v1_corruption_is_caught_with_the_v1_writer_schema(
+    payments: EventCodec, payments_v2: PlanSource
+) -> None:
+    v2 = EventCodec(payments_v2)
+    good = payments.encode(PAYMENT)
+    start = len(text("p-1") + text("a-1") + text("m-1")) + 1  # status
+    bad = good[:start] + varint(-2) + good[start + 1 :]
+    result = v2.decode(bad, payments.headers())
+    assert isinstance(result, DecodeError)
+    assert result.reason is Reason.CORRUPT_PAYLOAD
+    assert "enum PaymentStatus index -2" in result.detail
+    # a v1 payload with a trailing v2 field is not a v1 record
+    extra = v2.decode(good + varint(0), payments.headers())
+    assert isinstance(extra, DecodeError)
+    assert extra.reason is Reason.CORRUPT_PAYLOAD
