@@ -276,6 +276,17 @@ def test_installed_wheel_runs_a_repo_in_a_temp_folder(
     )  # fmt: skip
     assert merchants == 3  # behind the repartition by merchant_id: the three merchants
 
+    # The offline tier's landing: Spark with the Delta jars of the tool's cache, into the repo's lake.
+    tool.run("run", "landing", "--source", "payments", "--workers", "1", cwd=repo, timeout=600)
+    log = repo / ".headwater" / "lake" / "bronze" / "payments" / "_delta_log"
+    adds = [
+        json.loads(line)["add"]
+        for commit in sorted(log.glob("*.json"))
+        for line in commit.read_text(encoding="utf-8").splitlines()
+        if '"add"' in line
+    ]
+    assert sum(json.loads(a["stats"])["numRecords"] for a in adds) == 12  # the good rows, once each
+
     # Nothing any of the tool's processes wrote is inside the checkout; the plans are in the repo.
     written = tool.written()
     assert [p for p in written if p.is_relative_to(ROOT)] == []
