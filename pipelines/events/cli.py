@@ -408,6 +408,7 @@ def _produce_synthetic(target: ProducerSettings, source: PlanSource, seed: int, 
             max_events=target.max_events,
             seed=seed,
             progress=progress,
+            topic=target.topic,
         )
     finally:
         kafka.close(timeout=10)

@@ -205,15 +205,16 @@ def produce_synthetic(
     max_events: int | None = None,
     seed: int = 7,
     progress: Callable[[RunStats], None] | None = None,
+    topic: str | None = None,
 ) -> RunStats:
-    """Send random valid events of ``source`` to its topic at ``rate`` per second (0: as fast as possible).
+    """Send random valid events of ``source`` to its topic (or ``topic``) at ``rate`` per second (0: at once).
 
     Stops after ``duration_s`` seconds or ``max_events`` events drawn. ``kafka`` is flushed, not
     closed. ``rejected`` counts the draws that never passed the source's rules.
     """
     generator = SchemaGenerator(source, seed)
     stats = RunStats()
-    sender = Sender(kafka, source.topic, generator.codec, stats, progress)
+    sender = Sender(kafka, topic or source.topic, generator.codec, stats, progress)
     deadline = sender.started + duration_s
     codec = generator.codec
     while max_events is None or stats.read < max_events:

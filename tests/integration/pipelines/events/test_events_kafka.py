@@ -86,7 +86,7 @@ def test_events_round_trip_with_every_field_and_header(
     partition_of_user: dict[str, int] = {}
     for record in records:
         headers = dict(record.headers)
-        assert headers[HEADER_SCHEMA_FP] == codec.schema.fingerprint_header
+        assert headers[HEADER_SCHEMA_FP] == codec.fingerprint_header
         assert before_ms <= int(headers[HEADER_PRODUCE_TS]) <= after_ms
         result = codec.decode(record.value, record.headers)
         assert isinstance(result, DecodedEvent), result
@@ -107,7 +107,7 @@ def test_bad_records_are_detected_and_the_consumer_goes_on(
         e.event
         for e in EventGenerator(GeneratorConfig(seed=3, malformed_share=0, duplicate_share=0), codec).take(3)
     ]
-    fp = (HEADER_SCHEMA_FP, codec.schema.fingerprint_header)
+    fp = (HEADER_SCHEMA_FP, codec.fingerprint_header)
     payloads: list[tuple[bytes | None, list[tuple[str, bytes]]]] = [
         (codec.encode(good[0]), codec.headers()),  # type: ignore[arg-type]
         (codec.encode(good[1]), [(HEADER_SCHEMA_FP, b"00000000deadbeef")]),  # type: ignore[arg-type]

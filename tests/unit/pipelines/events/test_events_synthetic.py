@@ -8,7 +8,13 @@ import pytest
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
 from headwater.pipelines.events.sources import example_sources
-from headwater.pipelines.events.synthetic import Bounds, RuleBounds, SchemaGenerator, rule_bounds
+from headwater.pipelines.events.synthetic import (
+    Bounds,
+    RuleBounds,
+    SchemaGenerator,
+    produce_synthetic,
+    rule_bounds,
+)
 from headwater.registry.expr import parse
 from headwater.registry.plans import PlanSource
 
@@ -72,3 +78,23 @@ def test_the_behaviour_schema_too_with_rules_it_cannot_read_counted_not_sent() -
     valid = [e for e in events if e is not None]
     assert len(valid) >= 490  # rules on several fields (event_type and item_id) are met by redrawing
     assert all(codec.validate(e) is None for e in valid)
+
+
+def test_a_run_sends_to_the_topic_asked_for_keyed_by_the_source_key(payments: PlanSource) -> None:
+    sent: list[tuple[str, bytes | None]] = []
+
+    class Kafka:
+        def send(self, topic: str, value: bytes, key: bytes | None = None, headers: object = None) -> Kafka:
+            sent.append((topic, key))
+            return self
+
+        def add_errback(self, _callback: object) -> Kafka:
+            return self
+
+        def flush(self, timeout: float | None = None) -> None:
+            pass
+
+    stats = produce_synthetic(Kafka(), payments, rate=0, duration_s=60, max_events=50, topic="elsewhere")  # type: ignore[arg-type]
+    assert (stats.read, stats.sent, stats.rejected) == (50, 50, 0)
+    assert {topic for topic, _ in sent} == {"elsewhere"}
+    assert all(key is not None and key.startswith(b"account-") for _, key in sent)
