@@ -1,9 +1,10 @@
 """Where the services are: the one object every component asks for Kafka and Redis addresses.
 
-The addresses come from :func:`headwater.registry.config.resolve` (``HEADWATER_KAFKA_BOOTSTRAP`` /
-``HEADWATER_REDIS_URL``, or ``HEADWATER_HOST`` with the port overrides the ``infra/`` scripts honour,
-else the feature repo's headwater.yaml, else loopback), so the CLI, the tiers, the tests and the
-benchmarks all reach the same services.
+The addresses, the dead-letter topic and the topics' partition count come from
+:func:`headwater.registry.config.resolve` (``HEADWATER_KAFKA_BOOTSTRAP`` / ``HEADWATER_REDIS_URL``,
+or ``HEADWATER_HOST`` with the port overrides the ``infra/`` scripts honour, ``HEADWATER_DLQ_TOPIC``,
+``HEADWATER_PARTITIONS``; else the feature repo's headwater.yaml; else loopback), so the CLI, the
+tiers, the tests and the benchmarks all reach the same services.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from headwater.registry.config import resolve
+from headwater.registry.config import DEFAULT_DLQ_TOPIC, resolve
 
 EVENTS_TOPIC = "events"
-DLQ_TOPIC = "events.dlq"
+DLQ_TOPIC = DEFAULT_DLQ_TOPIC
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,6 @@ class Settings:
             kafka_bootstrap=found.kafka_bootstrap,
             redis_url=found.redis_url,
             events_topic=os.environ.get("HEADWATER_EVENTS_TOPIC", EVENTS_TOPIC),
-            dlq_topic=os.environ.get("HEADWATER_DLQ_TOPIC", DLQ_TOPIC),
-            partitions=int(os.environ.get("HEADWATER_PARTITIONS", "4")),
+            dlq_topic=found.dlq_topic,
+            partitions=found.partitions,
         )

@@ -182,7 +182,7 @@ def config(fmt: str) -> None:
         found = resolve()
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
-    values = {
+    values: dict[str, str | int | None] = {
         "config_file": str(found.config_file) if found.config_file else None,
         "root": str(found.root),
         "features": str(found.features),
@@ -190,6 +190,8 @@ def config(fmt: str) -> None:
         "lake": str(found.lake),
         "jvm_lib": str(found.jvm_lib),
         "kafka.bootstrap": found.kafka_bootstrap,
+        "kafka.dlq_topic": found.dlq_topic,
+        "kafka.partitions": found.partitions,
         "redis.url": found.redis_url,
     }
     if fmt == "json":
@@ -197,4 +199,4 @@ def config(fmt: str) -> None:
         return
     for key, value in values.items():
         origin = f"  [{found.origins[key]}]" if key in found.origins else ""
-        click.echo(f"{key:<16} {value if value is not None else '(none: defaults)'}{origin}")
+        click.echo(f"{key:<18} {value if value is not None else '(none: defaults)'}{origin}")

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from headwater.registry import resources
 from headwater.registry.yamlsrc import YamlDoc, YamlSyntaxError, parse_yaml
@@ -36,12 +36,15 @@ STATE_ENV = "HEADWATER_STATE_DIR"
 LAKE_ENV = "HEADWATER_LAKE"
 JVM_LIB_ENV = "HEADWATER_JVM_LIB"
 KAFKA_ENV = "HEADWATER_KAFKA_BOOTSTRAP"
+DLQ_ENV = "HEADWATER_DLQ_TOPIC"
+PARTITIONS_ENV = "HEADWATER_PARTITIONS"
 REDIS_ENV = "HEADWATER_REDIS_URL"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_KAFKA_PORT = "9092"
 DEFAULT_REDIS_PORT = "6379"
 DEFAULT_FEATURES = "features"
 DEFAULT_STATE_DIR = ".headwater"
+DEFAULT_DLQ_TOPIC = "events.dlq"
 
 
 class ConfigError(ValueError):
@@ -55,6 +58,10 @@ class KafkaConfig(BaseModel):
 
     bootstrap: StrictStr = f"{DEFAULT_HOST}:{DEFAULT_KAFKA_PORT}"
     """Comma-separated ``host:port`` list of brokers."""
+    dlq_topic: StrictStr = DEFAULT_DLQ_TOPIC
+    """The dead letters of every source (invalid, late, future-dated events), with their reason."""
+    partitions: StrictInt = Field(default=4, ge=1)
+    """Partitions of the topics ``headwater topics create`` makes."""
 
     @field_validator("bootstrap")
     @classmethod
@@ -117,6 +124,8 @@ class Resolved:
     jvm_lib: Path
     kafka_bootstrap: str
     redis_url: str
+    dlq_topic: str
+    partitions: int
     origins: dict[str, str] = field(default_factory=dict)
     """Where each value came from: ``headwater.yaml:5``, ``$HEADWATER_STATE_DIR``, ``default``."""
 
@@ -281,7 +290,32 @@ def resolve() -> Resolved:
     for key, value in (("kafka.bootstrap", ("kafka", "bootstrap")), ("redis.url", ("redis", "url"))):
         if origins[key] == "file":
             origins[key] = from_file(*value)
-    return Resolved(file, root, features, state, lake, jvm_lib, kafka, redis, origins)
+    dlq, origins["kafka.dlq_topic"] = _setting(
+        DLQ_ENV, config.kafka.dlq_topic, from_file("kafka", "dlq_topic")
+    )
+    partitions_text, origins["kafka.partitions"] = _setting(
+        PARTITIONS_ENV, str(config.kafka.partitions), from_file("kafka", "partitions")
+    )
+    partitions = _positive_int(partitions_text, PARTITIONS_ENV)
+    return Resolved(file, root, features, state, lake, jvm_lib, kafka, redis, dlq, partitions, origins)
+
+
+def _setting(env: str, configured: str, where: str) -> tuple[str, str]:
+    """Return a value and its origin: its environment variable, else the file's (or the default)."""
+    if os.environ.get(env):
+        return os.environ[env], f"${env}"
+    return configured, where
+
+
+def _positive_int(text: str, env: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"${env}={text!r}: expected a whole number >= 1"
+        raise ConfigError(msg)
+    return value
 
 
 def _address(env: str, port_env: str, default_port: str, pattern: str, configured: str) -> tuple[str, str]:

@@ -33,6 +33,8 @@ state_dir: .headwater      # what `apply` and the tiers write: plans, checkpoint
 lake: .headwater/lake      # the offline tier's Delta tables
 kafka:
   bootstrap: {kafka}
+  dlq_topic: events.dlq    # dead letters of every source (invalid, late, future-dated), with reasons
+  partitions: 4            # of the topics `headwater topics create` makes
 redis:
   url: {redis}
 # jvm_lib: /opt/jars        # the tiers' jars [default: ~/.cache/headwater/lib, which

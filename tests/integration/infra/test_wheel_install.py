@@ -229,6 +229,8 @@ def test_installed_wheel_runs_a_repo_in_a_temp_folder(
         "lake": str(repo / ".headwater" / "lake"),
         "jvm_lib": str(Path(tool.env["XDG_CACHE_HOME"]) / "headwater" / "lib"),
         "kafka.bootstrap": kafka_bootstrap,
+        "kafka.dlq_topic": "events.dlq",
+        "kafka.partitions": 4,
         "redis.url": redis_url,
     }
 

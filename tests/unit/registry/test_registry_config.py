@@ -26,6 +26,8 @@ ENV = (
     "HEADWATER_HOST",
     "HEADWATER_KAFKA_PORT",
     "HEADWATER_REDIS_PORT",
+    "HEADWATER_DLQ_TOPIC",
+    "HEADWATER_PARTITIONS",
 )
 
 
@@ -97,6 +99,16 @@ def test_environment_overrides_the_file(here: Path, monkeypatch: pytest.MonkeyPa
     assert found.origins["kafka.bootstrap"] == "$HEADWATER_KAFKA_PORT"
 
 
+def test_topic_layout_from_the_file_or_the_environment(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(here, "kafka:\n  dlq_topic: team-a.dlq\n  partitions: 12\n")
+    assert (cfg.resolve().dlq_topic, cfg.resolve().partitions) == ("team-a.dlq", 12)
+    monkeypatch.setenv("HEADWATER_PARTITIONS", "3")
+    assert cfg.resolve().partitions == 3
+    monkeypatch.setenv("HEADWATER_PARTITIONS", "three")
+    with pytest.raises(cfg.ConfigError, match=r"PARTITIONS='three': expected a whole number >= 1"):
+        cfg.resolve()
+
+
 def test_state_variable_moves_the_lake_when_the_file_does_not_name_one(
     here: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,6 +135,8 @@ def test_repo_variable_names_the_config(here: Path, monkeypatch: pytest.MonkeyPa
         ("features: f\nstate_dir: 5\n", 2, "state_dir: Input should be a valid string (found 5)"),
         ("kafka:\n  bootstrap: localhost\n", 2, "'localhost' is not host:port"),
         ("redis:\n  url: http://r:1\n", 2, "is not a Redis URL"),
+        ("kafka:\n  partitions: 0\n", 2, "kafka.partitions: Input should be greater than or equal to 1"),
+        ("kafka:\n  partitions: '4'\n", 2, "kafka.partitions: Input should be a valid integer (found '4')"),
         ("version: 2\n", 1, "version: Input should be 1"),
         ("state_dir: [a\n", 2, "not valid YAML"),
         ("- a\n- b\n", 1, "must be a mapping"),
