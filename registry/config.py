@@ -280,6 +280,8 @@ def resolve() -> Resolved:
     features = path_of("features", None, config.features, root / DEFAULT_FEATURES)
     state = path_of("state_dir", STATE_ENV, config.state_dir, root / DEFAULT_STATE_DIR)
     lake = path_of("lake", LAKE_ENV, config.lake, state / "lake")
+    if origins["lake"] == "default":
+        origins["lake"] = "default: lake/ in the state folder"
     jvm_lib = path_of("jvm_lib", JVM_LIB_ENV, config.jvm_lib, _default_jvm_lib())
     kafka, origins["kafka.bootstrap"] = _address(
         KAFKA_ENV, "HEADWATER_KAFKA_PORT", DEFAULT_KAFKA_PORT, "{host}:{port}", config.kafka.bootstrap

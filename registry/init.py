@@ -30,15 +30,15 @@ TEMPLATE = """\
 version: 1
 features: features         # entities.yaml, sources.yaml, budget.yaml, one file per view, schemas/
 state_dir: .headwater      # what `apply` and the tiers write: plans, checkpoints, stores, models
-lake: .headwater/lake      # the offline tier's Delta tables
+# lake: /data/lake         # the offline tier's Delta tables [default: lake/ in the state folder]
 kafka:
   bootstrap: {kafka}
   dlq_topic: events.dlq    # dead letters of every source (invalid, late, future-dated), with reasons
   partitions: 4            # of the topics `headwater topics create` makes
 redis:
   url: {redis}
-# jvm_lib: /opt/jars        # the tiers' jars [default: ~/.cache/headwater/lib, which
-#                           # `headwater setup jars` fills; in a source checkout infra/lib]
+# jvm_lib: /opt/jars       # the tiers' jars [default: ~/.cache/headwater/lib, which
+#                          # `headwater setup jars` fills; in a source checkout infra/lib]
 """
 
 GITIGNORE = f"# written by `headwater apply` and the tiers\n{DEFAULT_STATE_DIR}/\n"

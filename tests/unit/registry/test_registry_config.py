@@ -59,7 +59,7 @@ def test_without_a_config_everything_is_relative_to_the_current_folder(here: Pat
     assert found.lake == here / ".headwater" / "lake"
     assert found.kafka_bootstrap == "127.0.0.1:9092"
     assert found.redis_url == "redis://127.0.0.1:6379/0"
-    assert set(found.origins.values()) == {"default"}
+    assert set(found.origins.values()) == {"default", "default: lake/ in the state folder"}
 
 
 def test_config_found_from_a_subfolder_paths_relative_to_it(
@@ -82,7 +82,7 @@ def test_config_found_from_a_subfolder_paths_relative_to_it(
     assert (found.kafka_bootstrap, found.redis_url) == ("k1:9093,k2:9093", "redis://r:6380/2")
     assert found.origins["state_dir"] == f"{path}:2"
     assert found.origins["kafka.bootstrap"] == f"{path}:4"
-    assert found.origins["lake"] == "default"
+    assert found.origins["lake"] == "default: lake/ in the state folder"
 
 
 def test_environment_overrides_the_file(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,4 +246,4 @@ def test_the_checkout_is_a_feature_repo_with_the_template_config() -> None:
     assert root is not None  # the tests run from a source checkout
     text = (root / cfg.CONFIG_FILE).read_text(encoding="utf-8")
     assert text == TEMPLATE.format(kafka="127.0.0.1:9092", redis="redis://127.0.0.1:6379/0")
-    assert cfg.load_config(root / cfg.CONFIG_FILE).config == cfg.RepoConfig(lake=".headwater/lake")
+    assert cfg.load_config(root / cfg.CONFIG_FILE).config == cfg.RepoConfig()  # the defaults, spelled out
