@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.config import ServingConfig
-from headwater.serving.engine import Job, RankingEngine, RankQuery
+from headwater.serving.engine import NO_AGES, Job, Ranked, RankingEngine, RankQuery
 from headwater.serving.feedback import FeedbackProducer, feedback_event, impression_events, new_request_id
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.model import gpu_memory_used_percent
@@ -37,7 +36,7 @@ from headwater.serving.schemas import (
     RankResponse,
     readable_errors,
 )
-from headwater.serving.store import FeatureReader, now_ms
+from headwater.serving.store import FeatureReader, ReadPool, now_ms
 from headwater.serving.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -54,7 +53,12 @@ class FastJSON(JSONResponse):
 
 
 class BodyLimit:
-    """ASGI middleware: a request whose Content-Length exceeds ``limit`` bytes gets 413."""
+    """ASGI middleware: a request body over ``limit`` bytes gets 413, however it is framed.
+
+    A ``Content-Length`` over the limit is refused before the body is read; any other body
+    (chunked, or a length header that lies) is read here up to the limit and then replayed to the
+    app, so the app never holds more than ``limit`` bytes of one request.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -63,14 +67,94 @@ class BodyLimit:
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
     ) -> None:
-        """Refuse an oversized request before its body is read; pass the rest on."""
-        if scope["type"] == "http":
-            length = dict(scope.get("headers") or []).get(b"content-length")
-            if length is not None and length.isdigit() and int(length) > self.limit:
-                msg = f"the request body is {int(length)} bytes; the limit is {self.limit}"
-                await JSONResponse({"detail": msg, "errors": []}, status_code=413)(scope, receive, send)
+        """Refuse an oversized request; pass the rest on with its body read."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            msg = f"the request body is {int(length)} bytes; the limit is {self.limit}"
+            await self._refuse(msg, scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: let the app see it
+                await self.app(scope, _replay([message], receive), send)
                 return
-        await self.app(scope, receive, send)
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.limit:
+                msg = (
+                    f"the request body is over the limit of {self.limit} bytes ({size} read before refusing)"
+                )
+                await self._refuse(msg, scope, receive, send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
+
+    @staticmethod
+    async def _refuse(
+        msg: str,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        await JSONResponse({"detail": msg, "errors": []}, status_code=413)(scope, receive, send)
+
+
+def _replay(messages: list[Any], receive: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """Return a ``receive`` that gives ``messages`` first, then what the server sends (a disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> Any:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
+class LastResort:
+    """ASGI middleware: an exception no handler caught becomes a 503 with its type, not a bare 500.
+
+    The routes are written never to raise (a ranking degrades to the editorial list); this is the
+    net under a bug, so a client sees a retryable status and a message, and the log has the trace.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """Run the app; answer 503 if it raises before it started its response."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            logger.exception("unhandled error serving %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            detail = f"the service failed to answer ({type(exc).__name__}); retry"
+            response = JSONResponse(
+                {"detail": detail, "errors": []}, status_code=503, headers={"Retry-After": "1"}
+            )
+            await response(scope, receive, send)
 
 
 def create_app(
@@ -82,7 +166,7 @@ def create_app(
 ) -> FastAPI:
     """Build the app; the batcher, the engine and the feedback producer start with its lifespan."""
     telemetry = Telemetry()
-    io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="headwater-io")
+    io = ReadPool(config.io_threads)
     cache = ItemVectorCache(config.item_cache_entries, config.item_cache_ttl_s, registry.item.dim)
     telemetry.watch_cache(lambda: cache.hits, lambda: cache.misses)
     if feedback is not None:
@@ -129,6 +213,7 @@ def create_app(
     )
     app.state.telemetry = telemetry
     app.state.cache = cache
+    app.state.reads = io
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -150,8 +235,9 @@ def create_app(
         """
         query = RankQuery(body.user_id, body.candidates, body.k, body.priority, body.deadline_ms)
         request_id = new_request_id()
+        engine = state["engine"]
         try:
-            ranked = await state["engine"].rank(query)
+            ranked = await engine.rank(query)
         except QueueFullError as exc:
             telemetry.rejected.labels("queue_full").inc()
             return FastJSON(
@@ -159,6 +245,12 @@ def create_app(
                 status_code=429,
                 headers={"Retry-After": str(exc.retry_after_s)},
             )
+        except Exception:
+            # The engine catches what each step can raise; this is a bug's net: the request still
+            # gets the last step of the chain, the editorial list, and the log has the trace.
+            logger.exception("ranking for user %r failed; answering from the editorial list", body.user_id)
+            ranked = _editorial(config, query)
+            telemetry.fallbacks.labels("editorial", "internal_error").inc()
         if feedback is not None and body.log_impressions:
             shown = [item for item, _ in ranked.items]
             feedback.offer(impression_events(request_id, body.user_id, shown, body.session_id, body.device))
@@ -226,11 +318,27 @@ def create_app(
     async def metrics() -> Response:
         """Prometheus metrics."""
         # Off the event loop: the freshness collector reads Redis at scrape time.
-        body = await asyncio.to_thread(generate_latest, telemetry.registry)
+        try:
+            body = await asyncio.to_thread(generate_latest, telemetry.registry)
+        except Exception as exc:  # a collector's bug must not take the endpoint down with a 500
+            logger.exception("collecting metrics failed")
+            detail = f"metrics are unavailable: {type(exc).__name__}: {exc}"
+            return FastJSON({"detail": detail, "errors": []}, status_code=503, headers={"Retry-After": "5"})
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(LastResort)  # added last = outermost: also covers BodyLimit
     return app
+
+
+def _editorial(config: ServingConfig, query: RankQuery) -> Ranked:
+    """Return the editorial answer (the chain's last step) for a request whose ranking raised."""
+    wanted = set(query.candidates)
+    first = [i for i in config.editorial_items if i in wanted]
+    chosen = set(first)
+    ordered = first + [c for c in query.candidates if c not in chosen]
+    items = [(item, round(1.0 / (1 + rank), 6)) for rank, item in enumerate(ordered[: query.k])]
+    return Ranked(items, None, "editorial", "internal_error", NO_AGES, 0.0, {})
 
 
 def _feedback_time_problem(at_ms: int, now: int) -> str | None:

@@ -105,8 +105,18 @@ def load_artifact(path: Path) -> Artifact:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         msg = f"model artifact {path}: expected format {FORMAT!r}; found {found!r}"
         raise ArtifactError(msg)
-    meta = json.loads(raw["metadata_json"])
-    state = raw["state"]
+    try:
+        meta = json.loads(raw["metadata_json"])
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"model artifact {path}: no readable metadata_json ({type(exc).__name__}: {exc}); retrain it"
+        raise ArtifactError(msg) from exc
+    state = raw.get("state")
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        msg = f"model artifact {path}: 'state' is not a dict of tensors; retrain it"
+        raise ArtifactError(msg)
+    if not isinstance(meta, dict):
+        msg = f"model artifact {path}: metadata is a {type(meta).__name__}, not a JSON object; retrain it"
+        raise ArtifactError(msg)
     expected = content_hash(meta, state)
     if meta.get("model_version") != expected:
         msg = (
@@ -115,6 +125,29 @@ def load_artifact(path: Path) -> Artifact:
         )
         raise ArtifactError(msg)
     return Artifact(path, meta, state)
+
+
+def check_metadata(artifact: Artifact) -> None:
+    """Refuse metadata that lacks what serving reads (a hand-edited or truncated file).
+
+    Raises:
+        ArtifactError: ``kind``, ``user_features``/``item_features`` or ``hyperparameters`` is
+            missing or of the wrong type.
+    """
+    path, meta = artifact.path, artifact.metadata
+    problems = []
+    if meta.get("kind") not in KINDS:
+        problems.append(f"kind must be one of {KINDS}, found {meta.get('kind')!r}")
+    for key in ("user_features", "item_features"):
+        slots = meta.get(key)
+        if not isinstance(slots, list) or not slots or not all(isinstance(s, str) for s in slots):
+            problems.append(f"{key} must be a non-empty list of slot names, found {str(slots)[:60]}")
+    hyper = meta.get("hyperparameters", {})
+    if not isinstance(hyper, dict):
+        problems.append(f"hyperparameters must be an object, found {type(hyper).__name__}")
+    if problems:
+        msg = f"model artifact {path}: metadata is incomplete: {'; '.join(problems)}; retrain it"
+        raise ArtifactError(msg)
 
 
 @dataclass(frozen=True)
@@ -174,20 +207,36 @@ def _few(names: list[str], shown: int = 6) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def resolve_model_path(path: Path) -> Path:
-    """Return the neural artifact for ``path``: the file, or the one a directory's latest.json names."""
+def resolve_model_path(path: Path, kind: str = "dcn") -> Path:
+    """Return the ``kind`` artifact for ``path``: the file, or the one a directory's latest.json names.
+
+    Raises:
+        ArtifactError: ``latest.json`` is missing, unreadable, not JSON, or names no ``kind`` file.
+    """
     if not path.is_dir():
         return path
     pointer = path / LATEST
+    retrain = f"train with `headwater model train --out {path}`"
     try:
         latest = json.loads(pointer.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        msg = f"model directory {path}: no {LATEST}; train with `headwater model train --out {path}`"
+        msg = f"model directory {path}: no {LATEST}; {retrain}"
         raise ArtifactError(msg) from exc
-    return path / str(latest["dcn"])
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        msg = f"model directory {path}: {LATEST} cannot be read as JSON ({exc}); {retrain}"
+        raise ArtifactError(msg) from exc
+    name = latest.get(kind) if isinstance(latest, dict) else None
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        msg = (
+            f"model directory {path}: {LATEST} names no {kind} artifact (found {str(latest)[:80]}); {retrain}"
+        )
+        raise ArtifactError(msg)
+    return path / name
 
 
 def linear_sibling(artifact: Artifact) -> Path | None:
     """Return the linear fallback saved with a neural artifact (named in its metadata), if any."""
     name = artifact.metadata.get("linear_artifact")
-    return artifact.path.parent / str(name) if name else None
+    if not isinstance(name, str) or not name or "/" in name:
+        return None
+    return artifact.path.parent / name

@@ -21,6 +21,7 @@ from headwater.serving.artifact import (
     ArtifactError,
     Binding,
     check_binding,
+    check_metadata,
     linear_sibling,
     load_artifact,
     resolve_model_path,
@@ -74,33 +75,54 @@ def configure_switch_interval(interval_ms: float | None) -> float:
 
 
 def neural_from_artifact(artifact: Artifact, device: str) -> NeuralScorer:
-    """Build a scorer on ``device`` from a ``dcn`` artifact."""
+    """Build a scorer on ``device`` from a ``dcn`` artifact.
+
+    Raises:
+        ArtifactError: the metadata does not describe a network the weights fit.
+    """
     hyper = artifact.metadata.get("hyperparameters", {})
-    model = DCNRanker(
-        len(artifact.metadata["user_features"]),
-        len(artifact.metadata["item_features"]),
-        int(hyper.get("embed_dim", 16)),
-        int(hyper.get("cross_layers", 3)),
-        tuple(int(x) for x in hyper.get("deep", (256, 128))),
-    )
     try:
+        model = DCNRanker(
+            len(artifact.metadata["user_features"]),
+            len(artifact.metadata["item_features"]),
+            int(hyper.get("embed_dim", 16)),
+            int(hyper.get("cross_layers", 3)),
+            tuple(int(x) for x in hyper.get("deep", (256, 128))),
+        )
         model.load_state_dict(artifact.state)
-    except RuntimeError as exc:
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         msg = f"model artifact {artifact.path}: weights do not fit the network in its metadata ({exc})"
         raise ArtifactError(msg) from exc
     return NeuralScorer(model, device)
 
 
 def linear_from_artifact(artifact: Artifact) -> LinearRanker:
-    """Build the numpy linear ranker from a ``linear`` artifact."""
-    return LinearRanker({k: v.numpy().astype(np.float32) for k, v in artifact.state.items()})
+    """Build the numpy linear ranker from a ``linear`` artifact.
+
+    Raises:
+        ArtifactError: a weight is missing or its shape does not fit the slots in the metadata.
+    """
+    try:
+        ranker = LinearRanker({k: v.numpy().astype(np.float32) for k, v in artifact.state.items()})
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        msg = f"model artifact {artifact.path}: not a linear model's weights ({type(exc).__name__}: {exc})"
+        raise ArtifactError(msg) from exc
+    dims = (len(artifact.metadata["user_features"]), len(artifact.metadata["item_features"]))
+    if (ranker.user_dim, ranker.item_dim) != dims or ranker.w_cross.shape != dims:
+        msg = (
+            f"model artifact {artifact.path}: weights of shape {ranker.w_cross.shape} do not fit {dims} slots"
+        )
+        raise ArtifactError(msg)
+    return ranker
 
 
 def load_models(model_path: Path | None, registry: BoundRegistry, device: str | None = None) -> LoadedModels:
     """Load the DCN and its linear sibling from ``model_path`` (file or training directory).
 
     A model whose slots do not match the applied registry is refused (logged with the reason);
-    the service then answers from the next step of the fallback chain.
+    the service then answers from the next step of the fallback chain. Start-up never fails on a
+    model: a broken ``latest.json``, a corrupt file or incomplete metadata leaves the linear model
+    (found through the neural model's metadata, else through ``latest.json``) or popularity.
     """
     dev = pick_device(device)
     if model_path is None:
@@ -110,21 +132,42 @@ def load_models(model_path: Path | None, registry: BoundRegistry, device: str | 
     binding = Binding(None, None)
     try:
         neural_art = load_artifact(resolve_model_path(model_path))
+        check_metadata(neural_art)
         binding = check_binding(neural_art.metadata, registry)
         neural = neural_from_artifact(neural_art, dev)
     except ArtifactError as exc:
         logger.error("neural model not used: %s", exc)
+    except Exception:  # a bad deploy must degrade, whatever the file holds
+        logger.exception("neural model not used: unexpected error loading %s", model_path)
+        neural = None
     if binding.warning:
         logger.warning("%s", binding.warning)
-    sibling = linear_sibling(neural_art) if neural_art is not None else None
+    sibling = linear_sibling(neural_art) if neural_art is not None else _latest_linear(model_path)
     if sibling is not None:
         try:
             linear_art = load_artifact(sibling)
+            check_metadata(linear_art)
             linear_binding = check_binding(linear_art.metadata, registry)
+            linear = linear_from_artifact(linear_art)
             if neural is None:
                 binding = linear_binding
-            linear = linear_from_artifact(linear_art)
         except ArtifactError as exc:
             logger.error("linear fallback model not used: %s", exc)
-            linear_art = None
-    return LoadedModels(neural, neural_art, linear, linear_art, dev, binding)
+            linear_art = linear = None
+        except Exception:  # as above: degrade to popularity rather than fail to start
+            logger.exception("linear fallback model not used: unexpected error loading %s", sibling)
+            linear_art = linear = None
+    if neural is None and linear is None:
+        binding = Binding(None, None)
+    return LoadedModels(neural, neural_art if neural is not None else None, linear, linear_art, dev, binding)
+
+
+def _latest_linear(model_path: Path) -> Path | None:
+    """Return the linear artifact ``latest.json`` names (used when the neural one could not be read)."""
+    if not model_path.is_dir():
+        return None
+    try:
+        return resolve_model_path(model_path, "linear")
+    except ArtifactError as exc:
+        logger.error("linear fallback model not used: %s", exc)
+        return None

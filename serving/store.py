@@ -4,15 +4,22 @@ The service reads through :class:`FeatureReader` only, so the fallback logic can
 :class:`InMemoryFeatureStore` and run against Redis with :class:`OnlineStoreReader`. Store
 failures of any kind reach serving as one exception, :class:`FeatureReadError`, translated at
 this boundary.
+
+Reads run on a :class:`ReadPool`: threads with a bound on the reads in flight (running or queued).
+A thread cannot be interrupted, so a read whose caller gave up on its deadline runs until the
+store answers or the client's socket timeout; the bound keeps those from piling up behind a slow
+store: past it a read fails at once (the request falls back) instead of queueing without end. A
+queued read whose caller gave up is cancelled before it starts.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +29,59 @@ from headwater.pipelines.store import OnlineStore, StoreError, ViewLayout
 
 class FeatureReadError(RuntimeError):
     """The online store could not answer a read (down, timed out, or an error reply)."""
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class ReadPool(Executor):
+    """A thread pool that refuses work past ``max_in_flight`` reads running or queued.
+
+    ``submit`` raises :class:`FeatureReadError` when the bound is reached, so a caller falls back
+    at once; ``refused`` counts those. A read counts until its thread returns, timed out or not.
+    """
+
+    def __init__(self, threads: int, max_in_flight: int | None = None, name: str = "headwater-io") -> None:
+        """``max_in_flight`` defaults to twice ``threads`` (one read running and one waiting per thread)."""
+        self.threads = threads
+        self.max_in_flight = max_in_flight if max_in_flight is not None else 2 * threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self.refused = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Reads submitted and not finished (running, queued, or timed out and still running)."""
+        return self._in_flight
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Queue ``fn``; raise :class:`FeatureReadError` when ``max_in_flight`` reads are in flight."""
+        with self._lock:
+            if self._in_flight >= self.max_in_flight:
+                self.refused += 1
+                msg = (
+                    f"{self._in_flight} online-store reads are already in flight on {self.threads} threads"
+                    " (the store is slow or down); not queueing another"
+                )
+                raise FeatureReadError(msg)
+            self._in_flight += 1
+        try:
+            future = self._pool.submit(fn, *args, **kwargs)
+        except BaseException:
+            self._finished(None)
+            raise
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, _future: Future[Any] | None) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the threads (see :meth:`concurrent.futures.Executor.shutdown`)."""
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 @dataclass(frozen=True)
@@ -72,11 +132,16 @@ class OnlineStoreReader:
         return cls(OnlineStore.from_url(url, **kwargs))  # type: ignore[arg-type]
 
     def read_many(self, requests: Sequence[tuple[ViewLayout, Sequence[str]]]) -> list[ViewRows]:
-        """Read all views in one round trip; store errors become :class:`FeatureReadError`."""
+        """Read all views in one round trip; any store failure becomes :class:`FeatureReadError`."""
         try:
             results = self._store.read_many(list(requests))
         except StoreError as exc:
             raise FeatureReadError(str(exc)) from exc
+        except Exception as exc:
+            # Whatever the client or the decoding raises (a reply that is not what the store
+            # writes, a bug): the request falls back instead of failing.
+            msg = f"online store read failed: {type(exc).__name__}: {exc}"
+            raise FeatureReadError(msg) from exc
         return [ViewRows(r.values, r.found, r.event_time_ms) for r in results]
 
     def write(

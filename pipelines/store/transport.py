@@ -7,7 +7,9 @@ client (``redis.RedisCluster``) goes through its own command routing, which keep
 semantics because all keys of one command share a hash slot.
 
 Errors are translated here: a connection or timeout error becomes :class:`StoreUnavailableError`
-(after one retry on a fresh connection), a server error reply becomes :class:`StoreError`.
+(after one retry on a fresh connection), a server error reply becomes :class:`StoreError`, and so
+does any other client error (a reply that breaks the protocol, a server that is not Redis): no
+redis-py exception leaves this module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _hiredis_pack: Callable[[Any], bytes] | None
@@ -71,6 +73,14 @@ class Transport:
                         " Check that Redis is running (make services-up) and HEADWATER_REDIS_URL."
                     )
                     raise StoreUnavailableError(msg) from exc
+            except RedisError as exc:
+                # A protocol error (InvalidResponse), a client-side data error...: the connection
+                # was dropped by _fast, and retrying a reply that breaks the protocol would not help.
+                msg = (
+                    f"online store at {self.address} failed while {what}: {type(exc).__name__}: {exc}."
+                    " Check that HEADWATER_REDIS_URL points at a Redis server."
+                )
+                raise StoreError(msg) from exc
         msg = "unreachable"
         raise AssertionError(msg)  # pragma: no cover
 
