@@ -16,10 +16,13 @@ Sections (each can be skipped; all write bench/results/nearline.json):
   records kept and expired, dedup ids kept (windows expire state: it stays bounded).
 - restore: --restore-keys synthetic pane records on one changelog partition, restored into an
   empty store and loaded into memory (what a takeover after losing the local folder does).
+- baseline (only with --baseline DIR): 1-process throughput runs alternating between this checkout
+  and another build of the package (DIR on the workers' PYTHONPATH, e.g. an older commit's
+  folders under DIR/headwater/), over the same topic, so both see the same machine load.
 
 The machine is shared: load averages at start and end are recorded with the figures.
 Usage: python bench/bench_nearline.py [--quick] [--events N] [--repeats R]
-       [--skip throughput,paced,hour,restore]
+       [--skip throughput,paced,hour,restore] [--baseline DIR]
 ``--quick`` is a short run for development (about 3 minutes); the defaults are the reported run.
 """
 
@@ -124,6 +127,40 @@ def throughput(settings: Settings, n: int, sim_rate: float, repeats: int) -> dic
     finally:
         env.cleanup()
         shutil.rmtree(env.tmp, ignore_errors=True)
+
+
+def baseline(settings: Settings, n: int, sim_rate: float, repeats: int, folder: Path) -> dict[str, Any]:
+    """1-process runs of this checkout and of the build in ``folder``, interleaved (ABBA...)."""
+    env = h.Env(settings=settings, tmp=Path(tempfile.mkdtemp(prefix="bench-nlb-")))
+    env.create()
+    # An older build may read its topic from the environment rather than from the plan.
+    other = {"PYTHONPATH": str(folder), "HEADWATER_EVENTS_TOPIC": env.settings.events_topic}
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    try:
+        h.produce(env.settings, n, seed=5, rate=sim_rate, users=20_000)
+        records = env_records(env)
+        for r in range(repeats):
+            for which in ("baseline", "this") if r % 2 == 0 else ("this", "baseline"):
+                env.extra_env = other if which == "baseline" else {}
+                load = os.getloadavg()[0]
+                run = _throughput_run(env, records, 1)
+                run["load_1m_at_start"] = round(load, 2)
+                runs[which].append(run)
+                print(
+                    f"{which}: {run['records_per_s']} records/s, {run['records_per_cpu_s_per_process']}/cpu s"
+                )
+    finally:
+        env.cleanup()
+        shutil.rmtree(env.tmp, ignore_errors=True)
+    out: dict[str, Any] = {"baseline_pythonpath": str(folder), "records": records, "sim_rate": sim_rate}
+    for which, rs in runs.items():
+        out[which] = {
+            "records_per_s": [r["records_per_s"] for r in rs],
+            "records_per_cpu_s": [r["records_per_cpu_s_per_process"] for r in rs],
+            "t_process_s": [r["phase_s"]["t_process"] for r in rs],
+            "load_1m_at_start": [r["load_1m_at_start"] for r in rs],
+        }
+    return out
 
 
 def cpu_breakdown(env: h.Env, records: int, batch: int = 20_000) -> dict[str, Any]:
@@ -388,6 +425,13 @@ def main() -> None:
     ap.add_argument("--restore-keys", type=int, default=1_000_000)
     ap.add_argument("--hour-events", type=int, default=360_000, help="events in the simulated hour")
     ap.add_argument("--skip", default="", help="comma-separated: throughput, paced, hour, restore")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a folder with another build of the package (PYTHONPATH): 1-process runs alternate with it",
+    )
+    ap.add_argument("--baseline-label", default="", help="what the --baseline build is (kept in the results)")
     ap.add_argument("--quick", action="store_true", help="short run: 60k events, 1 repeat, 20 s paced, ...")
     args = ap.parse_args()
     if args.quick:
@@ -397,12 +441,22 @@ def main() -> None:
     settings = Settings.from_env()
     out_path = ROOT / "bench/results/nearline.json"
     results: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("throughput", "paced", "hour", "restore")}
+    results = {
+        k: v
+        for k, v in results.items()
+        if k in ("throughput", "paced", "hour", "restore", "baseline", "measured_at")
+    }
     results["machine"] = {"cpus": os.cpu_count(), "crc32c": _has_crc32c()}
     if "throughput" not in skip:
         load = os.getloadavg()[0]
         results["throughput"] = throughput(settings, args.events, args.sim_rate, args.repeats)
         results["throughput"]["load_1m_start_end"] = [load, os.getloadavg()[0]]
+    if args.baseline is not None:
+        load = os.getloadavg()[0]
+        results["baseline"] = baseline(settings, args.events, args.sim_rate, args.repeats, args.baseline)
+        results["baseline"]["load_1m_start_end"] = [load, os.getloadavg()[0]]
+        results["baseline"]["label"] = args.baseline_label
+        results["baseline"]["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if "paced" not in skip:
         load = os.getloadavg()[0]
         results["paced"] = [
@@ -421,7 +475,8 @@ def main() -> None:
         results["restore"] = restore(settings, args.restore_keys)
         results["restore"]["load_1m_start_end"] = [load, os.getloadavg()[0]]
         print(f"restore: {results['restore']}")
-    results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if not {"throughput", "paced", "hour", "restore"} <= skip:  # the baseline section has its own time
+        results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(json.dumps(results, indent=2))
     out_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 

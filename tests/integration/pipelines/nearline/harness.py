@@ -189,6 +189,8 @@ class Env:
     partitions: int = 4
     topics: dict[str, str] = field(default_factory=dict)
     """Source name -> this test's topic for it (``settings.events_topic`` is the behaviour source's)."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Added to the workers' environment (the benchmark's baseline runs: another PYTHONPATH)."""
 
     @property
     def store_dir(self) -> Path:
@@ -225,6 +227,7 @@ class Env:
             "HEADWATER_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
             "HEADWATER_REDIS_URL": self.settings.redis_url,
             "HEADWATER_DLQ_TOPIC": self.settings.dlq_topic,
+            **self.extra_env,
         }
 
     def start(
