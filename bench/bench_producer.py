@@ -1,6 +1,12 @@
 """Producer throughput of one Python process: events/s for generate, encode and send.
 
 Usage: .venv/bin/python bench/bench_producer.py [--duration S] [--events N] [--skip-kafka]
+       .venv/bin/python bench/bench_producer.py --file-rows N [--skip-kafka]
+
+``--file-rows N`` measures only the user's-file path (``headwater events produce --source payments
+--from FILE``): N payment rows written as JSON Lines, CSV and Parquet (1% of them bad), read,
+coerced, validated and encoded without a broker, then each file sent to Kafka through
+``produce_file`` (checked against the topic's offsets). Writes bench/results/producer_file.json.
 
 Part 1 (no broker): generate only, encode only (pre-generated events), generate + encode,
 decode only. Part 2 (Kafka at HEADWATER_KAFKA_BOOTSTRAP, topic ``bench.producer`` created
@@ -219,6 +225,136 @@ def send_only(bootstrap: str, duration: float) -> dict[str, Any]:
     }
 
 
+def payment_rows(n: int) -> list[dict[str, Any]]:
+    """``n`` payment rows as a user's export would hold them (ISO times), every 100th one bad."""
+    from datetime import UTC, datetime
+
+    from headwater.pipelines.events.sources import example_sources
+    from headwater.pipelines.events.synthetic import SchemaGenerator
+
+    payments = next(s for s in example_sources() if s.name == "payments")
+    generator = SchemaGenerator(payments, seed=1)
+    start_ms = int(time.time() * 1000) - n
+    rows = []
+    for i in range(n):
+        event = generator.draw(start_ms + i)
+        event["occurred_at"] = datetime.fromtimestamp(event["occurred_at"] / 1e6, tz=UTC).isoformat()
+        if i % 100 == 99:
+            event["amount"] = -1.0
+        rows.append(event)
+    return rows
+
+
+def write_files(rows: list[dict[str, Any]], folder: Path) -> dict[str, Path]:
+    """Write the rows as JSON Lines, CSV and Parquet; return the path of each."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = {fmt: folder / f"payments.{fmt}" for fmt in ("jsonl", "csv", "parquet")}
+    paths["jsonl"].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with paths["csv"].open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+    pq.write_table(pa.Table.from_pylist(rows), paths["parquet"])
+    return paths
+
+
+def file_runs(n: int, bootstrap: str | None) -> list[dict[str, Any]]:
+    """Rows/s of read + coerce + validate + encode per format, then of the whole run into Kafka."""
+    import tempfile
+
+    from headwater.pipelines.events.ingest import RejectFile, check_row, produce_file
+    from headwater.pipelines.events.producer import open_producer
+    from headwater.pipelines.events.readers import open_rows
+    from headwater.pipelines.events.rows import RowChecker
+    from headwater.pipelines.events.sources import example_sources
+
+    payments = next(s for s in example_sources() if s.name == "payments")
+    rows = payment_rows(n)
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_files(rows, Path(tmp))
+        for fmt, path in paths.items():
+            with open_rows(path) as reader:
+                checker = RowChecker(payments, text_cells=reader.text_cells)
+                clock = _Clock()
+                results = [check_row(checker, row) for row in reader]
+            row = clock.row(f"{fmt}: read + check + encode (no broker)", len(results))
+            row["rejected"] = sum(not hasattr(r, "value") for r in results)
+            out.append(row)
+            print(f"  {row['case']:<50} {_rows_per_s(row)}")
+        if bootstrap is None:
+            return out
+        recreate_topic(bootstrap)
+        try:
+            for fmt, path in paths.items():
+                kafka = open_producer(ProducerSettings(bootstrap=bootstrap, topic=TOPIC))
+                before = topic_size(bootstrap)
+                rejects = RejectFile(Path(tmp) / "rejects.jsonl")
+                cpu = time.process_time()
+                with open_rows(path) as reader:
+                    stats = produce_file(kafka, payments, reader, rejects, topic=TOPIC)
+                cpu_s = time.process_time() - cpu
+                rejects.close()
+                kafka.close()
+                stored = topic_size(bootstrap) - before
+                row = {
+                    "case": f"{fmt}: whole run into Kafka (defaults)",
+                    "events": stats.read,
+                    "sent": stats.sent,
+                    "stored": stored,
+                    "rejected": stats.rejected,
+                    "seconds": round(stats.elapsed_s, 3),
+                    "events_per_s": round(stats.rate),
+                    "events_per_cpu_s": round(stats.read / cpu_s) if cpu_s > 0 else None,
+                }
+                out.append(row)
+                print(
+                    f"  {row['case']:<50} {_rows_per_s(row)}  "
+                    f"(sent {stats.sent:,}, stored {stored:,}, rejected {stats.rejected:,})",
+                    flush=True,
+                )
+        finally:
+            delete_topic(bootstrap)
+    return out
+
+
+def _rows_per_s(row: dict[str, Any]) -> str:
+    return f"{row['events_per_s']:>10,} rows/s  {row['events_per_cpu_s']:>8,} per CPU-s"
+
+
+def file_main(n: int, skip_kafka: bool) -> int:
+    """Measure the user's-file path only; write bench/results/producer_file.json."""
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    bootstrap = None if skip_kafka else Settings.from_env().kafka_bootstrap
+    print(f"User's file, {n:,} payment rows (1% bad), one process:")
+    runs = file_runs(n, bootstrap)
+    result = {
+        "benchmark": "producer_file",
+        "command": f"bench/bench_producer.py --file-rows {n}" + (" --skip-kafka" if skip_kafka else ""),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+        },
+        "rows": n,
+        "runs": runs,
+    }
+    path = RESULTS.with_name("producer_file.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    bad = [r["case"] for r in runs if "stored" in r and r["stored"] != r["sent"]]
+    if bad:
+        print(f"records sent and stored differ for: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -227,7 +363,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each max-rate case (round robin)")
     parser.add_argument("--events", type=int, default=100_000, help="events per CPU-only case")
     parser.add_argument("--skip-kafka", action="store_true", help="only the CPU-only cases")
+    parser.add_argument("--file-rows", type=int, default=None, help="measure only the user's-file path")
     args = parser.parse_args()
+    if args.file_rows:
+        return file_main(args.file_rows, args.skip_kafka)
     load_at_start = [round(x, 2) for x in os.getloadavg()]
 
     print(f"CPU only ({args.events:,} events per case, one process):")
