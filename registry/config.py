@@ -278,6 +278,13 @@ def resolve() -> Resolved:
         return fallback
 
     features = path_of("features", None, config.features, root / DEFAULT_FEATURES)
+    if file is not None and loaded is not None and features.resolve() == file.parent.resolve():
+        # Every YAML file of the features folder is read as a definition: this one would be too.
+        msg = (
+            f"{loaded.where('features')}: features must be a folder of its own (e.g. features/), not the "
+            f"folder of {file.name}, which would be read as a feature view"
+        )
+        raise ConfigError(msg)
     state = path_of("state_dir", STATE_ENV, config.state_dir, root / DEFAULT_STATE_DIR)
     lake = path_of("lake", LAKE_ENV, config.lake, state / "lake")
     if origins["lake"] == "default":

@@ -138,6 +138,7 @@ def test_repo_variable_names_the_config(here: Path, monkeypatch: pytest.MonkeyPa
         ("kafka:\n  partitions: 0\n", 2, "kafka.partitions: Input should be greater than or equal to 1"),
         ("kafka:\n  partitions: '4'\n", 2, "kafka.partitions: Input should be a valid integer (found '4')"),
         ("version: 2\n", 1, "version: Input should be 1"),
+        ("state_dir: s\nfeatures: .\n", 2, "features must be a folder of its own (e.g. features/)"),
         ("state_dir: [a\n", 2, "not valid YAML"),
         ("- a\n- b\n", 1, "must be a mapping"),
     ],
