@@ -292,6 +292,9 @@ def produce_cmd(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     if from_file is not None:
+        if rejects_to == "dlq" and reject_file is not None:
+            msg = "--reject-file and --rejects-to dlq contradict each other: choose one place for the rejects"
+            raise click.UsageError(msg)
         if source is None:
             msg = "--from FILE needs --source NAME: the source whose schema its rows follow"
             raise click.UsageError(msg)

@@ -176,6 +176,7 @@ def test_a_jsonl_file_for_payments_good_rows_keyed_by_account_rejects_listed(
     assert counts["rejects"] == str(path) + ".rejects.jsonl"
     assert f"{path}:{min(bad_at)}: not JSON" in result.stderr
     assert "7 rejected row(s) (2 more not shown)" in result.stderr
+    assert "read 47 (100%)  sent 40  rejected 7" in result.stderr  # the final progress line
 
     codec = EventCodec(payments)
     records = read_all(kafka_bootstrap, topic, 40)

@@ -146,3 +146,12 @@ def test_a_missing_or_unreadable_file_is_named_before_connecting(applied: Path, 
     result = CliRunner().invoke(events, produce_args(applied, "--source", "payments", "--from", str(odd)))
     assert result.exit_code == 1
     assert "cannot tell the format from the extension" in result.output
+
+
+def test_the_behaviour_generator_serves_the_behaviour_schema_only(applied: Path) -> None:
+    from headwater.pipelines.events.cli import _is_behaviour
+    from headwater.registry.plans import read_plan
+
+    sources = {s.name: s for s in read_plan(applied, "offline").sources}
+    assert _is_behaviour(sources["events"])
+    assert not _is_behaviour(sources["payments"])

@@ -260,3 +260,59 @@ def test_max_rows_stops_the_run(tmp_path: Path, payments: PlanSource) -> None:
             Sent(), payments, reader, RejectFile(tmp_path / "r.jsonl"), FileOptions(max_rows=4)
         )  # type: ignore[arg-type]
     assert (stats.read, stats.sent) == (4, 4)
+
+
+def _dues(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record when the run asks to send each row (seconds after its start) instead of sleeping."""
+    from headwater.pipelines.events.sending import Sender
+
+    dues: list[float] = []
+    monkeypatch.setattr(Sender, "wait_until", lambda self, due: dues.append(round(due - self.started, 6)))
+    return dues
+
+
+def test_recorded_pacing_follows_the_gaps_between_event_times(
+    tmp_path: Path, payments: PlanSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "paced.jsonl"
+    _write_jsonl(path, [payment(n, occurred_at=T0_US + s * 1_000_000) for n, s in enumerate((0, 2, 1, 10))])
+    dues = _dues(monkeypatch)
+    with open_rows(path) as reader:
+        options = FileOptions(pace="recorded", speed=2.0)
+        stats = produce_file(Sent(), payments, reader, RejectFile(tmp_path / "r.jsonl"), options)  # type: ignore[arg-type]
+    assert stats.sent == 4
+    assert dues == [
+        0.0,
+        1.0,
+        0.5,
+        5.0,
+    ]  # seconds after the first event, twice as fast; earlier ones go at once
+
+
+def test_from_now_with_recorded_pacing_sends_each_row_at_its_shifted_time(
+    tmp_path: Path, payments: PlanSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "live.jsonl"
+    _write_jsonl(path, [payment(n, occurred_at=T0_US + s * 1_000_000) for n, s in enumerate((3, 0, 5))])
+    dues = _dues(monkeypatch)
+    kafka = Sent()
+    with open_rows(path) as reader:
+        options = FileOptions(time_shift="from-now", pace="recorded")
+        produce_file(
+            kafka, payments, reader, RejectFile(tmp_path / "r.jsonl"), options, now_ms=1_800_000_000_000
+        )  # type: ignore[arg-type]
+    assert dues == [3.0, 0.0, 5.0]  # the anchor is the file's oldest event (the second row), now
+    codec = EventCodec(payments)
+    times = [codec.decode(v, h).event_time_ms for _, v, _, h in kafka.records]  # type: ignore[union-attr]
+    assert times == [1_800_000_003_000, 1_800_000_000_000, 1_800_000_005_000]
+
+
+def test_rate_pacing_spaces_rows_evenly(
+    tmp_path: Path, payments: PlanSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rate.jsonl"
+    _write_jsonl(path, [payment(n) for n in range(4)])
+    dues = _dues(monkeypatch)
+    with open_rows(path) as reader:
+        produce_file(Sent(), payments, reader, RejectFile(tmp_path / "r.jsonl"), FileOptions(rate=4.0))  # type: ignore[arg-type]
+    assert dues == [0.0, 0.25, 0.5, 0.75]
