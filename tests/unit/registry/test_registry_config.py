@@ -248,3 +248,17 @@ def test_the_checkout_is_a_feature_repo_with_the_template_config() -> None:
     text = (root / cfg.CONFIG_FILE).read_text(encoding="utf-8")
     assert text == TEMPLATE.format(kafka="127.0.0.1:9092", redis="redis://127.0.0.1:6379/0")
     assert cfg.load_config(root / cfg.CONFIG_FILE).config == cfg.RepoConfig()  # the defaults, spelled out
+
+
+def test_jars_come_from_the_resolved_folder_or_say_how_to_get_them(
+    here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headwater.pipelines import jvm
+
+    write(here, "jvm_lib: jars\n")
+    (here / "jars" / "delta").mkdir(parents=True)
+    (here / "jars" / "delta" / "d.jar").write_bytes(b"")
+    assert jvm.jars("delta") == [here / "jars" / "delta" / "d.jar"]
+    monkeypatch.setenv("HEADWATER_JVM_LIB", str(here / "empty"))
+    with pytest.raises(jvm.MissingJarsError, match=r"empty/flink for 'flink': run `headwater setup jars`"):
+        jvm.jars("flink")
