@@ -52,6 +52,22 @@ class FileRow:
     """The text of a row that did not parse (cut to :data:`MAX_RAW_CHARS`)."""
 
 
+def _opens_an_array(line: bytes) -> bool:
+    """Whether a file's first line starts a JSON array of objects (a .json export, not JSON Lines).
+
+    A first line that is a whole array of objects, or the opening of one that goes on over more
+    lines (``[`` or ``[{...``), is; a one-line array of anything else is just a bad row.
+    """
+    text = line.strip()
+    if not text.startswith(b"["):
+        return False
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text == b"[" or text[1:].lstrip().startswith(b"{")
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
 def detect_format(path: Path, given: str | None = None) -> Format:
     """Return the format named by ``given``, else the one of the file's extension (``.gz`` looked through).
 
@@ -153,7 +169,7 @@ class RowReader:
             for number, line in enumerate(stream, start=1):
                 if first:
                     line, first = line.removeprefix(_BOM), False
-                    if line.lstrip().startswith(b"["):
+                    if _opens_an_array(line):
                         msg = (
                             f"{self.path}: a JSON array, not JSON Lines; write one object per line, "
                             f"e.g. jq -c '.[]' {self.path} > rows.jsonl"

@@ -316,3 +316,16 @@ def test_rate_pacing_spaces_rows_evenly(
     with open_rows(path) as reader:
         produce_file(Sent(), payments, reader, RejectFile(tmp_path / "r.jsonl"), FileOptions(rate=4.0))  # type: ignore[arg-type]
     assert dues == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_a_first_line_that_is_a_bad_row_is_not_taken_for_an_array(
+    tmp_path: Path, payments: PlanSource
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    _write_jsonl(path, ["[1, 2]", payment(1)])
+    with open_rows(path) as reader:
+        assert [(r.line, r.values) for r in reader] == [(1, [1, 2]), (2, payment(1))]
+    for opening in ("[", '[{"a": 1},', '[{"a": 1}, {"a": 2}]'):
+        path.write_text(opening + "\n")
+        with open_rows(path) as reader, pytest.raises(FileFormatError, match="JSON array"):
+            list(reader)

@@ -306,3 +306,25 @@ def test_any_line_of_a_jsonl_file_is_sent_or_rejected(
     assert len(results) in (2, 3)  # a blank middle line is skipped
     for result in results[1:-1]:
         assert isinstance(result, CheckedRow) or (result.line == 2 and result.reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(middle=st.binary(max_size=300), fmt=st.sampled_from(["csv", "tsv"]))
+def test_any_bytes_in_a_csv_file_end_as_rows_sent_or_rejected(
+    payments: PlanSource, tmp_path_factory: Any, middle: bytes, fmt: str
+) -> None:
+    from headwater.pipelines.events.readers import open_rows
+
+    sep = "," if fmt == "csv" else "\t"
+    header = sep.join(FIELDS).encode()
+    good = sep.join(str(v) for v in good_row().values()).encode()
+    path = tmp_path_factory.mktemp("rows") / f"rows.{fmt}"
+    path.write_bytes(header + b"\n" + good + b"\n" + middle + b"\n" + good + b"\n")
+    checker = RowChecker(payments, text_cells=True)
+    with open_rows(path) as reader:
+        results = [(row.line, check_row(checker, row)) for row in reader]
+    assert results[0][0] == 2
+    assert isinstance(results[0][1], CheckedRow)  # the row before the bytes is never affected
+    for line, result in results[1:]:
+        assert line >= 3
+        assert isinstance(result, CheckedRow) or (result.reason and result.line == line)
