@@ -11,11 +11,11 @@ half is ``dev.headwater.flink.realtime``, see :mod:`.program`). For source numbe
 2. ``hw_routed_n``: one row per record: the event columns of the source's program (its fields, and one
    BOOLEAN per filter, from the plan's Flink SQL), and for a rejected record its reason, detail and raw
    bytes. A record is rejected, in the order of the Python codec and tiers, when it does not decode
-   (the JVM's reason), when one of the source's rules is FALSE (``invalid_field``, the rule's plan SQL:
-   a rule that is unknown because of a null holds, as a SQL CHECK), when it is future-dated, or when it
-   is ``late``: its event time is behind the watermark by more than the source's ``allowed_lateness``,
-   as in the nearline and offline tiers (an event within the allowed lateness still revises the values
-   whose windows hold it).
+   (the JVM's reason), when one of the source's rules is FALSE (``invalid_field``, the rule's plan SQL
+   in ``hw_is_false``: a rule that is unknown because of a null holds, as a SQL CHECK), when it is
+   future-dated, or when it is ``late``: its event time is behind the watermark by more than the
+   source's ``allowed_lateness``, as in the nearline and offline tiers (an event within the allowed
+   lateness still revises the values whose windows hold it).
 3. The JVM converts ``hw_routed_n`` to a stream once (so the source and the decode run once), sends
    the good rows to the window operators and hands the rejected ones back as ``hw_dlq_rows_n``, which
    ``INSERT INTO hw_dlq`` writes to the dead-letter topic with the ``dlq-*`` headers.
@@ -268,7 +268,10 @@ def late_condition(src: PlanSource) -> str:
 def rule_checks(src: PlanSource) -> list[tuple[str, str]]:
     """Per rule of ``src``: SQL that is TRUE when the rule fails (it is FALSE), and the dead letter's detail.
 
-    The detail is the Python codec's (``EventCodec.validate``), so both paths write the same dead letter.
+    ``hw_is_false`` (``dev.headwater.flink.IsFalse``), not ``(rule) IS FALSE``: the planner rewrites
+    ``(a >= 0) IS FALSE`` into ``a < 0``, which differs for a NaN, so a NaN amount would pass
+    ``amount >= 0`` here and fail it in Python. The detail is the Python codec's (``EventCodec.validate``),
+    so both paths write the same dead letter.
     """
     out = []
     for rule in src.rules:
@@ -276,7 +279,7 @@ def rule_checks(src: PlanSource) -> list[tuple[str, str]]:
         if not sql:
             msg = f"source {src.name!r}: rule {rule.text!r} has no Flink SQL in the plan; run headwater apply"
             raise RealtimePlanError(msg)
-        out.append((f"({sql}) IS FALSE", f"rule {rule.text!r} of source {src.name!r} does not hold"))
+        out.append((f"hw_is_false({sql})", f"rule {rule.text!r} of source {src.name!r} does not hold"))
     return out
 
 

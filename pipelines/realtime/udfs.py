@@ -4,7 +4,8 @@ Per source, ``hw_decode_<n>`` and ``hw_event_time_<n>`` are instances of ``dev.h
 and ``EventTime`` (infra/maven/flink-udfs) built with the source's decoder config
 (:func:`headwater.pipelines.realtime.decode.decoder_config`): the function instance carries the source's
 schemas into the job graph, so a Flink cluster needs no file of the feature repo. The dead-letter headers
-are ``dev.headwater.flink.realtime.DlqHeaders`` (counting ``hw_dlq_<reason>``). The job runs no Python
+are ``dev.headwater.flink.realtime.DlqHeaders`` (counting ``hw_dlq_<reason>``); the rules are tested with
+``dev.headwater.flink.IsFalse`` (see :func:`.sql.rule_checks`). The job runs no Python
 worker. Imports of pyflink stay inside :func:`register`, so this module loads without Flink.
 """
 
@@ -30,3 +31,4 @@ def register(t_env: StreamTableEnvironment, functions: Sequence[UdfSpec]) -> Non
             cls = getattr(cls, part)
         t_env._j_tenv.createTemporarySystemFunction(spec.name, cls(spec.config))
     t_env.create_java_temporary_system_function("hw_dlq_headers", "dev.headwater.flink.realtime.DlqHeaders")
+    t_env.create_java_temporary_system_function("hw_is_false", "dev.headwater.flink.IsFalse")

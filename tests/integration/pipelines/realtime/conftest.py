@@ -43,6 +43,9 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[TierPlan, Path]:
     repo = ScratchRepo(base / "features", template=ROOT / "features")
     repo.write("rt_all.yaml", ALL_KINDS_VIEW)
     repo.write("rt_items.yaml", ITEM_VIEW)
+    # the payments source's realtime view too: one job runs both sources (test_realtime_sources.py)
+    payments_view = "account_payments_realtime.yaml"
+    repo.write(payments_view, (ROOT / "features" / payments_view).read_text(encoding="utf-8"))
     state = base / "state"
     cmd = [str(Path(sys.executable).parent / "headwater"), "apply", str(repo.root), "--state-dir", str(state)]
     done = subprocess.run([*cmd, "--no-feast"], capture_output=True, text=True, cwd=ROOT, check=False)
@@ -93,10 +96,13 @@ def event(i: int, user: str, kind: str, t_ms: int, **fields: Any) -> dict[str, A
 
 
 class Feed:
-    """Produces scripted events (and raw bad records) to one topic, remembering what it sent."""
+    """Produces scripted events (and raw bad records) to one topic, remembering what it sent.
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.codec = EventCodec()
+    ``codec``: the source's codec (default: the behaviour events); records are keyed by its key field.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, codec: EventCodec | None = None) -> None:
+        self.codec = codec or EventCodec()
         self.topic = topic
         # zstd, as the platform producer sends: proves the connector reads compressed batches.
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="zstd")
@@ -106,7 +112,7 @@ class Feed:
     def send(self, *events: dict[str, Any]) -> None:
         for e in events:
             self.producer.send(
-                self.topic, self.codec.encode(e), key=e["user_id"].encode(), headers=self.codec.headers()
+                self.topic, self.codec.encode(e), key=self.codec.key(e), headers=self.codec.headers()
             )
             self.sent.append(e)
             self.offset += 1
@@ -123,7 +129,11 @@ class Feed:
 
 
 class JobProcess:
-    """``headwater run realtime`` in its own process group, so kill -9 takes the JVM with it."""
+    """``headwater run realtime`` in its own process group, so kill -9 takes the JVM with it.
+
+    ``sources``: the sources the job runs and the topic of each (default: the behaviour events from
+    ``names.topic``): one job, a pipeline per source.
+    """
 
     def __init__(
         self,
@@ -133,10 +143,15 @@ class JobProcess:
         log: Path,
         redis_url: str | None = None,
         flink_log_dir: Path | None = None,
+        sources: dict[str, str] | None = None,
     ) -> None:
+        chosen = sources or {"events": names.topic}
+        picks = [
+            arg for name, topic in chosen.items() for arg in ("--source", name, "--topic", f"{name}={topic}")
+        ]
         cmd = [
             sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
-            "--checkpoint-dir", str(checkpoints), "--topic", names.topic, "--dlq-topic", names.dlq,
+            "--checkpoint-dir", str(checkpoints), *picks, "--dlq-topic", names.dlq,
             "--namespace", names.namespace, "--group-id", f"g-{names.namespace}",
             "--checkpoint-interval", "2", "--parallelism", "1",
         ]  # fmt: skip

@@ -8,7 +8,7 @@ seeded or generated bit flips / truncations. Each record must get the Python ver
 ``EventCodec.decode``, then ``future_dated`` for an event further ahead than the source's
 ``max_future_ms`` (the tiers' check), and a good one the same field values.
 
-The JVM leaves the source's rules to the job's SQL (``(rule) IS FALSE`` after the decode); here the
+The JVM leaves the source's rules to the job's SQL (``hw_is_false(rule)`` after the decode); here the
 rules are applied to the JVM's decoded fields with the registry's evaluator, in the job's order
 (decode, rules, future-dated). That the SQL of a rule gives the evaluator's verdict is checked in
 Flink by tests/integration/pipelines/realtime/test_realtime_sources.py.

@@ -207,7 +207,10 @@ def test_check_plan_names_what_cannot_run(plan: TierPlan) -> None:
 def test_rules_are_rejected_when_false_in_order_with_the_python_detail(plan: TierPlan) -> None:
     pay = source(plan, "payments")
     checks = rule_checks(pay)
-    assert checks[0] == ("(`amount` >= 0) IS FALSE", "rule 'amount >= 0' of source 'payments' does not hold")
+    assert checks[0] == (
+        "hw_is_false(`amount` >= 0)",
+        "rule 'amount >= 0' of source 'payments' does not hold",
+    )
     routed = ddl_of(plan, JobOptions("k:9092", "dlq", sources=("payments",)))
     order = [routed.index(x) for x in ("`hw_decode_reason` IS NOT NULL THEN `hw_decode_reason`",
                                        "'invalid_field'", "'future_dated'", "'late'")]  # fmt: skip

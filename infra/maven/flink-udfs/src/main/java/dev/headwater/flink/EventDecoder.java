@@ -32,7 +32,7 @@ import org.apache.avro.util.Utf8;
  * Avro record of the writer schema that uses every byte, resolved into the current schema (Avro's
  * rules); 4. the event time lies in {@code [min_event_time_ms, max_event_time_ms)} and each string
  * key/event-id field has 1..128 characters. The source's rules are not evaluated here: the realtime
- * SQL evaluates them ({@code (rule) IS FALSE}, pipelines/realtime/sql.py) right after this decode, so
+ * SQL evaluates them ({@code hw_is_false(rule)}, {@link IsFalse}, pipelines/realtime/sql.py) right after this decode, so
  * a filter and a rule have one implementation per engine. Then 5. the record is flagged future-dated
  * (not rejected: the SQL rejects it after the rules, the order of the Python tiers) when its event
  * time is more than {@code max_future_ms} ahead of this process's clock. Never throws on bad input.
