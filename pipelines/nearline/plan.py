@@ -193,7 +193,11 @@ class NearlinePlan:
         Raises:
             KeyError: no nearline view reads ``name``.
         """
-        return next(s for s in self.sources if s.name == name)
+        found = next((s for s in self.sources if s.name == name), None)
+        if found is None:
+            msg = f"no nearline view reads source {name!r}; sources: {[s.name for s in self.sources]}"
+            raise KeyError(msg)
+        return found
 
     @classmethod
     def load(cls, config: NearlineConfig) -> NearlinePlan:
