@@ -16,7 +16,7 @@ Stage A, in step 1 of the commit protocol (with the changelog, before the RocksD
 - then a watermark marker to every partition of the topic: header ``hw-wm`` =
   ``<source partition>:<watermark>`` (no key, no value).
 
-Stage B differs from the events task in three ways:
+Stage B differs from the source partition task in three ways:
 
 1. **Exactly once across stage-A crashes.** A crash of stage A after step 1 re-forwards the
    batch when it is replayed. Stage B keeps, per source partition, the next source offset it
