@@ -8,7 +8,7 @@ future-dated limit and the same lower bound on event time.
 Checks per source (each finding names ``sources.yaml``'s line, or the ``.avsc`` file and line):
     1. the current schema and every ``previous_schemas`` entry load (supported Avro only);
     2. ``event_time`` is a timestamp (or a long of UTC ms), ``key`` and ``event_id`` are string or
-       integer fields;
+       integer fields, and no other field is named ``event_time`` or ``event_id`` (reserved);
     3. each ``rules`` entry parses and type-checks against the schema;
     4. the current schema reads every previous version (Avro's resolution rules).
 """
@@ -108,6 +108,7 @@ def _check_source(root: Path, loc: Located[SourceSpec], diags: Diagnostics) -> C
         ok &= _check_field(loc, schema, "key", spec.key, KEY_KINDS, diags)
     if spec.event_id is not None:
         ok &= _check_field(loc, schema, "event_id", spec.event_id, KEY_KINDS, diags)
+    ok &= _check_reserved(loc, schema, diags)
     # Step 3
     rules = []
     for i, text in enumerate(spec.rules):
@@ -184,6 +185,46 @@ def _check_field(
         )
     )
     return False
+
+
+def _check_reserved(loc: Located[SourceSpec], schema: EventSchema, diags: Diagnostics) -> bool:
+    """Refuse fields named ``event_time`` / ``event_id`` that are not the source's event time / id.
+
+    The window code of every tier names an event's time ``event_time`` (UTC ms) and its id
+    ``event_id``. A field of either name that means something else would be shadowed, so it is an error here
+    rather than a refusal when a tier starts.
+    """
+    spec, ok = loc.spec, True
+    time_field = schema.fields.get("event_time")
+    if time_field is not None and (spec.event_time != "event_time" or time_field.time_unit == "us"):
+        diags.add(
+            _source_diag(
+                loc,
+                "reserved-field",
+                ("event_time",),
+                "field 'event_time' is not the source's event time in milliseconds, and the tiers reserve "
+                "that name for it",
+                "a field named event_time only as the source's event_time, in ms",
+                f"event_time: {spec.event_time}, event_time field: {time_field.describe()}",
+                "rename the schema's event_time field (add the new name, keep writing both), or "
+                "declare it as the source's event_time",
+            )
+        )
+        ok = False
+    if schema.fields.get("event_id") is not None and spec.event_id != "event_id":
+        diags.add(
+            _source_diag(
+                loc,
+                "reserved-field",
+                ("event_id",) if spec.event_id else ("name",),
+                "field 'event_id' is not the source's event_id, and the tiers reserve that name for it",
+                "a field named event_id only as the source's event_id",
+                f"event_id: {spec.event_id}",
+                "declare `event_id: event_id` for the source, or rename the field",
+            )
+        )
+        ok = False
+    return ok
 
 
 def _rule(

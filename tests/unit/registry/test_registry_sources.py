@@ -241,3 +241,13 @@ def test_realtime_views_publish_at_one_slide(repo: Repo) -> None:
     diag = only(repo.check().diagnostics.items, "tier-cannot-run")
     assert diag.line == line_of(text, "features:")
     assert "clicks_5m: 5s" in (diag.found or "")
+
+
+def test_event_time_and_event_id_are_reserved_names(repo: Repo) -> None:
+    schema = _schema(repo)
+    schema["fields"] = [*schema["fields"], {"name": "event_id", "type": ["null", "string"], "default": None}]  # type: ignore[misc]
+    _write_schema(repo, schema)
+    text = _sources(repo)
+    diag = only(repo.check().diagnostics.items, "reserved-field")
+    assert diag.line == line_of(text, "event_id: payment_id")
+    assert "source 'payments'" in diag.message
