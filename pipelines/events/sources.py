@@ -2,8 +2,8 @@
 
 ``headwater events produce|tail --source NAME`` and ``headwater topics create`` read the sources of
 the applied offline plan (every plan carries all sources, so any tier's would do) from the state
-folder that ``headwater apply`` wrote to: ``--state-dir``, else ``$HEADWATER_STATE_DIR``, else
-``.headwater/`` beside ``features/`` (:func:`headwater.registry.plan.default_state_dir`).
+folder that ``headwater apply`` wrote to: ``--state-dir``, else the one every command resolves
+(:func:`headwater.registry.plan.default_state_dir`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from headwater.registry.plans import PlanSource, read_plan
 
 PLAN_TIER = "offline"
 """The tier plan the sources are read from (each plan carries every source of the registry)."""
-DEFAULT_REPO = Path("features")
 
 
 class SourceError(LookupError):
@@ -23,10 +22,10 @@ class SourceError(LookupError):
 
 
 def default_state() -> Path:
-    """Return where ``headwater apply features/`` run from here writes (or ``$HEADWATER_STATE_DIR``)."""
+    """Return the state folder every command resolves when none is given (where ``apply`` writes)."""
     from headwater.registry.plan import default_state_dir
 
-    return default_state_dir(DEFAULT_REPO)
+    return default_state_dir()
 
 
 def applied_sources(state_dir: Path | None = None) -> list[PlanSource]:
