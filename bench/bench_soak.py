@@ -2,8 +2,9 @@
 
 One command (Kafka and Redis up, `make services-up`): ``.venv/bin/python -u bench/bench_soak.py``.
 
-Isolation: the run gets its own topic pair (``soak-<id>`` and ``soak-<id>.dlq``, through
-``HEADWATER_EVENTS_TOPIC`` / ``HEADWATER_DLQ_TOPIC``), state dir, consumer groups and Redis namespace,
+Isolation: the run applies a copy of ``features/`` whose sources read their own topics (``soak-<id>``
+for the behaviour events, ``soak-<id>-<source>`` for the others; ``soak-<id>.dlq`` through
+``HEADWATER_DLQ_TOPIC``), state dir, consumer groups and Redis namespace,
 so it neither reads nor disturbs the demo's data. It then
 
 1. applies ``features/`` into its state dir and starts the realtime tier (PyFlink), the nearline tier
@@ -24,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,10 +156,12 @@ def main() -> None:
     run_dir.mkdir(parents=True)
     settings = Settings.from_env()
     env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq"}
+    repo = soak_repo(run_dir, run_id)
     namespace = run_id.replace("-", "")
     cfg = {
         "bootstrap": settings.kafka_bootstrap,
         "topic": run_id,
+        "repo": repo,
         "state": state,
         "namespace": namespace,
         "groups": [f"{run_id}-rt", f"{run_id}-nl"],
@@ -184,11 +188,21 @@ def main() -> None:
     print(f"wrote {RESULT}")
 
 
+def soak_repo(run_dir: Path, run_id: str) -> Path:
+    """Copy ``features/`` into the run folder with every source on a topic of the run's own."""
+    repo = run_dir / "features"
+    shutil.copytree(ROOT / "features", repo)
+    sources = repo / "sources.yaml"
+    text = sources.read_text(encoding="utf-8").replace("topic: events\n", f"topic: {run_id}\n")
+    sources.write_text(text.replace("topic: payments\n", f"topic: {run_id}-payments\n"), encoding="utf-8")
+    return repo
+
+
 def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     """Run the soak and return its figures (see the module docstring for the steps)."""
     state, namespace, run_id = cfg["state"], cfg["namespace"], cfg["topic"]
-    system.run("topics", "create")
-    system.run("apply", "features/", "--state-dir", str(state), "--no-feast")
+    system.run("apply", str(cfg["repo"]), "--state-dir", str(state), "--no-feast")
+    system.run("topics", "create", "--state-dir", str(state))
     system.start(
         "realtime",
         "run",
@@ -199,8 +213,6 @@ def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir:
         namespace,
         "--group-id",
         f"{run_id}-rt",
-        "--topic",  # realtime reads the plan source's topic unless told otherwise
-        run_id,
         "--checkpoint-dir",
         str(run_dir / "checkpoints"),
         "--from-earliest",
