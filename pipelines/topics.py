@@ -121,13 +121,20 @@ def create_command(partitions: int | None, state_dir: Path | None) -> None:
     settings = Settings.from_env()
     count = partitions or settings.partitions
     try:
-        sources, applied = sources_or_examples(state_dir)
+        sources, why = sources_or_examples(state_dir)
     except SourceError as exc:
         raise click.ClickException(str(exc)) from exc
-    if not applied:
-        click.echo("no applied plan yet: creating the example repo's source topics", err=True)
+    if why is not None:
+        click.echo(f"creating the example repo's source topics: {why}", err=True)
     wanted = platform_topics(settings, sources)
-    created = ensure_topics(settings, wanted, count)
+    try:
+        created = ensure_topics(settings, wanted, count)
+    except KafkaError as exc:
+        msg = (
+            f"cannot create topics on {settings.kafka_bootstrap} ({exc}); start Kafka with "
+            "`make services-up` or point HEADWATER_KAFKA_BOOTSTRAP at yours"
+        )
+        raise click.ClickException(msg) from exc
     by_topic = {s.topic: s.name for s in sources}
     for name in wanted:
         state = "created" if name in created else "exists"

@@ -34,7 +34,10 @@ def applied_sources(state_dir: Path | None = None) -> list[PlanSource]:
     Raises:
         SourceError: no plan was applied there, or it was written by another plan version.
     """
-    state = state_dir if state_dir is not None else default_state()
+    try:
+        state = state_dir if state_dir is not None else default_state()
+    except ValueError as exc:  # the config file in use is invalid: its message names the file and key
+        raise SourceError(str(exc)) from exc
     try:
         return list(read_plan(state, PLAN_TIER).sources)
     except (FileNotFoundError, ValueError) as exc:
@@ -86,13 +89,13 @@ def _example_sources(repo: Path) -> tuple[PlanSource, ...]:
     return tuple(plan_source(compiled[name]) for name in sorted(compiled))
 
 
-def sources_or_examples(state_dir: Path | None = None) -> tuple[list[PlanSource], bool]:
-    """Return the applied sources, else the example repo's; the flag says whether a plan was found.
+def sources_or_examples(state_dir: Path | None = None) -> tuple[list[PlanSource], str | None]:
+    """Return the applied sources, else the example repo's with the reason no plan was read.
 
     ``infra/services.sh`` creates the topics before anything is applied: the example repo's
     sources stand in for the plan then.
     """
     try:
-        return applied_sources(state_dir), True
-    except SourceError:
-        return example_sources(), False
+        return applied_sources(state_dir), None
+    except SourceError as exc:
+        return example_sources(), str(exc)
