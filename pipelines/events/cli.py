@@ -40,6 +40,8 @@ from headwater.registry.plans import PlanSource
 
 _SHARE = click.FloatRange(0.0, 1.0)
 DEFAULT_GENERATED_RATE = 1000.0
+_CLEAR_LINE = "\r\x1b[K" if sys.stderr.isatty() else "\r"
+"""Start of a line printed over the progress line (erased to its end on a terminal)."""
 REJECTS_SHOWN = 5
 """Rejects printed on stderr as they happen; the rest are only in the reject file or the DLQ."""
 _GENERATOR_OPTIONS = (
@@ -496,7 +498,7 @@ class _RejectPrinter:
         self.count += 1
         if self.count <= REJECTS_SHOWN:
             field = f"{reject.field}: " if reject.field else ""
-            click.echo(f"\r{self.path}:{reject.line}: {field}{reject.reason}", err=True)
+            click.echo(f"{_CLEAR_LINE}{self.path}:{reject.line}: {field}{reject.reason}", err=True)
 
     def summary(self, rejected: int) -> None:
         if rejected:

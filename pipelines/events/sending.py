@@ -105,12 +105,12 @@ class Sender:
 
     def tick(self, done: float | None = None) -> None:
         """Report progress when a second has passed since the last report."""
+        if done is not None:
+            self.stats.done = done
         now = time.monotonic()
         if now >= self._next_report:
             self._next_report = now + PROGRESS_EVERY_S
             self.stats.elapsed_s = now - self.started
-            if done is not None:
-                self.stats.done = done
             if self.progress is not None:
                 self.progress(self.stats)
 
