@@ -291,8 +291,8 @@ def run_one(ooo_s: float, args: argparse.Namespace, work: Path) -> dict[str, Any
         job_log = run_dir / "realtime.log"
         began = time.monotonic()
         procs.append(start([
-            HEADWATER, "run", "realtime", "--state-dir", str(state), "--topic", topic, "--dlq-topic",
-            f"{topic}.dlq", "--group-id", f"hwbench-loop-{tag}", "--namespace", namespace,
+            HEADWATER, "run", "realtime", "--state-dir", str(state), "--source", "events", "--topic", topic,
+            "--dlq-topic", f"{topic}.dlq", "--group-id", f"hwbench-loop-{tag}", "--namespace", namespace,
             "--checkpoint-dir", str(run_dir / "checkpoints"), "--no-restore",
         ], job_log))  # fmt: skip
         serve = start([
