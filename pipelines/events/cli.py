@@ -307,6 +307,13 @@ def produce_cmd(
             )
         except IngestError as exc:
             raise click.UsageError(str(exc)) from exc
+        if time_shift is not None and time_shift.strip() == "from-now" and pace != "recorded":
+            click.echo(
+                "warning: --time-shift from-now puts every event after the file's first in the future, and the "
+                "tiers dead-letter those beyond the source's max_future; add --pace recorded to send each at "
+                "its time, or use --time-shift to-now",
+                err=True,
+            )
         _produce_file(target, settings, source, from_file, fmt, reject_file, rejects_to, options, quiet)
         return
     if source is not None and not _is_behaviour(source):
