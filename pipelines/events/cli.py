@@ -309,9 +309,9 @@ def produce_cmd(
             raise click.UsageError(str(exc)) from exc
         if time_shift is not None and time_shift.strip() == "from-now" and pace != "recorded":
             click.echo(
-                "warning: --time-shift from-now puts every event after the file's first in the future, and the "
-                "tiers dead-letter those beyond the source's max_future; add --pace recorded to send each at "
-                "its time, or use --time-shift to-now",
+                "warning: --time-shift from-now dates every event after the file's first in the future, "
+                "and the tiers dead-letter those beyond the source's max_future; add --pace recorded to "
+                "send each at its time, or use --time-shift to-now",
                 err=True,
             )
         _produce_file(target, settings, source, from_file, fmt, reject_file, rejects_to, options, quiet)
