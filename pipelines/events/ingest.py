@@ -71,6 +71,8 @@ class RejectSink(Protocol):
 
     where: str
     """A human-readable name of the place (a path, or ``topic NAME``)."""
+    failed: int
+    """Rejects that could not be kept (a dead letter the broker did not acknowledge)."""
 
     def write(self, reject: Reject) -> None:
         """Keep one reject."""
@@ -92,6 +94,7 @@ class RejectFile:
             IngestError: the file cannot be written.
         """
         self.where = str(path)
+        self.failed = 0
         try:
             self._file: IO[str] = path.open("w", encoding="utf-8", errors="surrogateescape")
         except OSError as exc:
@@ -119,6 +122,7 @@ class RejectTopic:
     def __init__(self, kafka: KafkaProducer, dlq_topic: str, source_topic: str, path: Path) -> None:
         """Send to ``dlq_topic`` through ``kafka`` (flushed by the run, not closed here)."""
         self.where = f"topic {dlq_topic}"
+        self.failed = 0
         self._kafka = kafka
         self._dlq = dlq_topic
         self._topic = source_topic
@@ -146,7 +150,11 @@ class RejectTopic:
                 ("source-line", str(reject.line).encode("ascii")),
             ],
         )
-        self._kafka.send(self._dlq, value=letter.value, key=None, headers=letter.kafka_headers())
+        future = self._kafka.send(self._dlq, value=letter.value, key=None, headers=letter.kafka_headers())
+        future.add_errback(self._lost)
+
+    def _lost(self, _exc: BaseException) -> None:
+        self.failed += 1
 
     def close(self) -> None:
         """Nothing to release (the run flushes the producer)."""
@@ -293,6 +301,7 @@ def produce_file(
             sender.wait_until(sender.started + stats.sent / options.rate)
         sender.send(result.value, result.key, result.event_time_ms)
         sender.tick(reader.done)
-    stats = sender.finish(reader.done)
+    stats = sender.finish(reader.done)  # the flush also delivers the dead letters of the rejects
+    stats.failed += rejects.failed
     stats.ignored_columns = sorted(checker.ignored_columns)
     return stats
