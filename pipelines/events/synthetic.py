@@ -159,8 +159,19 @@ class SchemaGenerator:
         if f.kind == "string":
             return self._text_drawer(f)
         if f.kind in ("int", "long"):
-            return _whole_drawer(bounds)
+            return self._whole_id_drawer(f) or _whole_drawer(bounds)
         return _number_drawer(bounds)
+
+    def _whole_id_drawer(self, f: PlanField) -> Callable[[random.Random, int], int] | None:
+        """Draw numeric ids: a unique event id; the key and ``*_id`` fields from a skewed pool."""
+        src = self.source
+        if f.name == src.event_id:
+            bits = 62 if f.kind == "long" else 30
+            return lambda rng, _t: rng.getrandbits(bits)
+        if f.name == src.key or f.name.endswith("_id"):
+            pool = KEY_POOL if f.name == src.key else ID_POOL
+            return lambda rng, _t: int(pool * rng.random() ** 2)
+        return None
 
     def _text_drawer(self, f: PlanField) -> Callable[[random.Random, int], Any]:
         src = self.source

@@ -328,3 +328,44 @@ def test_any_bytes_in_a_csv_file_end_as_rows_sent_or_rejected(
     for line, result in results[1:]:
         assert line >= 3
         assert isinstance(result, CheckedRow) or (result.reason and result.line == line)
+
+
+def test_a_source_with_numeric_key_booleans_floats_and_two_time_units() -> None:
+    from headwater.pipelines.events.testing import orders_source
+
+    orders = orders_source()
+    checker = RowChecker(orders, text_cells=True)
+    row = {
+        "order_id": "9007199254740993",  # above 2**53: kept exact, never through a float
+        "customer_id": "42",
+        "qty": "3",
+        "total": "19.5",
+        "paid": "true",
+        "channel": "web",
+        "created_at": "2026-11-30T10:00:00.250Z",
+        "shipped_at": "2026-11-30T12:00:00.000001Z",
+    }
+    result = checker.check(row)
+    assert isinstance(result, CheckedRow), result
+    assert result.key == b"42"
+    assert result.event == {
+        "order_id": 9_007_199_254_740_993,
+        "customer_id": 42,
+        "qty": 3,
+        "total": 19.5,
+        "paid": True,
+        "channel": "web",
+        "created_at": T0_US // 1000 + 250,
+        "shipped_at": T0_US + 2 * 3_600_000_000 + 1,
+    }
+    assert checker.check({**row, "paid": "perhaps"}) == RowError(
+        "paid", "expected true or false, found text 'perhaps'"
+    )
+    assert checker.check({**row, "total": "1e39"}) == RowError(
+        "total", "expected a finite number (float), found '1e39'"
+    )
+    assert checker.check({**row, "customer_id": str(2**31)}).field == "customer_id"  # type: ignore[union-attr]
+    unpaid = checker.check({**row, "paid": "0"})
+    assert isinstance(unpaid, RowError)
+    assert unpaid.field == "shipped_at, paid"
+    assert isinstance(checker.check({**row, "paid": "0", "shipped_at": ""}), CheckedRow)

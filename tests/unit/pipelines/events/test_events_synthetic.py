@@ -15,6 +15,7 @@ from headwater.pipelines.events.synthetic import (
     produce_synthetic,
     rule_bounds,
 )
+from headwater.pipelines.events.testing import orders_source
 from headwater.registry.expr import parse
 from headwater.registry.plans import PlanSource
 
@@ -98,3 +99,23 @@ def test_a_run_sends_to_the_topic_asked_for_keyed_by_the_source_key(payments: Pl
     assert (stats.read, stats.sent, stats.rejected) == (50, 50, 0)
     assert {topic for topic, _ in sent} == {"elsewhere"}
     assert all(key is not None and key.startswith(b"account-") for _, key in sent)
+
+
+def test_any_schema_numeric_ids_and_rule_ranges() -> None:
+    orders = orders_source()
+    generator = SchemaGenerator(orders, seed=2)
+    codec = EventCodec(orders)
+    events = [generator.event(NOW_MS + i) for i in range(1_000)]
+    valid = [e for e in events if e is not None]
+    # "shipped_at is null or paid = true" is not a shape the bounds read: a draw breaks it with p = 0.45,
+    # five draws in a row with p = 0.45 ** 5 = 1.8%: those count as rejected
+    assert 950 <= len(valid) < 1_000
+    for event in valid:
+        assert 1 <= event["qty"] <= 10
+        assert event["total"] >= 0.5
+        assert event["created_at"] <= NOW_MS + 1_000
+        decoded = codec.decode(codec.encode(event), codec.headers(1))
+        assert isinstance(decoded, DecodedEvent), decoded
+        assert codec.key(event) == str(event["customer_id"]).encode()
+    assert len({e["order_id"] for e in valid}) == len(valid)  # event ids never repeat
+    assert len({e["customer_id"] for e in valid}) < 1_000  # keys do
