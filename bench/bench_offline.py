@@ -10,9 +10,10 @@ Needs Kafka and Redis (make services-up). Writes bench/results/offline.json and 
 Stages, each timed on its own and stamped with the 1-minute load average at its end (on a shared
 2-core machine the figures scale with it):
 - produce: P processes generate and encode one time slice each, sent in time order (not a tier figure);
-- landing: ``Lander`` from Kafka into bronze Delta (events/s = Kafka records handled per second);
-- offline views: every offline view of ``features/`` over every landed day (events/s = landed events
-  over the total time of all views);
+- landing: ``Lander`` from Kafka into the behaviour source's bronze Delta table (events/s = Kafka
+  records handled per second);
+- offline views: every offline view of ``features/`` over the behaviour source, over every landed day
+  (events/s = landed events over the total time of all views);
 - labels: ``derive_labels`` over bronze, written to Parquet;
 - training set: point-in-time join of the first L labels after the first day (rows/s);
 - materialize: pack and write R rows with the shared writer (rows/s).
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from headwater.pipelines.settings import Settings
-    from headwater.registry.plans import TierPlan
+    from headwater.registry.plans import PlanSource, TierPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "bench" / "results" / "offline.json"
@@ -183,7 +184,8 @@ def bench_pipeline(
 
     spark = offline_session("bench-offline")
     lake = work / "lake"
-    config = LandingConfig(settings.kafka_bootstrap, topic, f"{topic}.dlq", bronze_path(lake),
+    source = next(s for s in plan.sources if s.name == "events").model_copy(update={"topic": topic})
+    config = LandingConfig(settings.kafka_bootstrap, source, f"{topic}.dlq", bronze_path(lake, source.name),
                            batch_records=args.batch, workers=args.workers)  # fmt: skip
     stats = Lander(spark, config).run(
         progress=lambda s: print(f"  landing batch {s.batches} committed ({s.records} records read)")
@@ -195,18 +197,22 @@ def bench_pipeline(
                           "load_avg_1m": _load()}  # fmt: skip
     print(f"landing: {stats.records} records in {stats.seconds:.1f} s = {stats.records_per_s:,.0f}/s")
 
-    bronze = read_bronze(spark, lake)
-    span = bronze.selectExpr("min(event_time) lo", "max(event_time) hi").collect()[0]
-    results["offline_views"] = bench_views(spark, bronze, plan, lake, span["lo"], span["hi"], stats.landed)
-    results.update(bench_training_set(spark, bronze, plan, settings, span["lo"], work, args.labels))
+    bronze = read_bronze(spark, lake, source)
+    span = bronze.selectExpr(f"min({source.event_time}) lo", f"max({source.event_time}) hi").collect()[0]
+    views = plan.model_copy(update={"views": [v for v in plan.views if v.source == source.name]})
+    results["offline_views"] = bench_views(
+        spark, bronze, views, source, lake, span["lo"], span["hi"], stats.landed
+    )
+    results.update(bench_training_set(spark, bronze, views, source, settings, span["lo"], work, args.labels))
     spark.stop()
     return results, int(span["hi"])
 
 
 def bench_views(
-    spark: SparkSession, bronze: DataFrame, plan: TierPlan, lake: Path, lo_ms: int, hi_ms: int, events: int
-) -> dict[str, object]:
-    """Every offline view over every landed day, in one chunk per view."""
+    spark: SparkSession, bronze: DataFrame, plan: TierPlan, source: PlanSource, lake: Path, lo_ms: int,
+    hi_ms: int, events: int,
+) -> dict[str, object]:  # fmt: skip
+    """Every offline view of ``source`` over every landed day, in one chunk per view."""
     from headwater.pipelines.offline.job import run_view
     from headwater.pipelines.offline.lake import day_of_ms, days
 
@@ -215,7 +221,7 @@ def bench_views(
     per_view = {}
     for view in plan.views:
         t = time.monotonic()
-        runs = run_view(spark, bronze, view, lake, all_days, chunk_days=len(all_days))
+        runs = run_view(spark, bronze, view, source, lake, all_days, chunk_days=len(all_days))
         per_view[view.name] = {"rows": sum(r.rows for r in runs), "seconds": round(time.monotonic() - t, 2)}
         print(f"  {view.name}: {per_view[view.name]}")
     views_s = time.monotonic() - started
@@ -225,8 +231,8 @@ def bench_views(
 
 
 def bench_training_set(
-    spark: SparkSession, bronze: DataFrame, plan: TierPlan, settings: Settings, lo_ms: int, work: Path,
-    n_labels: int,
+    spark: SparkSession, bronze: DataFrame, plan: TierPlan, source: PlanSource, settings: Settings,
+    lo_ms: int, work: Path, n_labels: int,
 ) -> dict[str, object]:  # fmt: skip
     """Time labels from bronze, then a point-in-time training set of the first ``n_labels`` after day 1."""
     from headwater.pipelines.offline.labels import derive_labels, write_labels
@@ -238,7 +244,7 @@ def bench_training_set(
     lake = work / "lake"
     t = time.monotonic()
     first = day_of_ms(lo_ms // 86_400_000 * 86_400_000 + 86_400_000)
-    written = write_labels(derive_labels(bronze, first), work / "labels.parquet", lake / "_staging")
+    written = write_labels(derive_labels(bronze, source, first), work / "labels.parquet", lake / "_staging")
     labels_s = time.monotonic() - t
     print(f"labels: {written.rows} impressions labelled ({written.positives} positive) in {labels_s:.1f} s")
     store = OnlineStore.from_url(settings.redis_url, namespace=f"hwbench-{uuid.uuid4().hex[:6]}")

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING
 
 from headwater.pipelines.offline.aggregate import BOUNDARY, Progression
 from headwater.pipelines.offline.compute import attach_window_ms, compute_view, view_events
-from headwater.pipelines.offline.lake import DAY_MS, bronze_path, day_start_ms, feature_path, is_delta_table
+from headwater.pipelines.offline.lake import (
+    DAY_MS,
+    FEATURE_TIME,
+    bronze_path,
+    day_start_ms,
+    feature_path,
+    is_delta_table,
+)
 from headwater.pipelines.offline.source_columns import time_between
 from headwater.registry.plans import PlanSource, PlanView
 
@@ -128,7 +135,7 @@ def events_for(bronze: DataFrame, view: PlanView, source: PlanSource, first: dat
 
 
 def daily_values(bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date) -> DataFrame:
-    """Return the view's rows for days ``first..last``: entity, ``event_time`` (T), ``date``, features."""
+    """Return the view's rows for ``first..last``: entity, :data:`FEATURE_TIME` (T), ``date``, features."""
     from pyspark.sql import functions as F
 
     count = (last - first).days + 1
@@ -137,7 +144,7 @@ def daily_values(bronze: DataFrame, view: PlanView, source: PlanSource, first: d
     t = F.col(BOUNDARY)
     return values.select(
         view.join_key,
-        F.timestamp_millis(t).alias("event_time"),
+        F.timestamp_millis(t).alias(FEATURE_TIME),
         F.to_date(F.timestamp_millis(t - F.lit(1))).alias("date"),
         *[F.col(f"`{f.name}`") for f in view.features],
     )

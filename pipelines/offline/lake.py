@@ -16,6 +16,8 @@ from headwater.registry.config import lake_dir
 
 DAY_MS = 86_400_000
 LAKE_ENV = "HEADWATER_LAKE"
+FEATURE_TIME = "event_time"
+"""Column of a feature table (``features/<view>``) holding the boundary T its row's values are as of."""
 
 
 def lake_root(lake: str | os.PathLike[str] | None = None) -> Path:

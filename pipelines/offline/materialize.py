@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
-from headwater.pipelines.offline.lake import feature_path, is_delta_table
+from headwater.pipelines.offline.lake import FEATURE_TIME, feature_path, is_delta_table
 from headwater.pipelines.offline.vectors import pack
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import RedisDictionary, compile_view, view_layout
@@ -72,7 +72,7 @@ def export_latest(spark: SparkSession, view: PlanView, lake: Path) -> tuple[Data
     day = latest_date(table)
     rows = table.where(F.col("date") == F.lit(day)).select(
         F.col(view.join_key).alias("__entity"),
-        F.unix_millis(F.col("event_time")).alias("event_time_ms"),
+        F.unix_millis(F.col(FEATURE_TIME)).alias("event_time_ms"),
         *[F.col(f"`{f.name}`") for f in view.features],
     )
     return rows, day

@@ -31,7 +31,7 @@ from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
 from headwater.pipelines.offline.asof import join_at_label_time
 from headwater.pipelines.offline.compute import _filled
 from headwater.pipelines.offline.job import BronzeTables, computed_days
-from headwater.pipelines.offline.lake import DAY_MS, feature_path, is_delta_table
+from headwater.pipelines.offline.lake import DAY_MS, FEATURE_TIME, feature_path, is_delta_table
 from headwater.pipelines.offline.vectors import IdLookup, pack
 from headwater.pipelines.windows import compile_view, layout_version, slot_names
 from headwater.registry.plans import PlanView
@@ -96,7 +96,7 @@ def join_view(spark: SparkSession, labels: DataFrame, view: PlanView, lake: Path
     key = view.join_key
     features = table.select(
         F.col(key).alias(f"__{prefix}_key"),
-        F.unix_millis(F.col("event_time")).alias("__asof"),
+        F.unix_millis(F.col(FEATURE_TIME)).alias("__asof"),
         *[F.col(f"`{f.name}`").alias(f"{prefix}.{f.name}") for f in view.features],
     )
     on = (F.col(key) == F.col(f"__{prefix}_key")) & (F.col("__asof") == F.col("__boundary"))

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from headwater.pipelines.offline.bronze import append_events
-from headwater.pipelines.offline.job import read_bronze, run_view
+from headwater.pipelines.offline.job import BronzeTables, read_bronze, run_view
 from headwater.pipelines.offline.labels import derive_labels
 from headwater.pipelines.offline.lake import bronze_path, days
 from headwater.pipelines.offline.testing import DAY_MS, T0, event
@@ -83,13 +83,16 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     registry = bind_plans([plans[t] for t in TIER_NAMES], "item_popularity_offline.item_clicks_1d")
     views = [v for t in TIER_NAMES for v in plans[t].views]
     lake = tmp_path / "lake"
-    append_events(spark, history(), bronze_path(lake))
-    bronze = read_bronze(spark, lake)
+    source = next(s for s in plans["offline"].sources if s.name == "events")
+    append_events(spark, source, history(), bronze_path(lake, source.name))
+    bronze = read_bronze(spark, lake, source)
     for v in plans["offline"].views:  # realtime and nearline views are recomputed at each label's time
-        run_view(spark, bronze, v, lake, days(date(2026, 1, 1), date(2026, 1, 2)), zorder=False)
-    labels = derive_labels(bronze, date(2026, 1, 2), date(2026, 1, 3))  # days 2 and 3: day 1 has no past
+        if v.source == source.name:  # the payments views have no user or item key: not in the training set
+            run_view(spark, bronze, v, source, lake, days(date(2026, 1, 1), date(2026, 1, 2)), zorder=False)
+    labels = derive_labels(bronze, source, date(2026, 1, 2), date(2026, 1, 3))  # day 1 has no past
     out = tmp_path / "train.parquet"
-    built = build_training_set(spark, labels, views, lake, out, reg_hash, ids, bronze)
+    tables = BronzeTables(spark, lake, plans["offline"].sources)
+    built = build_training_set(spark, labels, views, lake, out, reg_hash, ids, tables)
     assert built.rows == 2 * 60 * 8
     assert 0 < built.positives < built.rows
 
