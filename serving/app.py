@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.config import ServingConfig
@@ -215,6 +216,13 @@ def create_app(
     app.state.cache = cache
     app.state.reads = io
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own refusals (a body that is not UTF-8 JSON: 400) in the service's error shape.
+        telemetry.rejected.labels("invalid").inc()
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return FastJSON({"detail": detail, "errors": []}, status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         model = FeedbackRequest if request.url.path == "/v1/feedback" else RankRequest
@@ -226,7 +234,10 @@ def create_app(
     @app.post(
         "/v1/rank",
         response_model=RankResponse,
-        responses={422: {"model": ErrorResponse}, 429: {"model": ErrorResponse}},
+        responses={
+            **REFUSED,
+            429: {"model": ErrorResponse, "description": "The scoring queue is full; retry"},
+        },
     )
     async def rank(body: RankRequest) -> Response:
         """Rank the candidates for the user; degrades through the fallback chain, never a 5xx.
@@ -276,7 +287,7 @@ def create_app(
         "/v1/feedback",
         response_model=FeedbackResponse,
         status_code=202,
-        responses={422: {"model": ErrorResponse}},
+        responses=REFUSED,
     )
     async def post_feedback(body: FeedbackRequest) -> Response:
         """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka, never a 5xx."""
@@ -339,6 +350,14 @@ def _editorial(config: ServingConfig, query: RankQuery) -> Ranked:
     ordered = first + [c for c in query.candidates if c not in chosen]
     items = [(item, round(1.0 / (1 + rank), 6)) for rank, item in enumerate(ordered[: query.k])]
     return Ranked(items, None, "editorial", "internal_error", NO_AGES, 0.0, {})
+
+
+REFUSED: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "The body cannot be read (not UTF-8, not JSON)"},
+    413: {"model": ErrorResponse, "description": "The body is over the configured limit"},
+    422: {"model": ErrorResponse, "description": "The request is not valid; one entry per field"},
+}
+"""The refusals documented on every POST route."""
 
 
 def _feedback_time_problem(at_ms: int, now: int) -> str | None:

@@ -25,7 +25,16 @@ class RankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     user_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["u000042"])
-    candidates: list[str] = Field(min_length=1, max_length=MAX_CANDIDATES, examples=[["i000001", "i000002"]])
+    candidates: list[str] = Field(
+        min_length=1,
+        max_length=MAX_CANDIDATES,
+        examples=[["i000001", "i000002"]],
+        # What ``_ids`` checks, in the published schema (clients and fuzzers see the real contract).
+        json_schema_extra={
+            "items": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+            "uniqueItems": True,
+        },
+    )
     k: int = Field(ge=1, le=MAX_CANDIDATES, examples=[10])
     priority: Priority = "normal"
     deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)

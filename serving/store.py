@@ -46,7 +46,8 @@ class ReadPool(Executor):
         """``max_in_flight`` defaults to twice ``threads`` (one read running and one waiting per thread)."""
         self.threads = threads
         self.max_in_flight = max_in_flight if max_in_flight is not None else 2 * threads
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._name = name
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._in_flight = 0
         self.refused = 0
@@ -67,8 +68,11 @@ class ReadPool(Executor):
                 )
                 raise FeatureReadError(msg)
             self._in_flight += 1
+            if self._pool is None:  # first use, or used again after shutdown (an app's second lifespan)
+                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=self._name)
+            pool = self._pool
         try:
-            future = self._pool.submit(fn, *args, **kwargs)
+            future = pool.submit(fn, *args, **kwargs)
         except BaseException:
             self._finished(None)
             raise
@@ -80,8 +84,11 @@ class ReadPool(Executor):
             self._in_flight -= 1
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop the threads (see :meth:`concurrent.futures.Executor.shutdown`)."""
-        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        """Stop the threads (as ``Executor.shutdown``); a later submit starts new ones."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,20 @@ def test_read_pool_refuses_past_its_bound_and_counts_until_the_thread_returns() 
         time.sleep(0.01)
     assert pool.in_flight == 0
     pool.shutdown()
+    assert pool.submit(sum, [1, 2]).result(5) == 3  # an app served again after its lifespan ended
+    pool.shutdown()
+
+
+def test_the_app_serves_through_a_second_lifespan() -> None:
+    store = InMemoryFeatureStore()
+    store.write(
+        ITEM, ["i0", "i1", "i2"], np.array([[1.0], [3.0], [2.0]], np.float32), int(time.time() * 1000)
+    )
+    app = create_app(CONFIG, REGISTRY, store, NO_MODELS)
+    for _ in range(2):
+        with TestClient(app) as c:
+            body = c.post("/v1/rank", json=BODY).json()
+        assert (body["fallback"], [i["item_id"] for i in body["items"]]) == ("popularity", ["i1", "i2"])
 
 
 def test_a_hung_store_holds_at_most_the_bound_and_requests_fall_back() -> None:
