@@ -23,6 +23,7 @@ import sys
 import sysconfig
 import tarfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -155,21 +156,25 @@ def tool(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Tool:
 def names(kafka_bootstrap: str, redis_url: str) -> Iterator[str]:
     """A unique prefix for the test's topics, consumer group and Redis namespace; all removed after."""
     from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
 
     from headwater.pipelines.store import OnlineStore
 
     prefix = f"hwwheel-{uuid.uuid4().hex[:8]}"
     yield prefix
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    try:
-        mine = [t for t in admin.list_topics() if t.startswith(prefix)]
-        if mine:
-            admin.delete_topics(mine)
-    finally:
-        admin.close()
     client = OnlineStore.from_url(redis_url).client
     for key in client.scan_iter(match=f"{prefix}*", count=1000):
         client.delete(key)
+    try:  # other sessions on this machine restart the shared broker: a missed cleanup is only a warning
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            mine = [t for t in admin.list_topics() if t.startswith(prefix)]
+            if mine:
+                admin.delete_topics(mine)
+        finally:
+            admin.close()
+    except KafkaError as exc:
+        warnings.warn(f"test topics {prefix}* not deleted: {exc}", stacklevel=1)
 
 
 def payments(prefix: str) -> list[dict[str, object]]:
