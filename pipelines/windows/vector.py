@@ -26,15 +26,26 @@ from headwater.registry.slots import feature_slots
 IdLookup = Callable[[str, Sequence[Any]], list[int]]
 """``(field, values) -> ids``: dictionary ids of values of one field (see :class:`RedisDictionary`)."""
 
+MAX_DICTIONARY_ID = 2**24
+"""Largest id a dictionary assigns: ids are stored in float32 slots, exact only up to 2^24."""
+OVERFLOW_ID = 0
+"""The id of every value that arrives once a field's dictionary is full (never a real value's id)."""
+
 # Dictionary ids, assigned atomically: KEYS = (the hash, its counter), ARGV = values; returns their ids.
 # The JVM sink of the realtime tier runs this same text (pipelines/realtime/program.py ships it).
-ASSIGN_LUA = """
-local out = {}
+# Past MAX_DICTIONARY_ID a new value gets OVERFLOW_ID (and no entry), so no two values ever share
+# a float32 slot value; the counter stops instead of growing into ids float32 rounds together.
+ASSIGN_LUA = f"""
+local out = {{}}
 for i = 1, #ARGV do
   local id = redis.call('HGET', KEYS[1], ARGV[i])
   if not id then
-    id = redis.call('INCR', KEYS[2])
-    redis.call('HSET', KEYS[1], ARGV[i], id)
+    if tonumber(redis.call('GET', KEYS[2]) or '0') >= {MAX_DICTIONARY_ID} then
+      id = {OVERFLOW_ID}
+    else
+      id = redis.call('INCR', KEYS[2])
+      redis.call('HSET', KEYS[1], ARGV[i], id)
+    end
   end
   out[i] = tonumber(id)
 end
