@@ -5,8 +5,9 @@
 #
 #   0. a clean slate: the demo's topics, Redis keys and .headwater state of an earlier demo go
 #   1. registry: check (the CI gate), then apply (Feast objects + one plan per tier)
-#   2. two days of history into Kafka; the nearline tier starts and catches up on it (the realtime
-#      tier's windows are minutes long: it starts at the live traffic, with --from-latest)
+#   2. two days of history into Kafka, for both example sources (behaviour events and payments); the
+#      nearline tier starts and catches up on it (the realtime tier's windows are minutes long: it
+#      starts at the live traffic, with --from-latest)
 #   3. offline: land the history in Delta, compute every view per day, label the impressions,
 #      build a point-in-time training set, train the ranker from it, materialize to Redis
 #   4. live: the ranking service starts; generated traffic streams; rankings are requested and a
@@ -18,6 +19,7 @@ HW=.venv/bin/headwater
 PY=.venv/bin/python
 RUN_DIR=.headwater/demo
 HISTORY_EVENTS=${HEADWATER_DEMO_HISTORY_EVENTS:-60000}
+PAYMENT_EVENTS=${HEADWATER_DEMO_PAYMENT_EVENTS:-6000}  # the second source: payments, keyed by account
 DURATION=${HEADWATER_DEMO_SECONDS:-120}
 RATE=${HEADWATER_DEMO_RATE:-1000}
 PORT=${HEADWATER_SERVE_PORT:-8080}
@@ -50,6 +52,7 @@ $HW apply features/
 
 step "2. Two days of history into Kafka (${HISTORY_EVENTS} events); the nearline tier starts on it"
 $HW events produce --history 2d --max-events "$HISTORY_EVENTS" --seed 11 --quiet
+$HW events produce --source payments --history 2d --max-events "$PAYMENT_EVENTS" --seed 12 --quiet
 background nearline $HW run nearline
 
 step "3. Offline: land in Delta, compute the views per day, label, build the training set, train, materialize"
@@ -73,10 +76,16 @@ for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; d
 curl -sf "$URL/health"; echo
 background traffic $HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 --quiet
 traffic_pid=${pids[-1]}
+background payments $HW events produce --source payments --rate 50 --duration "$DURATION" --seed 8 --quiet
 traffic_started=$(date +%s)
 sleep 20
 $PY infra/demo_loop.py --url "$URL" --wait 30
 $HW online get user_session_realtime "$(cat "$RUN_DIR/loop_user")"
+# The second source through every tier: realtime payment velocity, nearline merchant risk (behind a
+# repartition by merchant_id), offline spend (materialized from Delta).
+$HW online get account_payments_realtime account-00000 account-00001
+$HW online get merchant_risk_nearline merchant-00000 merchant-00001
+$HW online get account_spend_offline account-00000 account-00001
 
 step "5. Freshness of every view against its SLA (while the traffic flows); online/offline consistency"
 sleep $((DURATION - 15 - $(date +%s) + traffic_started)) 2>/dev/null || true
@@ -89,6 +98,6 @@ wait "$traffic_pid" || true
 sleep 10  # the watermarks pass the last boundaries before the tiers stop
 cleanup; pids=()
 $HW run landing > /dev/null  # the live events too, so offline can recompute what the tiers wrote
-$HW consistency --tier nearline --sample 200  # realtime skipped the history: see bench/bench_soak.py
+$HW consistency --tier nearline --sample 200  # both sources; realtime skipped the history: see bench/bench_soak.py
 
 step "done in $(($(date +%s) - started_at)) s: the tiers and the service are stopped; Kafka and Redis stop with make demo"
