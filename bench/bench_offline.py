@@ -5,7 +5,11 @@ Usage: .venv/bin/python -u bench/bench_offline.py [--events N] [--days D] [--pro
        .venv/bin/python -u bench/bench_offline.py --quick            (200k events, 100k labels)
        .venv/bin/python -u bench/bench_offline.py --events 10000000 --labels 1000000   (the issue's size)
        .venv/bin/python -u bench/bench_offline.py --materialize-only (rerun only that step)
-Needs Kafka and Redis (make services-up). Writes bench/results/offline.json and prints a table.
+       .venv/bin/python -u bench/bench_offline.py --decode-only 200000 [--baseline DIR]
+           (landing's decode step per source; DIR holds ``headwater/`` of another build, e.g. links to
+           an older checkout's pipelines/ and registry/: its behaviour-source decode is timed alternately)
+Needs Kafka and Redis (make services-up). Writes bench/results/offline.json and prints a table;
+``--decode-only`` needs neither and writes bench/results/offline_decode.json.
 
 Stages, each timed on its own and stamped with the 1-minute load average at its end (on a shared
 2-core machine the figures scale with it):
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "bench" / "results" / "offline.json"
+DECODE_RESULT = ROOT / "bench" / "results" / "offline_decode.json"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 QUICK = {"events": 200_000, "days": 2, "labels": 100_000, "materialize_rows": 100_000}
 
@@ -126,6 +131,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"Small run: {QUICK}.")
     parser.add_argument("--materialize-only", action="store_true",
                         help="Rerun only materialize; keep the other figures of offline.json.")  # fmt: skip
+    parser.add_argument("--decode-only", type=int, default=None, metavar="N",
+                        help="Only time landing's decode step (decode_records) over N records per example "
+                             "source, in CPU seconds; no services needed.")  # fmt: skip
+    parser.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                        help="With --decode-only: a folder holding headwater/ of another build.")  # fmt: skip
     args = parser.parse_args()
     defaults = QUICK if args.quick else {"events": 1_000_000, "days": 3, "labels": 1_000_000,
                                          "materialize_rows": 200_000}  # fmt: skip
@@ -135,8 +145,104 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+BASELINE_SNIPPET = """
+import sys, time
+from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.events.testing import Record
+from headwater.pipelines.offline import landing_batch as lb
+from headwater.pipelines.offline.testing import event
+n, start = int(sys.argv[1]), int(sys.argv[2])
+codec = EventCodec()
+recs = [Record(i, codec.encode(event(i, f"u{i % 1000}", ("click", "impression")[i % 2], start + i * 50,
+                                     item_id=f"i{i % 5000}", price=1.5)), codec.headers()) for i in range(n)]
+seen, cpu = {}, time.process_time()
+for s in range(0, n, 50_000):
+    lb.decode_records(codec, recs[s : s + 50_000], lb.TimeRules(5_000, 60_000, 300_000), seen, start + n * 50)
+print(time.process_time() - cpu)
+"""
+"""The behaviour-source decode as every build since the landing existed can run it (its own codec)."""
+
+
+def _decode_cpu(n: int, import_root: Path | None) -> float:
+    """CPU seconds of :data:`BASELINE_SNIPPET` in a fresh process (``import_root``: another build)."""
+    env = dict(os.environ)
+    if import_root is not None:
+        env["PYTHONPATH"] = str(import_root)
+    out = subprocess.run([sys.executable, "-c", BASELINE_SNIPPET, str(n), str(START_MS)], env=env,
+                         cwd="/", check=True, capture_output=True, text=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_decode(n: int, rounds: int = 3, baseline: Path | None = None) -> None:
+    """Time ``decode_records`` (the landing's per-record Python) over ``n`` records of each example source.
+
+    Records are encoded once, then decoded ``rounds`` times in chunks of the landing's size; the best
+    round counts. CPU seconds of this process are the figure (the machine is shared); wall time too.
+    """
+    from headwater.pipelines.events.codec import EventCodec
+    from headwater.pipelines.events.testing import Record
+    from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
+    from headwater.pipelines.offline.landing_state import CHUNK_RECORDS
+    from headwater.pipelines.offline.testing import behaviour, event, payment, payments
+
+    step = 50  # ms between events: in order, none late
+    makers = {
+        "events": (behaviour(), lambda i: event(i, f"u{i % 1000}", ("click", "impression")[i % 2],
+                                                 START_MS + i * step, item_id=f"i{i % 5000}", price=1.5)),
+        "payments": (payments(), lambda i: payment(i % 99_999, f"a{i % 1000}", START_MS + i * step,
+                                                   merchant_id=f"m{i % 300}", risk_score=0.25)),
+    }  # fmt: skip
+    figures: dict[str, object] = {}
+    for name, (source, make) in makers.items():
+        codec = EventCodec(source)
+        headers = codec.headers()
+        records = [Record(i, codec.encode(make(i)), headers, topic=source.topic) for i in range(n)]
+        best_cpu = best_wall = float("inf")
+        for _ in range(rounds):
+            seen: dict[int, int] = {}
+            cpu, wall = time.process_time(), time.monotonic()
+            landed = 0
+            for s in range(0, n, CHUNK_RECORDS):
+                chunk = decode_records(codec, records[s : s + CHUNK_RECORDS], TimeRules.of(source), seen,
+                                       START_MS + n * step)  # fmt: skip
+                landed += chunk.table.num_rows
+            best_cpu = min(best_cpu, time.process_time() - cpu)
+            best_wall = min(best_wall, time.monotonic() - wall)
+        assert landed == n, f"{name}: {landed} of {n} records decoded"
+        figures[name] = {"records": n, "fields": len(source.fields), "cpu_seconds": round(best_cpu, 3),
+                         "records_per_cpu_s": round(n / best_cpu), "wall_seconds": round(best_wall, 3),
+                         "records_per_s": round(n / best_wall), "load_avg_1m": _load()}  # fmt: skip
+        print(f"{name}: {n / best_cpu:,.0f} records per CPU second ({n / best_wall:,.0f}/s wall)")
+    if baseline is not None:
+        # Alternate the two builds so that both see the same load; best of the rounds each.
+        this, other = [], []
+        for _ in range(rounds):
+            other.append(_decode_cpu(n, baseline))
+            this.append(_decode_cpu(n, None))
+        commit = subprocess.run(["git", "-C", str(baseline / "headwater" / "pipelines"), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+        figures["events_vs_baseline"] = {
+            "records": n, "baseline": commit or str(baseline), "this_records_per_cpu_s": round(n / min(this)),
+            "baseline_records_per_cpu_s": round(n / min(other)),
+            "rate_change": round(min(other) / min(this) - 1, 3),
+            "note": "behaviour source, a fresh process per round, this build and the baseline alternately",
+        }  # fmt: skip
+        print(f"events vs baseline: {n / min(this):,.0f} vs {n / min(other):,.0f} records per CPU second")
+    out = {"benchmark": "offline_decode", "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+           "command": " ".join(["bench/bench_offline.py", *sys.argv[1:]]), "rounds": rounds,
+           "note": "decode_records per source: Avro decode with the source's codec, validation, Arrow "
+                   "columns from its schema, future/late rules; best of the rounds",
+           "sources": figures}  # fmt: skip
+    DECODE_RESULT.parent.mkdir(parents=True, exist_ok=True)
+    DECODE_RESULT.write_text(json.dumps(out, indent=2) + "\n")
+
+
 def main() -> None:
     args = parse_args()
+    if args.decode_only:
+        bench_decode(args.decode_only, baseline=args.baseline)
+        return
     from headwater.pipelines.settings import Settings
     from headwater.pipelines.topics import ensure_topics
     from headwater.registry.plans import read_plan
