@@ -164,10 +164,15 @@ def create_app(
     reader: FeatureReader,
     loaded: LoadedModels,
     feedback: FeedbackProducer | None = None,
+    max_reads_in_flight: int | None = None,
 ) -> FastAPI:
-    """Build the app; the batcher, the engine and the feedback producer start with its lifespan."""
+    """Build the app; the batcher, the engine and the feedback producer start with its lifespan.
+
+    ``max_reads_in_flight`` bounds the store reads running or queued on the ``io_threads``
+    (default :func:`~headwater.serving.store.default_reads_in_flight`); past it a request falls back.
+    """
     telemetry = Telemetry()
-    io = ReadPool(config.io_threads)
+    io = ReadPool(config.io_threads, max_reads_in_flight)
     cache = ItemVectorCache(config.item_cache_entries, config.item_cache_ttl_s, registry.item.dim)
     telemetry.watch_cache(lambda: cache.hits, lambda: cache.misses)
     if feedback is not None:

@@ -35,6 +35,16 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def default_reads_in_flight(threads: int) -> int:
+    """Return how many reads a pool of ``threads`` takes before refusing: 16 per thread, at least 64.
+
+    A healthy store answers a read in about a millisecond, so a burst of requests (the batcher
+    queues 128) waits briefly and is served; a hung one fills the bound within a deadline, and
+    from then on requests fall back at once instead of each waiting out its deadline in a queue.
+    """
+    return max(64, 16 * threads)
+
+
 class ReadPool(Executor):
     """A thread pool that refuses work past ``max_in_flight`` reads running or queued.
 
@@ -43,9 +53,9 @@ class ReadPool(Executor):
     """
 
     def __init__(self, threads: int, max_in_flight: int | None = None, name: str = "headwater-io") -> None:
-        """``max_in_flight`` defaults to twice ``threads`` (one read running and one waiting per thread)."""
+        """``max_in_flight`` defaults to :func:`default_reads_in_flight` of ``threads``."""
         self.threads = threads
-        self.max_in_flight = max_in_flight if max_in_flight is not None else 2 * threads
+        self.max_in_flight = max_in_flight if max_in_flight is not None else default_reads_in_flight(threads)
         self._name = name
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()

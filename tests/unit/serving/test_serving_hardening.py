@@ -177,6 +177,11 @@ class HungReader:
         return InMemoryFeatureStore().read_many(requests)
 
 
+def test_the_default_bound_takes_a_burst() -> None:
+    assert ReadPool(4).max_in_flight == 64  # the default 4 I/O threads
+    assert ReadPool(8).max_in_flight == 128
+
+
 def test_read_pool_refuses_past_its_bound_and_counts_until_the_thread_returns() -> None:
     pool = ReadPool(threads=2, max_in_flight=3)
     gate = threading.Event()
@@ -211,14 +216,14 @@ def test_the_app_serves_through_a_second_lifespan() -> None:
 
 def test_a_hung_store_holds_at_most_the_bound_and_requests_fall_back() -> None:
     reader = HungReader()
-    app = create_app(CONFIG, REGISTRY, reader, NO_MODELS)  # type: ignore[arg-type]
+    app = create_app(CONFIG, REGISTRY, reader, NO_MODELS, max_reads_in_flight=4)  # type: ignore[arg-type]
     with TestClient(app, raise_server_exceptions=False) as c, ThreadPoolExecutor(12) as callers:
         # A long deadline: the first reads stay in flight while the other requests arrive.
         sent = [callers.submit(c.post, "/v1/rank", json={**BODY, "deadline_ms": 5000}) for _ in range(12)]
         answers = [f.result(60) for f in sent]
         reads = app.state.reads
         assert {(r.status_code, r.json()["fallback_reason"]) for r in answers} == {(200, "store_error")}
-        # 2 threads x 2 = 4 reads in flight at most: 2 hung in the store, 2 queued behind them.
+        # 4 reads in flight at most: 2 hung in the store (2 threads), 2 queued behind them.
         assert reader.started == 2
         assert reads.in_flight <= 4
         # 12 feature reads and 12 popularity reads asked for; at most 4 were ever accepted at once
