@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
-from headwater.pipelines.offline.source_columns import META_COLUMNS, bronze_schema, event_schema, with_date
+from headwater.pipelines.offline.source_columns import (
+    BRONZE_WRITE_OPTIONS,
+    META_COLUMNS,
+    bronze_schema,
+    event_schema,
+    with_date,
+)
 from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
@@ -39,7 +45,9 @@ def append_table(spark: SparkSession, source: PlanSource, table: pa.Table, path:
     """Append Arrow bronze rows of ``source`` to its Delta table at ``path`` (created when missing)."""
     with staging_dir(path.parent / "_staging") as folder:
         frame = with_date(arrow_to_spark(spark, table, folder), source)
-        frame.write.format("delta").mode("append").partitionBy("date").save(str(path))
+        frame.write.format("delta").mode("append").options(**BRONZE_WRITE_OPTIONS).partitionBy("date").save(
+            str(path)
+        )
 
 
 def append_events(

@@ -43,7 +43,7 @@ from headwater.pipelines.events.rows import RowChecker, RowError
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
 from headwater.pipelines.offline.bronze import events_table
 from headwater.pipelines.offline.lake import bronze_path, is_delta_table
-from headwater.pipelines.offline.source_columns import with_date
+from headwater.pipelines.offline.source_columns import BRONZE_WRITE_OPTIONS, with_date
 from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
@@ -295,6 +295,7 @@ def _commit(
             (
                 frame.write.format("delta")
                 .mode("append")
+                .options(**BRONZE_WRITE_OPTIONS)
                 .partitionBy("date")
                 .option("txnAppId", app)
                 .option("txnVersion", number)

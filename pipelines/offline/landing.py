@@ -46,7 +46,7 @@ from headwater.pipelines.offline.landing_state import (
     LandingStats,
     read_checkpoint,
 )
-from headwater.pipelines.offline.source_columns import with_date
+from headwater.pipelines.offline.source_columns import BRONZE_WRITE_OPTIONS, with_date
 
 __all__ = [
     "MARKER", "Checkpoint", "Lander", "LandingConfig", "LandingError", "LandingStats", "land_sources",
@@ -267,6 +267,7 @@ class Lander:
         (
             frame.write.format("delta")
             .mode("append")
+            .options(**BRONZE_WRITE_OPTIONS)
             .partitionBy("date")
             .option("txnAppId", self.config.app_id)
             .option("txnVersion", checkpoint.seq)

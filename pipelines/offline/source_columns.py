@@ -54,6 +54,13 @@ META_COLUMNS = pa.schema(
 PARTITION = "date"
 """The partition column: UTC date of the event time."""
 RESERVED = frozenset({*META_COLUMNS.names, PARTITION})
+BRONZE_WRITE_OPTIONS = {"mergeSchema": "true", "delta.enableTypeWidening": "true"}
+"""Options of every write to a bronze table, so that a compatible schema change keeps landing.
+
+A field added to the source's schema becomes a new column (null in the rows landed before it); a
+removed one stays, null from then on; a promoted type (int to long, float to double) widens the
+column in place (Delta type widening, enabled when the table is created).
+"""
 
 
 class SourceColumnsError(ValueError):

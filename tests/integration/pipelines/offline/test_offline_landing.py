@@ -13,9 +13,10 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from headwater.pipelines.events.codec import EventCodec, parse_dead_letter
 from headwater.pipelines.offline.landing import Lander, LandingConfig, read_checkpoint
-from headwater.pipelines.offline.testing import T0, behaviour, event
+from headwater.pipelines.offline.testing import T0, behaviour, event, payment, payments
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.topics import ensure_topics
+from headwater.registry.plans import PlanSource
 
 
 @pytest.fixture
@@ -141,3 +142,54 @@ def test_landing_with_reader_processes_is_exactly_once(
     assert len(after) == 32
     assert len({(p, o) for p, o, _ in after}) == 32
     assert read_checkpoint(spark, config).offsets == {0: 17, 1: 17}
+
+
+def evolved_payments(root: Path) -> PlanSource:
+    """The example payments source after a compatible change: field ``channel`` added with a default."""
+    import json
+
+    from headwater.pipelines.events.schema import example_repo
+    from headwater.registry.plans import plan_source
+    from headwater.registry.testing import ScratchRepo
+
+    repo = ScratchRepo(root / "features", template=example_repo())
+    schema = json.loads((repo.root / "schemas" / "payment_event.avsc").read_text(encoding="utf-8"))
+    repo.write("schemas/payment_event.v1.avsc", json.dumps(schema))
+    schema["fields"].append({"name": "channel", "type": ["null", "string"], "default": None})
+    repo.write("schemas/payment_event.avsc", json.dumps(schema))
+    text = (repo.root / "sources.yaml").read_text(encoding="utf-8")
+    line = "    schema: schemas/payment_event.avsc\n"
+    repo.write(
+        "sources.yaml", text.replace(line, line + "    previous_schemas: [schemas/payment_event.v1.avsc]\n")
+    )
+    result = repo.check()
+    assert "payments" in result.sources, [d.message for d in result.diagnostics.errors]
+    return plan_source(result.sources["payments"])
+
+
+def test_a_compatible_schema_change_keeps_landing_old_and_new_events(
+    spark: Any, kafka_bootstrap: str, topics: tuple[str, str], tmp_path: Path
+) -> None:
+    topic, dlq = topics
+    v1 = payments().model_copy(update={"topic": topic})
+    v2 = evolved_payments(tmp_path).model_copy(update={"topic": topic})
+    old, new = EventCodec(v1), EventCodec(v2)
+    table = tmp_path / "bronze" / "payments"
+    produce(kafka_bootstrap, topic, [(old.encode(payment(n, "a1", T0 + n * 1000)), old.headers(), 0)
+                                     for n in range(1, 4)])  # fmt: skip
+    assert Lander(spark, LandingConfig(kafka_bootstrap, v1, dlq, table)).run().landed == 3
+    assert "channel" not in spark.read.format("delta").load(str(table)).columns
+
+    # After apply: the landing reads with the new schema; producers of both versions still send.
+    produce(kafka_bootstrap, topic, [
+        (new.encode(payment(4, "a1", T0 + 4000, channel="app")), new.headers(), 0),
+        (old.encode(payment(5, "a1", T0 + 5000)), old.headers(), 0),
+    ])  # fmt: skip
+    stats = Lander(spark, LandingConfig(kafka_bootstrap, v2, dlq, table)).run()
+    assert (stats.records, stats.landed, stats.malformed) == (2, 2, 0)
+    rows = (
+        spark.read.format("delta").load(str(table)).select("payment_id", "channel", "occurred_at").collect()
+    )
+    channels = sorted((r[0], r[1]) for r in rows)
+    assert channels == [(f"p0000{n}", "app" if n == 4 else None) for n in range(1, 6)]
+    assert {r[0]: r[2] for r in rows}["p00005"] == (T0 + 5000) * 1000
