@@ -290,10 +290,13 @@ class EventCodec:
             return DecodeError(Reason.CORRUPT_PAYLOAD, detail)
         # Step 4
         event: Event = record  # type: ignore[assignment]
-        problem = self._oversized(event)
-        if problem is not None:
-            return DecodeError(Reason.OVERSIZED, problem)
-        problem = self.validate(event)
+        # A string has at most as many characters as bytes: a payload within the character bound
+        # cannot hold a string over it (the common case skips the look at every string field).
+        if len(value) > self.max_string_chars:
+            problem = self._oversized(event)
+            if problem is not None:
+                return DecodeError(Reason.OVERSIZED, problem)
+        problem = self._validate(event)
         if problem is not None:
             return DecodeError(Reason.INVALID_FIELD, problem[:MAX_DETAIL_CHARS])
         return DecodedEvent(
@@ -308,8 +311,13 @@ class EventCodec:
 
         Rules: the event time lies in the source's ``[min_event_time, 2100)``; the string key and
         event-id fields are 1..128 characters; every rule of the source holds (a rule that is
-        unknown because of a null, as in a SQL CHECK constraint, holds).
+        unknown because of a null, as in a SQL CHECK constraint, holds); no string field is over
+        ``max_string_chars`` characters.
         """
+        return self._validate(event) or self._oversized(event)
+
+    def _validate(self, event: Mapping[str, Any]) -> str | None:
+        """:meth:`validate` without the string bound (decode checks that first, only when it can fail)."""
         src = self.source
         ts = event.get(self._time)
         if ts is None:
@@ -330,7 +338,7 @@ class EventCodec:
         for text, holds in self._rules:
             if not holds(event):
                 return f"rule {text!r} of source {src.name!r} does not hold"
-        return self._oversized(event)
+        return None
 
     def _oversized(self, event: Mapping[str, Any]) -> str | None:
         """Name the first string field over ``max_string_chars`` characters, if any."""

@@ -252,28 +252,31 @@ _FIXED_SIZES = {"boolean": 1, "float": 4, "double": 8}
 
 
 def _flat_checker(schema: Any) -> Callable[[bytes], None] | None:
-    """Generate a straight-line checker for a record of primitives, enums and unions (else None)."""
+    """Generate a straight-line checker for a record of primitives, enums and unions (else None).
+
+    Each value's first byte decides the fast path (a one-byte varint that is in range); anything
+    else goes to a helper that reads the whole varint and names what is wrong.
+    """
     if not isinstance(schema, dict) or schema.get("type") != "record":
         return None
-    lines = ["def check(d):", "    n = len(d)", "    p = 0"]
+    # d[p] past the end raises IndexError: one handler instead of a bounds check per value.
+    lines = ["def check(d):", "    n = len(d)", "    p = 0", "    try:"]
     try:
         for entry in schema["fields"]:
-            lines.extend(_flat_lines(entry["type"], "    "))
+            lines.extend(_flat_lines(entry["type"], "        "))
     except _NotFlat:
         return None
-    lines += ["    if p != n:", "        _finish(n, p)"]
+    lines += ["    except IndexError:", "        _ended(p, n)", "    if p != n:", "        _finish(n, p)"]
     scope: dict[str, Any] = {
-        "_varint": _varint,
-        "_read_int": _read_int,
-        "_long_at": _long_at,
         "_ended": _ended,
-        "_negative": _negative,
-        "_bad_index": _bad_index,
+        "_slow_int": _slow_int,
+        "_slow_long": _slow_long,
+        "_slow_length": _slow_length,
+        "_slow_index": _slow_index,
         "_finish": _finish,
     }
-    exec(
-        compile("\n".join(lines), f"<wire check of {schema.get('name')}>", "exec"), scope
-    )  # our own code, generated from a parsed schema
+    # Our own code, generated from a parsed schema: no text of the payload gets into it.
+    exec(compile("\n".join(lines), f"<wire check of {schema.get('name')}>", "exec"), scope)
     checker: Callable[[bytes], None] = scope["check"]
     return checker
 
@@ -282,27 +285,25 @@ class _NotFlat(Exception):
     """The schema has a type the straight-line checker does not generate (arrays, maps, named refs)."""
 
 
-def _read_varint_lines(pad: str, what: str, slow: str) -> list[str]:
-    """Lines that read the varint at ``p`` into ``v`` (one-byte fast path, ``slow`` otherwise)."""
-    return [
-        f"{pad}q = p",
-        f"{pad}b = d[p] if p < n else _ended(p, n, {what!r})",
-        f"{pad}if b < 128:",
-        f"{pad}    v = (b >> 1) ^ -(b & 1)",
-        f"{pad}    p += 1",
-        f"{pad}else:",
-        f"{pad}    v, p = {slow}",
-    ]
+def _first_byte(pad: str, _what: str) -> str:
+    return f"{pad}b = d[p]"
 
 
 def _flat_lines(avro_type: Any, pad: str) -> list[str]:
     if isinstance(avro_type, list):
         count = len(avro_type)
-        lines = _read_varint_lines(pad, "union index", "_read_int(d, p, 'union index')")
+        lines = [
+            _first_byte(pad, "union index"),
+            # one byte, even (zig-zag of a non-negative number), in range: the index is b / 2
+            f"{pad}if b < {2 * count} and not b & 1:",
+            f"{pad}    v = b >> 1",
+            f"{pad}    p += 1",
+            f"{pad}else:",
+            f"{pad}    v, p = _slow_index(d, p, 'union branch', {count})",
+        ]
         for index, branch in enumerate(avro_type):
             body = _flat_lines(branch, pad + "    ") or [f"{pad}    pass"]
             lines += [f"{pad}{'if' if index == 0 else 'elif'} v == {index}:", *body]
-        lines += [f"{pad}else:", f"{pad}    _bad_index('union branch', v, q, {count})"]
         return lines
     kind = avro_type.get("type") if isinstance(avro_type, dict) else avro_type
     if isinstance(kind, dict | list):
@@ -312,45 +313,63 @@ def _flat_lines(avro_type: Any, pad: str) -> list[str]:
     if kind in _FIXED_SIZES:
         # An overrun is found by the next read's bounds check or by the final length check.
         return [f"{pad}p += {_FIXED_SIZES[kind]}"]
-    if kind == "int":
-        return _read_varint_lines(pad, "int", "_read_int(d, p, 'int')")
-    if kind == "long":
-        return _read_varint_lines(pad, "long", "_long_at(d, p)")
-    if kind in ("string", "bytes"):
-        lines = _read_varint_lines(pad, "length", "_varint(d, p, 10, 'length')")
-        return [*lines, f"{pad}if v < 0:", f"{pad}    _negative(v, q)", f"{pad}p += v"]
-    if kind == "enum" and isinstance(avro_type, dict):
-        name = str(avro_type["name"]).rsplit(".", 1)[-1]
-        count = len(avro_type["symbols"])
-        lines = _read_varint_lines(pad, "enum index", "_read_int(d, p, 'enum index')")
+    if kind in ("int", "long"):
+        slow = "_slow_int(d, p)" if kind == "int" else "_slow_long(d, p)"
         return [
-            *lines,
-            f"{pad}if not 0 <= v < {count}:",
-            f"{pad}    _bad_index({'enum ' + name!r}, v, q, {count})",
+            _first_byte(pad, kind),
+            f"{pad}if b < 128:",
+            f"{pad}    p += 1",
+            f"{pad}else:",
+            f"{pad}    p = {slow}",
+        ]
+    if kind in ("string", "bytes"):
+        return [
+            _first_byte(pad, "length"),
+            f"{pad}if not b & 0x81:",  # one byte (< 128) and even: a length of b / 2
+            f"{pad}    p += 1 + (b >> 1)",
+            f"{pad}else:",
+            f"{pad}    p = _slow_length(d, p)",
+        ]
+    if kind == "enum" and isinstance(avro_type, dict):
+        what = "enum " + str(avro_type["name"]).rsplit(".", 1)[-1]
+        count = len(avro_type["symbols"])
+        return [
+            _first_byte(pad, "enum index"),
+            f"{pad}if b < {2 * count} and not b & 1:",
+            f"{pad}    p += 1",
+            f"{pad}else:",
+            f"{pad}    p = _slow_index(d, p, {what!r}, {count})[1]",
         ]
     raise _NotFlat
 
 
-def _long_at(data: bytes, pos: int) -> tuple[int, int]:
-    end = _long(data, pos)
-    return 0, end
+def _slow_int(data: bytes, pos: int) -> int:
+    return _read_int(data, pos, "int")[1]
 
 
-def _ended(pos: int, size: int, what: str) -> int:
+def _slow_long(data: bytes, pos: int) -> int:
+    return _long(data, pos)
+
+
+def _slow_length(data: bytes, pos: int) -> int:
+    """Skip a string or bytes value whose length is not a one-byte varint (or is negative)."""
+    return _string(data, pos)
+
+
+def _slow_index(data: bytes, pos: int, what: str, count: int) -> tuple[int, int]:
+    """Read an enum or union index that is not a small non-negative one-byte varint; check its range."""
+    index, end = _read_int(data, pos, f"{what} index")
+    if not 0 <= index < count:
+        msg = f"{what} index {index} at byte {pos} is outside [0, {count})"
+        raise WireError(msg)
+    return index, end
+
+
+def _ended(pos: int, size: int) -> None:
     if pos > size:
         msg = f"the payload ends inside a value, {pos - size} bytes short (a {size}-byte payload)"
     else:
-        msg = f"the payload ends before the {what} at byte {pos}"
-    raise WireError(msg)
-
-
-def _negative(size: int, pos: int) -> None:
-    msg = f"negative length {size} at byte {pos}"
-    raise WireError(msg)
-
-
-def _bad_index(what: str, index: int, pos: int, count: int) -> None:
-    msg = f"{what} index {index} at byte {pos} is outside [0, {count})"
+        msg = f"the payload ends at byte {size}, before the record is complete"
     raise WireError(msg)
 
 
