@@ -19,7 +19,7 @@ from headwater.registry.compiled import CheckResult
 from headwater.registry.config import ConfigError, features_dir, resolve
 from headwater.registry.durations import format_seconds
 from headwater.registry.plan import default_state_dir, diff_views, format_plan, read_snapshot
-from headwater.registry.plans import plan_view, registry_hash
+from headwater.registry.plans import plan_views, registry_hash
 from headwater.registry.report import check_json, check_text
 from headwater.registry.validate import check_repo
 
@@ -78,7 +78,7 @@ def plan(repo: Path | None, state_dir: Path | None, fmt: str) -> None:
     state = state_dir or default_state_dir()
     applied = read_snapshot(state) or {"views": {}, "registry_hash": None}
     new_hash = registry_hash(result)
-    current = {v.name: plan_view(v).model_dump() for v in result.views}
+    current = {v.name: v.model_dump() for v in plan_views(result)}
     changes = diff_views(applied["views"], current)
     if fmt == "json":
         payload = {

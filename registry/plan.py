@@ -1,8 +1,10 @@
 """``headwater plan``: what ``apply`` would change, against the snapshot of the last apply.
 
 ``apply`` writes ``<state>/applied.json`` (the plan form of every view, and the registry hash);
-``plan`` compares the checked repo with it: views added, removed and changed, with the fields
-and features that changed and the cost and SLA deltas.
+``plan`` compares the checked repo with it: views added, removed, changed (a new view version:
+its state restarts) and metadata-only (same version: description, owner, cost, SLA or tags edited,
+state and online values kept), with the fields and features that changed and the cost and SLA
+deltas.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from headwater.registry.compiled import CheckResult
 from headwater.registry.config import state_dir
 from headwater.registry.durations import format_seconds
-from headwater.registry.plans import plan_view
+from headwater.registry.plans import plan_views
 
 SNAPSHOT_FILE = "applied.json"
 SNAPSHOT_VERSION = 1
@@ -36,11 +38,17 @@ def default_state_dir(repo: Path | None = None) -> Path:
 
 @dataclass
 class ViewChange:
-    """One view in the plan: added, removed or changed, with its cost and SLA before and after."""
+    """One view in the plan, with its cost and SLA before and after.
+
+    ``kind`` is ``added``, ``removed``, ``changed`` (its version changes: the tiers restart its
+    state) or ``metadata`` (same version: nothing is recomputed).
+    """
 
     name: str
     kind: str
     tier: str
+    version_before: str | None = None
+    version_after: str | None = None
     changes: list[str] = field(default_factory=list)
     cost_before: float = 0.0
     cost_after: float = 0.0
@@ -63,7 +71,7 @@ def snapshot(result: CheckResult, reg_hash: str) -> dict[str, Any]:
         "schema_version": SNAPSHOT_VERSION,
         "registry_hash": reg_hash,
         "applied_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "views": {v.name: plan_view(v).model_dump() for v in result.views},
+        "views": {v.name: v.model_dump() for v in plan_views(result)},
     }
 
 
@@ -91,6 +99,7 @@ def diff_views(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -
                     name,
                     "added",
                     after["tier"],
+                    version_after=after["version"],
                     cost_after=_charged(after),
                     sla_after=after["freshness_sla_s"],
                 )
@@ -101,6 +110,7 @@ def diff_views(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -
                     name,
                     "removed",
                     before["tier"],
+                    version_before=before.get("version"),
                     cost_before=_charged(before),
                     sla_before=before["freshness_sla_s"],
                 )
@@ -108,11 +118,14 @@ def diff_views(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -
         elif before is not None and after is not None:
             changes = _view_changes(before, after)
             if changes:
+                restarts = before.get("version") != after["version"]
                 out.append(
                     ViewChange(
                         name,
-                        "changed",
+                        "changed" if restarts else "metadata",
                         after["tier"],
+                        before.get("version"),
+                        after["version"],
                         changes,
                         _charged(before),
                         _charged(after),
@@ -161,21 +174,38 @@ def format_plan(changes: list[ViewChange], applied_hash: str | None, new_hash: s
     if not changes:
         return head + "\nNo changes: the applied registry matches the repo."
     lines = [head]
-    marks = {"added": "+", "removed": "-", "changed": "~"}
+    marks = {"added": "+", "removed": "-", "changed": "!", "metadata": "~"}
     for c in changes:
         sla = _sla_text(c)
         lines.append(
             f"  {marks[c.kind]} {c.name} [{c.tier}] cost {c.cost_before:.2f} -> {c.cost_after:.2f} "
             f"({c.cost_delta:+.2f} CPU-h/day){sla}"
         )
+        lines.append(f"      {_consequence(c)}")
         lines.extend(f"      {line}" for line in c.changes)
-    counts = {k: sum(1 for c in changes if c.kind == k) for k in ("added", "changed", "removed")}
+    counts = {k: sum(1 for c in changes if c.kind == k) for k in marks}
     total = sum(c.cost_delta for c in changes)
     lines.append(
-        f"{counts['added']} to add, {counts['changed']} to change, {counts['removed']} to remove; "
+        f"{counts['added']} to add, {counts['changed']} to change (state restarts), "
+        f"{counts['metadata']} metadata only, {counts['removed']} to remove; "
         f"charged cost {total:+.2f} CPU-h/day."
     )
     return "\n".join(lines)
+
+
+def _consequence(c: ViewChange) -> str:
+    """Say what applying the change does to the view's state and online values."""
+    if c.kind == "metadata":
+        return f"metadata only: version {c.version_after} kept, state and online values kept"
+    if c.kind == "removed":
+        return f"removed: version {c.version_before}'s state is dropped; its online keys expire"
+    fresh = "new" if c.kind == "added" else f"{c.version_before} -> {c.version_after}, restarts"
+    if c.tier == "offline":
+        return f"version {fresh}: computed by the next `run offline` over the bronze history"
+    return (
+        f"version {fresh}: state starts empty (no backfill yet): values are partial until its "
+        "longest window has passed"
+    )
 
 
 def _sla_text(c: ViewChange) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView, Operand
-from headwater.registry.expr import Expr, fields_of, from_json, to_json
+from headwater.registry.expr import Compare, Expr, InList, IsNull, fields_of, from_json, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
 from headwater.registry.sources import resolve_timing
 from headwater.registry.tiers import TIER_NAMES, TIERS
@@ -246,7 +246,8 @@ def view_version(
                 continue
             used.update(n for n in (part.field,) if n)
             if part.where is not None:
-                used.update(leaf.field for leaf in fields_of(from_json(part.where.ast)))
+                leaves = fields_of(from_json(part.where.ast))
+                used.update(leaf.field for leaf in leaves if isinstance(leaf, Compare | InList | IsNull))
     payload = {
         "entity": entity,
         "join_key": join_key,

@@ -37,7 +37,7 @@ _STOP = object()
 class EventSink(Protocol):
     """What the sender thread needs from a Kafka producer (``kafka.KafkaProducer`` has it)."""
 
-    def send(self, topic: str, *, value: bytes, key: bytes, headers: list[tuple[str, bytes]]) -> Any:
+    def send(self, topic: str, *, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
         """Queue one record; return a future with ``add_callback``/``add_errback``."""
         ...
 

@@ -54,7 +54,7 @@ class SchemaError(ValueError):
 
 
 def example_repo() -> Path:
-    """The example feature repo: ``$HEADWATER_EXAMPLE_REPO``, else the one shipped with headwater."""
+    """Return the example feature repo: ``$HEADWATER_EXAMPLE_REPO``, else the shipped one."""
     env = os.environ.get(REPO_ENV)
     if env:
         return Path(env)
@@ -64,7 +64,7 @@ def example_repo() -> Path:
 
 
 def behavior_source(repo: Path | None = None) -> PlanSource:
-    """The plan form of the example repo's behaviour source (checked once per process and folder).
+    """Return the plan form of the example repo's behaviour source (checked once per process and folder).
 
     Raises:
         SchemaError: the repo or its ``events`` source does not check.
