@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,7 +187,7 @@ def bench_decode(n: int, rounds: int = 3, baseline: Path | None = None) -> None:
     from headwater.pipelines.offline.testing import behaviour, event, payment, payments
 
     step = 50  # ms between events: in order, none late
-    makers = {
+    makers: dict[str, tuple[PlanSource, Callable[[int], dict[str, Any]]]] = {
         "events": (behaviour(), lambda i: event(i, f"u{i % 1000}", ("click", "impression")[i % 2],
                                                  START_MS + i * step, item_id=f"i{i % 5000}", price=1.5)),
         "payments": (payments(), lambda i: payment(i % 99_999, f"a{i % 1000}", START_MS + i * step,
@@ -255,10 +256,12 @@ def main() -> None:
     if args.materialize_only:
         shutil.rmtree(work, ignore_errors=True)
         previous = json.loads(RESULT.read_text())
-        results = {k: v for k, v in previous.items() if isinstance(v, dict) and k not in ("machine", "args")}
-        results["materialize"] = bench_materialize(plan, settings, args.materialize_rows, START_MS)
-        results["materialize"]["rerun"] = "bench/bench_offline.py --materialize-only"
-        _write(previous["args"], results, previous["command"])
+        kept: dict[str, Any] = {
+            k: v for k, v in previous.items() if isinstance(v, dict) and k not in ("machine", "args")
+        }
+        rerun = bench_materialize(plan, settings, args.materialize_rows, START_MS)
+        kept["materialize"] = {**rerun, "rerun": "bench/bench_offline.py --materialize-only"}
+        _write(previous["args"], kept, previous["command"])
         return
     topic = f"bench-offline-{uuid.uuid4().hex[:6]}"
     ensure_topics(settings, {topic: {}, f"{topic}.dlq": {}}, settings.partitions)
