@@ -15,6 +15,7 @@ from headwater.pipelines.events.cli import events
 from headwater.pipelines.freshness.cli import freshness
 from headwater.pipelines.nearline.cli import run_nearline
 from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
+from headwater.pipelines.offline.cli_import import import_cmd
 from headwater.pipelines.offline.cli_labels import labels
 from headwater.pipelines.realtime.cli import realtime
 from headwater.pipelines.store.cli import online
@@ -68,6 +69,7 @@ run.add_command(offline)
 main.add_command(init)
 main.add_command(config)
 main.add_command(setup)
+events.add_command(import_cmd)  # history straight into a source's bronze table (Spark + Delta)
 main.add_command(events)
 main.add_command(online)
 main.add_command(topics)

@@ -38,6 +38,8 @@ DEFAULT_MIN_EVENT_DATE = "2000-01-01"
 MAX_EVENT_TIME_MS = 4_102_444_800_000
 """2100-01-01T00:00:00Z: no event time at or after it is valid, whatever the source."""
 KEY_KINDS = frozenset({"string", "int", "long"})
+LANDING_COLUMNS = ("produce_ts_ms", "kafka_topic", "kafka_partition", "kafka_offset", "late", "date")
+"""Columns the landing adds beside a source's fields in its bronze table: no field may take these names."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,20 @@ def _check_reserved(loc: Located[SourceSpec], schema: EventSchema, diags: Diagno
                 f"event_time: {spec.event_time}, event_time field: {time_field.describe()}",
                 "rename the schema's event_time field (add the new name, keep writing both), or "
                 "declare it as the source's event_time",
+            )
+        )
+        ok = False
+    for name in (n for n in LANDING_COLUMNS if n in schema.fields):
+        diags.add(
+            Diagnostic(
+                code="reserved-field",
+                message=f"source '{spec.name}': field '{name}' has the name of a column the landing adds to "
+                "the source's bronze table",
+                file=loc.file,
+                line=loc.line_of("schema"),
+                expected=f"no field named {', '.join(LANDING_COLUMNS)}",
+                found=name,
+                hint=f"rename the field in {schema.path.name} (add the new name, keep writing both a while)",
             )
         )
         ok = False

@@ -102,8 +102,6 @@ TIERS: dict[str, Tier] = {
         cpu_us_per_event=0.5,
         pane_cost=1.0,
         view_overhead_units=1.0,
-        # Spark merges per-pane partials; a distinct count has no mergeable scalar partial.
-        ratio_operands=ALL_OPERANDS - {"distinct_count"},
     ),
 }
 TIER_NAMES = tuple(TIERS)

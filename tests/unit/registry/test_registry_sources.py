@@ -14,10 +14,12 @@ from headwater.registry.sources import (
     DEFAULT_ALLOWED_LATENESS_S,
     DEFAULT_MAX_FUTURE_S,
     DEFAULT_MAX_OUT_OF_ORDERNESS_S,
+    LANDING_COLUMNS,
 )
 from headwater.registry.testing import MINIMAL_VIEW as MINIMAL_REALTIME
 from headwater.registry.testing import ScratchRepo as Repo
 from headwater.registry.testing import line_of
+from headwater.registry.tiers import TIERS
 
 PAYMENTS = "schemas/payment_event.avsc"
 
@@ -222,17 +224,10 @@ features:
 """
 
 
-def test_check_knows_what_each_tier_can_run(repo: Repo) -> None:
+def test_every_tier_divides_a_distinct_count(repo: Repo) -> None:
     repo.write("v1.yaml", OFFLINE_RATIO)
-    diag = only(repo.check().diagnostics.items, "tier-cannot-run")
-    assert diag.line == line_of(OFFLINE_RATIO, "denominator:")
-    assert diag.found == "distinct_count"
-    assert "nearline" in (diag.hint or "")
-    assert "realtime" in (diag.hint or "")
-    nearline = OFFLINE_RATIO.replace("tier: offline", "tier: nearline").replace("P1D", "PT10M")
-    nearline = nearline.replace("window: 7d", "window: 1d")
-    repo.write("v1.yaml", nearline)
-    assert [d.code for d in repo.check().diagnostics.errors] == []
+    assert [d.format() for d in repo.check().diagnostics.errors] == []
+    assert all("distinct_count" in tier.ratio_operands for tier in TIERS.values())
 
 
 def test_realtime_views_publish_at_one_slide(repo: Repo) -> None:
@@ -251,3 +246,19 @@ def test_event_time_and_event_id_are_reserved_names(repo: Repo) -> None:
     diag = only(repo.check().diagnostics.items, "reserved-field")
     assert diag.line == line_of(text, "event_id: payment_id")
     assert "source 'payments'" in diag.message
+
+
+@pytest.mark.parametrize("name", LANDING_COLUMNS)
+def test_landing_column_names_are_reserved(repo: Repo, name: str) -> None:
+    schema = _schema(repo)
+    schema["fields"] = [*schema["fields"], {"name": name, "type": ["null", "string"], "default": None}]  # type: ignore[misc]
+    _write_schema(repo, schema)
+    diag = only(repo.check().diagnostics.items, "reserved-field")
+    assert diag.found == name
+    assert diag.line == line_of(_sources(repo), "schema: schemas/payment_event.avsc")
+
+
+def test_landing_columns_are_the_offline_tiers() -> None:
+    from headwater.pipelines.offline.source_columns import RESERVED
+
+    assert set(LANDING_COLUMNS) == RESERVED
