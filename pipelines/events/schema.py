@@ -69,22 +69,31 @@ def behavior_source(repo: Path | None = None) -> PlanSource:
     Raises:
         SchemaError: the repo or its ``events`` source does not check.
     """
-    return _behavior_source((repo or example_repo()).resolve())
+    return example_source(BEHAVIOR_SOURCE, repo)
 
 
-@lru_cache(maxsize=4)
-def _behavior_source(repo: Path) -> PlanSource:
+def example_source(name: str, repo: Path | None = None) -> PlanSource:
+    """Return the plan form of source ``name`` of the example repo (``events`` or ``payments``).
+
+    Raises:
+        SchemaError: the repo or that source does not check.
+    """
+    return _example_source(name, (repo or example_repo()).resolve())
+
+
+@lru_cache(maxsize=8)
+def _example_source(name: str, repo: Path) -> PlanSource:
     from headwater.registry.load import load_repo
     from headwater.registry.plans import plan_source
     from headwater.registry.sources import check_sources
 
     loaded = load_repo(repo)
     compiled = check_sources(repo, loaded.sources, loaded.diagnostics)
-    if BEHAVIOR_SOURCE not in compiled:
+    if name not in compiled:
         problems = "; ".join(d.message for d in loaded.diagnostics.errors) or "no such source"
-        msg = f"example repo {repo}: source {BEHAVIOR_SOURCE!r} does not check: {problems}"
+        msg = f"example repo {repo}: source {name!r} does not check: {problems}"
         raise SchemaError(msg)
-    return plan_source(compiled[BEHAVIOR_SOURCE])
+    return plan_source(compiled[name])
 
 
 def event_datetime(event: BehaviorEvent) -> datetime:

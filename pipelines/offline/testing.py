@@ -7,10 +7,10 @@ to AST and Spark SQL by the registry), without a YAML repo.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from headwater.pipelines.events.schema import example_source
 from headwater.registry.durations import parse_duration
 from headwater.registry.expr import parse, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
@@ -55,28 +55,6 @@ def feature(
         name=name, agg=agg, dtype=dtype, window=window, window_s=seconds(window), slide_s=seconds(slide),
         field=field, k=k, where=where(filter_), numerator=operand(num), denominator=operand(den),
     )  # fmt: skip
-
-
-def example_source(name: str, repo: Path | None = None) -> PlanSource:
-    """Return the plan form of source ``name`` of the example feature repo (``events`` or ``payments``)."""
-    from headwater.pipelines.events.schema import example_repo
-
-    return _example_source(name, (repo or example_repo()).resolve())
-
-
-@lru_cache(maxsize=8)
-def _example_source(name: str, repo: Path) -> PlanSource:
-    from headwater.registry.load import load_repo
-    from headwater.registry.plans import plan_source
-    from headwater.registry.sources import check_sources
-
-    loaded = load_repo(repo)
-    compiled = check_sources(repo, loaded.sources, loaded.diagnostics)
-    if name not in compiled:
-        problems = "; ".join(d.message for d in loaded.diagnostics.errors) or "no such source"
-        msg = f"example repo {repo}: source {name!r} does not check: {problems}"
-        raise ValueError(msg)
-    return plan_source(compiled[name])
 
 
 def behaviour() -> PlanSource:
