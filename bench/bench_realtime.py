@@ -499,7 +499,8 @@ def main() -> None:
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     runs = previous.get("runs", {}) if previous.get("benchmark") == "realtime" else {}
     runs[args.label] = result
-    args.out.write_text(json.dumps({"benchmark": "realtime", "runs": runs}, indent=2) + "\n")
+    kept = previous if previous.get("benchmark") == "realtime" else {}  # notes beside the runs stay
+    args.out.write_text(json.dumps({**kept, "benchmark": "realtime", "runs": runs}, indent=2) + "\n")
     print_table(result)
 
 

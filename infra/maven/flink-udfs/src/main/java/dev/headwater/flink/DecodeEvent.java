@@ -86,8 +86,13 @@ public class DecodeEvent extends ScalarFunction {
             .build();
     }
 
+    /**
+     * Declared non-deterministic (it is not: the same bytes decode the same way) so that the planner
+     * computes the row once per record: for a deterministic call it inlines {@code hw_decode(...)} into
+     * every reference to one of its fields (each event column, each rule, each filter), dozens of calls.
+     */
     @Override
     public boolean isDeterministic() {
-        return true;
+        return false;
     }
 }

@@ -19,8 +19,12 @@ public class IsFalse extends ScalarFunction {
         return condition != null && !condition;
     }
 
+    /**
+     * Declared non-deterministic (it is not) so that the planner evaluates a source's rules once per
+     * record: it would otherwise inline them into every reference to the reason and detail columns.
+     */
     @Override
     public boolean isDeterministic() {
-        return true;
+        return false;
     }
 }
