@@ -7,13 +7,11 @@ applied registry (:mod:`headwater.serving.registry`). A YAML file can override a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DEFAULT_STATE_DIR = Path(".headwater")
 DEFAULT_POPULARITY = "item_popularity_offline.item_clicks_1d"
 CPU_BATCH_ROWS = 1024
 CUDA_BATCH_ROWS = 8192
@@ -110,9 +108,9 @@ class ServingConfig(BaseModel):
 
     def plans_dir(self) -> Path:
         """Return the state directory whose plans the service binds to."""
-        if self.state_dir is not None:
-            return self.state_dir
-        return Path(os.environ.get("HEADWATER_STATE_DIR") or DEFAULT_STATE_DIR)
+        from headwater.registry.config import state_dir
+
+        return state_dir(self.state_dir)
 
 
 def load_config(path: str | Path | None) -> ServingConfig:
