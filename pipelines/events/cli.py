@@ -317,7 +317,7 @@ def produce_cmd(
         _produce_file(target, settings, source, from_file, fmt, reject_file, rejects_to, options, quiet)
         return
     if source is not None and not _is_behaviour(source):
-        _refuse_generator_options(ctx, f"random events of source {source.name!r}")
+        _refuse_generator_options(ctx, f"random events of source {source.name!r}", allowed=("history",))
         _produce_synthetic(target, source, seed, quiet)
         return
     _produce_behaviour(
@@ -352,12 +352,12 @@ def _is_behaviour(source: PlanSource) -> bool:
         return False
 
 
-def _refuse_generator_options(ctx: click.Context, mode: str) -> None:
+def _refuse_generator_options(ctx: click.Context, mode: str, allowed: tuple[str, ...] = ()) -> None:
     """Options of the behaviour generator, set on the command line, are an error in another mode."""
     given = [
         f"--{name.replace('_', '-')}"
         for name in _GENERATOR_OPTIONS
-        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        if name not in allowed and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     ]
     if given:
         raise click.UsageError(f"{', '.join(given)} only shape the behaviour generator, not {mode}")
@@ -402,10 +402,6 @@ def _produce_behaviour(
 def _produce_synthetic(target: ProducerSettings, source: PlanSource, seed: int, quiet: bool) -> None:
     from headwater.pipelines.events.synthetic import produce_synthetic
 
-    if target.history_s is not None:
-        raise click.UsageError(
-            f"--history is for the behaviour generator; for source {source.name!r} use --from FILE"
-        )
     try:
         kafka = open_producer(target)
     except ProduceError as exc:
@@ -421,6 +417,7 @@ def _produce_synthetic(target: ProducerSettings, source: PlanSource, seed: int, 
             seed=seed,
             progress=progress,
             topic=target.topic,
+            history_s=target.history_s,
         )
     finally:
         kafka.close(timeout=10)

@@ -217,17 +217,32 @@ def produce_synthetic(
     seed: int = 7,
     progress: Callable[[RunStats], None] | None = None,
     topic: str | None = None,
+    history_s: float | None = None,
 ) -> RunStats:
     """Send random valid events of ``source`` to its topic (or ``topic``) at ``rate`` per second (0: at once).
 
-    Stops after ``duration_s`` seconds or ``max_events`` events drawn. ``kafka`` is flushed, not
-    closed. ``rejected`` counts the draws that never passed the source's rules.
+    Stops after ``duration_s`` seconds or ``max_events`` events drawn. With ``history_s`` (a
+    backfill, ``max_events`` required) the event times step evenly through the ``history_s``
+    seconds before now, in order, the last just before now, and the events are sent as fast as
+    possible. ``kafka`` is flushed, not closed. ``rejected`` counts the draws that never passed the
+    source's rules.
     """
     generator = SchemaGenerator(source, seed)
     stats = RunStats()
     sender = Sender(kafka, topic or source.topic, generator.codec, stats, progress)
     deadline = sender.started + duration_s
     codec = generator.codec
+    backfill: tuple[int, float] | None = None
+    if history_s is not None:
+        if not max_events:
+            msg = "a history needs max_events: how many events to spread over it"
+            raise ValueError(msg)
+        span_ms = history_s * 1000
+        backfill, rate, deadline = (
+            (time.time_ns() // 1_000_000 - round(span_ms), span_ms / max_events),
+            0,
+            math.inf,
+        )
     while max_events is None or stats.read < max_events:
         if rate > 0:
             sender.wait_until(sender.started + stats.read / rate)
@@ -235,7 +250,8 @@ def produce_synthetic(
             break
         stats.read += 1
         now_ms = time.time_ns() // 1_000_000
-        event = generator.event(now_ms)
+        at_ms = now_ms if backfill is None else backfill[0] + int((stats.read - 0.5) * backfill[1])
+        event = generator.event(at_ms)
         if event is None:
             stats.rejected += 1
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import Counter
 
 import pytest
@@ -119,3 +121,33 @@ def test_any_schema_numeric_ids_and_rule_ranges() -> None:
         assert codec.key(event) == str(event["customer_id"]).encode()
     assert len({e["order_id"] for e in valid}) == len(valid)  # event ids never repeat
     assert len({e["customer_id"] for e in valid}) < 1_000  # keys do
+
+
+def test_a_history_steps_evenly_through_the_span_before_now(payments: PlanSource) -> None:
+    values: list[bytes] = []
+
+    class Kafka:
+        def send(self, topic: str, value: bytes, key: bytes | None = None, headers: object = None) -> Kafka:
+            values.append(value)
+            return self
+
+        def add_errback(self, _callback: object) -> Kafka:
+            return self
+
+        def flush(self, timeout: float | None = None) -> None:
+            pass
+
+    before_ms = time.time_ns() // 1_000_000
+    stats = produce_synthetic(  # type: ignore[arg-type]
+        Kafka(), payments, rate=1, duration_s=0.001, max_events=100, history_s=86_400
+    )
+    after_ms = time.time_ns() // 1_000_000
+    assert (stats.read, stats.sent) == (100, 100)
+    codec = EventCodec(payments)
+    headers = codec.headers()
+    times = [codec.decode(v, headers).event_time_ms for v in values]  # type: ignore[union-attr]
+    assert times == sorted(times)
+    assert before_ms - 86_400_000 <= times[0] <= before_ms - 86_400_000 + 864_000
+    assert after_ms - 864_000 <= times[-1] < after_ms
+    gaps = {b - a for a, b in itertools.pairwise(times)}
+    assert max(gaps) - min(gaps) <= 1
