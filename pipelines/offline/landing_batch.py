@@ -12,7 +12,11 @@ Rules, as the streaming tiers apply them, with the source's limits from the plan
   and it does not move the watermark (one such event would make every later one look late);
 - late: ``event time < watermark - allowed_lateness`` where the watermark is the partition's max
   event time seen before this event minus ``max_out_of_orderness`` -> dead letter ``late``, and
-  landed flagged ``late = true`` (the feature jobs skip it).
+  landed flagged ``late = true`` (the feature jobs skip it);
+- time from the future does not move the watermark past the landing clock: an accepted event ahead
+  of ``now`` (up to ``max_future_ms``) is landed, but it counts as ``now`` in the partition's max
+  event time, as in the realtime and nearline tiers (else one event 4 min ahead would make the
+  normal events after it late: issue 16).
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ def decode_records(
         times = times[keep]
     # Step 4
     partitions = table.column("kafka_partition").to_numpy()
-    late = late_mask(times, partitions, rules, max_event_ms)
+    late = late_mask(times, partitions, rules, max_event_ms, now_ms)
     for i in np.flatnonzero(late):
         detail = (
             f"{name} {int(times[i])} ms is behind the partition watermark by more than the allowed lateness"
@@ -128,15 +132,22 @@ def late_mask(
     partitions: np.ndarray[Any, Any],
     rules: TimeRules,
     max_event_ms: dict[int, int],
+    now_ms: int,
 ) -> np.ndarray[Any, Any]:
-    """Which events are late; ``max_event_ms`` (per partition) advances to the max time seen."""
+    """Which events are late; ``max_event_ms`` (per partition) advances to the max time seen.
+
+    The max counts each event at ``min(event time, now_ms)``: the future is accepted but not
+    trusted, so the watermark never passes the landing clock (module docstring).
+    """
     late = np.zeros(len(times), dtype=bool)
     slack = rules.max_out_of_orderness_ms + rules.allowed_lateness_ms
     for part in np.unique(partitions):
         idx = np.flatnonzero(partitions == part)
         ts = times[idx]
         start = max_event_ms.get(int(part))
-        running = np.maximum.accumulate(ts)
+        if start is not None and start > now_ms:  # a checkpoint from before this rule or a faster clock
+            start = now_ms
+        running = np.maximum.accumulate(np.minimum(ts, now_ms))
         before = np.empty_like(ts)
         before[0] = start if start is not None else np.iinfo(np.int64).min + slack
         before[1:] = running[:-1]

@@ -193,3 +193,23 @@ def test_a_compatible_schema_change_keeps_landing_old_and_new_events(
     channels = sorted((r[0], r[1]) for r in rows)
     assert channels == [(f"p0000{n}", "app" if n == 4 else None) for n in range(1, 6)]
     assert {r[0]: r[2] for r in rows}["p00005"] == (T0 + 5000) * 1000
+
+
+def test_one_event_four_minutes_ahead_does_not_dead_letter_the_normal_traffic(
+    spark: Any, kafka_bootstrap: str, topics: tuple[str, str], tmp_path: Path
+) -> None:
+    """Issue 16 item 1: an accepted event from the future is landed but does not move the watermark."""
+    topic, dlq = topics
+    codec = EventCodec()
+    now = time.time_ns() // 1_000_000
+    ahead = now + 240_000  # within max_future (5 min): accepted
+    assert ahead - now < behaviour().max_future_ms
+    times = [now - 3_000, ahead, *(now - 2_000 + i * 100 for i in range(10))]
+    produce(kafka_bootstrap, topic, [good(codec, n, t, 0) for n, t in enumerate(times, start=1)])
+    source = behaviour().model_copy(update={"topic": topic})
+    config = LandingConfig(kafka_bootstrap, source, dlq, tmp_path / "bronze" / "events", batch_records=4)
+    stats = Lander(spark, config).run()
+    assert (stats.records, stats.landed, stats.late, stats.future, stats.malformed) == (12, 12, 0, 0, 0)
+    assert spark.read.format("delta").load(str(config.table)).where("late").count() == 0
+    assert dead_letters(kafka_bootstrap, dlq) == []
+    assert read_checkpoint(spark, config).max_event_ms[0] <= time.time_ns() // 1_000_000
