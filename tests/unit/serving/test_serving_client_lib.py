@@ -223,7 +223,7 @@ def test_half_open_probe_closes_on_a_good_answer_and_reopens_on_a_bad_one() -> N
         client.rank("u1", CANDIDATES, k=1)
     assert client.breaker.state == "open"
     clock.now += 5.0
-    assert client.breaker.state == "half_open"
+    assert client.breaker.state in ("half_open",)  # a fresh read (mypy keeps the narrowed "open")
     probe = client.rank("u1", CANDIDATES, k=1)
     assert len(seen) == 4
     assert probe.attempts == 1
