@@ -272,6 +272,9 @@ class RankingClient:
                 break
             if retry == self.retries:
                 break
+            if self.breaker.state != "closed":  # this attempt opened it: no point waiting to be refused
+                why = f"{why}; {self.breaker.why_open()}"
+                break
             wait = outcome.retry_after
             if wait is not None and wait > self.backoff.max_retry_after_s:
                 why += f"; Retry-After {wait:g} s is over {self.backoff.max_retry_after_s:g} s, not retried"

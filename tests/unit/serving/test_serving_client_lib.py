@@ -209,10 +209,11 @@ def test_without_a_fallback_list_there_is_nothing_to_answer_from() -> None:
 
 
 def test_retries_stop_once_the_breaker_opens() -> None:
-    client, _, seen = make([refused], retries=5, fallback=["i1"])
+    client, clock, seen = make([refused], retries=5, fallback=["i1"])
     result = client.rank("u1", CANDIDATES, k=1)
     assert len(seen) == 3
     assert result.attempts == 3
+    assert len(clock.sleeps) == 2  # no wait after the attempt that opened it
     assert result.breaker == "open"
     assert "circuit open" in result.reason
 
