@@ -3,8 +3,10 @@
 The realtime job decodes each source's records in the JVM (``dev.headwater.flink.DecodeEvent`` and
 ``EventTime`` in infra/maven/flink-udfs), built from :func:`decoder_config`: the plan source's every
 schema version (the ``schema-fp`` header picks the writer schema, resolved into the current one), its
-fields and kinds, event-time field and unit, the string key/event-id fields, and its event-time limits.
-No field name is written in code: the columns come from :attr:`PlanSource.fields`.
+fields and kinds, event-time field and unit, the string key/event-id fields, its event-time limits, and
+the Python codec's size bounds (payload bytes, string characters: ``oversized`` beyond them), passed here
+so that the two decoders share one definition of each limit. No field name is written in code: the
+columns come from :attr:`PlanSource.fields`.
 
 The decoded row is :data:`HEAD` (reason, detail, future-dated detail, event time in ms) and then one
 column per field of the current schema (:func:`event_columns`). The source's rules are evaluated by
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 
+from headwater.pipelines.events.codec import MAX_EVENT_BYTES, MAX_STRING_CHARS
 from headwater.registry.plans import PlanSource
 
 SQL_TYPES: dict[str, str] = {
@@ -56,8 +59,17 @@ def id_fields(source: PlanSource) -> list[str]:
     return [n for n in dict.fromkeys(names) if (f := source.field(n)) is not None and f.kind == "string"]
 
 
-def decoder_config(source: PlanSource) -> str:
-    """Return the JSON the JVM decoder (``EventDecoder.Config``) is built from: all it needs of ``source``."""
+def decoder_config(
+    source: PlanSource,
+    *,
+    max_event_bytes: int = MAX_EVENT_BYTES,
+    max_string_chars: int = MAX_STRING_CHARS,
+) -> str:
+    """Return the JSON the JVM decoder (``EventDecoder.Config``) is built from: all it needs of ``source``.
+
+    ``max_event_bytes`` and ``max_string_chars`` are the bounds of ``EventCodec`` (same defaults, same
+    meaning): a payload or string field over them is rejected as ``oversized`` by both decoders.
+    """
     return json.dumps(
         {
             "source": source.name,
@@ -69,6 +81,8 @@ def decoder_config(source: PlanSource) -> str:
             "min_event_time_ms": source.min_event_time_ms,
             "max_event_time_ms": source.max_event_time_ms,
             "max_future_ms": source.max_future_ms,
+            "max_event_bytes": max_event_bytes,
+            "max_string_chars": max_string_chars,
         },
         separators=(",", ":"),
     )

@@ -3,10 +3,11 @@
 Runs ``dev.headwater.flink.DecodeCheck`` (a ``java`` process, no Flink) with the decoder config the job
 builds from the plan source (:func:`headwater.pipelines.realtime.decode.decoder_config`), for both
 example sources (the behaviour events, and payments: micros, enums, a nullable double), over good
-events, every kind of bad record the codec names, records written with an older schema version, and
-seeded or generated bit flips / truncations. Each record must get the Python verdict: the reason of
-``EventCodec.decode``, then ``future_dated`` for an event further ahead than the source's
-``max_future_ms`` (the tiers' check), and a good one the same field values.
+events, every kind of bad record the codec names (``oversized`` payloads and strings too, with the
+codec's bounds given to both decoders), records written with an older schema version, and seeded or
+generated bit flips / truncations, strictly: no known difference is excused. Each record must get
+the Python verdict: the reason of ``EventCodec.decode``, then ``future_dated`` for an event further
+ahead than the source's ``max_future_ms`` (the tiers' check), and a good one the same field values.
 
 The JVM leaves the source's rules to the job's SQL (``hw_is_false(rule)`` after the decode); here the
 rules are applied to the JVM's decoded fields with the registry's evaluator, in the job's order
@@ -75,12 +76,14 @@ def _classpath() -> str:
     return ":".join(str(j) for j in [*ours, *flink])
 
 
-def _java_decode(source: PlanSource, records: list[Record], tmp: Path) -> list[list[str]]:
+def _java_decode(
+    source: PlanSource, records: list[Record], tmp: Path, limits: dict[str, int] | None = None
+) -> list[list[str]]:
     java = shutil.which("java")
     if java is None:
         pytest.skip("no `java` on PATH")
     config = tmp / f"{source.name}.json"
-    config.write_text(decoder_config(source))
+    config.write_text(decoder_config(source, **(limits or {})))
     lines = "".join(" ".join("-" if b is None else b.hex() for b in rec) + "\n" for rec in records)
     cmd = [java, "-cp", _classpath(), "dev.headwater.flink.DecodeCheck", str(config), str(NOW_MS)]
     # bytes, not text=True: universal newlines would turn a "\r" inside a decoded string into a line break
@@ -146,27 +149,23 @@ def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     )
 
 
-def _negative_index(java_row: list[str]) -> bool:
-    """A union or enum index < 0: corrupt for Avro (and the JVM decode).
+def compare(
+    source: PlanSource, records: list[Record], tmp: Path, limits: dict[str, int] | None = None
+) -> list[str]:
+    """Run both decodes; return the verdicts (the mismatches fail the test).
 
-    fastavro indexes its branch list with it, Python-style (-1 = the last branch), so the Python
-    codec may read such a payload as a (mostly then invalid) event: the one known difference
-    (issue 16 item 4 is the Python codec's to fix).
+    ``limits`` (``max_event_bytes``, ``max_string_chars``) go to the Python codec and, through
+    :func:`decoder_config`, to the JVM decoder: the codec's defaults when None.
     """
-    return java_row[0] == "corrupt_payload" and "Index -" in java_row[1]
-
-
-def compare(source: PlanSource, records: list[Record], tmp: Path) -> list[str]:
-    """Run both decodes; return the verdicts (the mismatches fail the test)."""
-    codec = EventCodec(source)
-    java = _java_decode(source, records, tmp)
+    codec = EventCodec(source, **(limits or {}))
+    java = _java_decode(source, records, tmp, limits)
     assert len(java) == len(records)
     mismatches, verdicts = [], []
     for i, row in enumerate(java):
         want, got = python_verdict(codec, records[i]), java_verdict(source, row)
         verdicts.append(got[0])
-        if (want[0] != got[0] or not _same(want[1], got[1])) and not _negative_index(row):
-            mismatches.append(f"{i}: python {want} java {got} ({row[:2]})")
+        if want[0] != got[0] or not _same(want[1], got[1]):
+            mismatches.append(f"{i}: python {want} java {got} ({row[:2]})"[:600])  # strings may be 64 KiB
     assert not mismatches, "\n".join(mismatches[:8])
     return verdicts
 
@@ -326,3 +325,72 @@ def test_an_older_schema_version_is_resolved_into_the_current_one(
     records.append((codec.encode(payment(9)), codec.fingerprint.encode(), None))  # and a current one
     assert compare(evolved, records, tmp_path) == ["ok"] * 6
     assert python_verdict(codec, records[0])[1]["risk_score"] is None  # type: ignore[index]
+
+
+def test_oversized_payloads_and_strings_are_rejected_alike(
+    sources: dict[str, PlanSource], tmp_path: Path
+) -> None:
+    """Issue 16 item 4: over the codec's bounds (MAX_EVENT_BYTES, MAX_STRING_CHARS), both: ``oversized``."""
+    src = sources["events"]
+    codec = EventCodec(src)
+    fp, ts = codec.fingerprint.encode(), b"1767225600000"
+    chars, size = codec.max_string_chars, codec.max_event_bytes
+    base = {
+        "event_id": "e1", "user_id": "u1", "item_id": None, "event_type": "search", "event_time": NOW_MS,
+        "session_id": "s1", "category": None, "price": None, "dwell_ms": None, "query": "q", "position": None,
+        "device": "web",
+    }  # fmt: skip
+    cases = [
+        {**base, "query": "q" * chars},  # at the bound: accepted
+        {**base, "query": "q" * (chars + 1)},
+        {**base, "query": "ü" * chars},  # 4096 characters in 8192 bytes: accepted
+        {**base, "query": "ü" * (chars + 1)},
+        {**base, "category": "c" * (chars + 1)},  # any string field
+        {**base, "session_id": "s" * (chars + 1)},
+        {**base, "user_id": "u" * (chars + 1)},  # an id over both bounds: oversized first, as in Python
+        {**base, "query": "", "category": "c" * (chars + 1)},  # a broken rule and an oversized string
+        {**base, "query": "q" * (size + 1)},  # over the byte bound (and the character bound)
+    ]
+    records: list[Record] = [(codec.encode(e), fp, ts) for e in cases]
+    records.append((b"\xff" * (size + 1), fp, ts))  # garbage over the byte bound: oversized before corrupt
+    records.append((b"\xff" * size, fp, ts))  # garbage at the bound: corrupt
+    verdicts = compare(src, records, tmp_path)
+    assert verdicts == ["ok", "oversized", "ok", "oversized", "oversized", "oversized", "oversized",
+                        "oversized", "oversized", "oversized", "corrupt_payload"]  # fmt: skip
+
+    pay = sources["payments"]
+    pcodec = EventCodec(pay)
+    pfp = pcodec.fingerprint.encode()
+    pcases = [
+        payment(1, currency="E" * chars),
+        payment(2, currency="E" * (chars + 1)),
+        payment(3, merchant_id="m" * (chars + 1)),
+        payment(4, payment_id="p" * (chars + 1)),  # the event id: oversized, not invalid_field
+        payment(5, amount=-1.0, merchant_id="m" * (chars + 1)),  # a broken rule too: oversized first
+        payment(6, currency="E" * (size + 1)),
+    ]
+    pverdicts = compare(pay, [(pcodec.encode(e), pfp, ts) for e in pcases], tmp_path)
+    assert pverdicts == ["ok", "oversized", "oversized", "oversized", "oversized", "oversized"]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    max_string_chars=st.integers(1, 60),
+    max_event_bytes=st.integers(40, 200),
+    texts=st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=30),
+)
+def test_the_bounds_given_to_the_codec_reach_the_jvm(
+    sources: dict[str, PlanSource],
+    tmp_path: Path,
+    max_string_chars: int,
+    max_event_bytes: int,
+    texts: list[str],
+) -> None:
+    """Other bounds than the defaults: the JVM gets them from decoder_config, not constants of its own."""
+    limits = {"max_event_bytes": max_event_bytes, "max_string_chars": max_string_chars}
+    src = sources["payments"]
+    codec = EventCodec(src)
+    fp, ts = codec.fingerprint.encode(), b"1767225600000"
+    events = [payment(i, currency=t) for i, t in enumerate(texts)]
+    events += [payment(100 + i, merchant_id=t) for i, t in enumerate(texts)]
+    compare(src, [(codec.encode(e), fp, ts) for e in events], tmp_path, limits)

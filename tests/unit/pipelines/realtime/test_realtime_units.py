@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import pytest
 
+from headwater.pipelines.events.codec import MAX_EVENT_BYTES, MAX_STRING_CHARS
 from headwater.pipelines.realtime.cli import _topic_overrides
 from headwater.pipelines.realtime.decode import decoder_config, event_columns, id_fields
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
@@ -109,6 +110,10 @@ def test_the_decode_config_and_columns_come_from_the_plan_source(plan: TierPlan)
         pay.max_future_ms,
         pay.min_event_time_ms,
     )
+    # the codec's size bounds travel with the config (one definition, in codec.py)
+    assert (config["max_event_bytes"], config["max_string_chars"]) == (MAX_EVENT_BYTES, MAX_STRING_CHARS)
+    small = json.loads(decoder_config(pay, max_event_bytes=300, max_string_chars=20))
+    assert (small["max_event_bytes"], small["max_string_chars"]) == (300, 20)
     cols = dict(event_columns(pay))
     assert (cols["status"], cols["amount"], cols["risk_score"], cols["occurred_at"]) == (
         "STRING", "DOUBLE", "DOUBLE", "BIGINT",

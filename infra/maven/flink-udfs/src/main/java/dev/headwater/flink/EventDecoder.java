@@ -25,12 +25,16 @@ import org.apache.avro.util.Utf8;
  * (pipelines/events/codec.py {@code EventCodec.decode}): same steps, same reason codes. Nothing here
  * knows a field name: the source comes as the JSON that pipelines/realtime/decode.py
  * {@code decoder_config} writes from the plan's {@code PlanSource} (every schema version, the current
- * schema's fields and kinds, the event-time field and unit, the id fields, the event-time limits).
+ * schema's fields and kinds, the event-time field and unit, the id fields, the event-time limits) and the
+ * Python codec's size bounds ({@code max_event_bytes}, {@code max_string_chars}: one definition, in
+ * codec.py, not constants of the JVM's own).
  *
  * <p>Steps: 1. the {@code schema-fp} header names one of the source's schema versions (the writer
  * schema); 2. {@code produce-ts}, when present, is ASCII digits (at most 16); 3. the payload is one
  * Avro record of the writer schema that uses every byte, resolved into the current schema (Avro's
- * rules); 4. the event time lies in {@code [min_event_time_ms, max_event_time_ms)} and each string
+ * rules), and is {@code oversized} when over {@code max_event_bytes} (checked before it is read) or when
+ * a string field has more than {@code max_string_chars} characters (checked after the read, before the
+ * field checks, as in Python); 4. the event time lies in {@code [min_event_time_ms, max_event_time_ms)} and each string
  * key/event-id field has 1..128 characters. The source's rules are not evaluated here: the realtime
  * SQL evaluates them ({@code hw_is_false(rule)}, {@link IsFalse}, pipelines/realtime/sql.py) right after this decode, so
  * a filter and a rule have one implementation per engine. Then 5. the record is flagged future-dated
@@ -61,6 +65,12 @@ public final class EventDecoder {
         final long minEventTimeMs;
         final long maxEventTimeMs;
         final long maxFutureMs;
+        /** A payload over this many bytes is {@code oversized} (codec.py {@code max_event_bytes}). */
+        final int maxEventBytes;
+        /** A string field over this many characters is {@code oversized} ({@code max_string_chars}). */
+        final int maxStringChars;
+        /** The fields of kind string (the ones {@code maxStringChars} bounds; not enum symbols). */
+        final int[] stringFields;
 
         Config(JsonNode n) {
             source = n.path("source").asText();
@@ -106,6 +116,25 @@ public final class EventDecoder {
             minEventTimeMs = n.path("min_event_time_ms").asLong();
             maxEventTimeMs = n.path("max_event_time_ms").asLong();
             maxFutureMs = n.path("max_future_ms").asLong();
+            maxEventBytes = bound(n, "max_event_bytes");
+            maxStringChars = bound(n, "max_string_chars");
+            List<Integer> strings = new ArrayList<>();
+            for (int i = 0; i < kinds.length; i++) {
+                if ("string".equals(kinds[i])) {
+                    strings.add(i);
+                }
+            }
+            stringFields = strings.stream().mapToInt(Integer::intValue).toArray();
+        }
+
+        /** A positive size bound of the config: required, so a stale config fails at start, not per record. */
+        private int bound(JsonNode n, String key) {
+            JsonNode v = n.get(key);
+            if (v == null || !v.canConvertToInt() || v.asInt() <= 0) {
+                throw new IllegalArgumentException("source " + source + ": the decoder config has no positive "
+                    + key + " (found " + v + "): it comes from pipelines/realtime/decode.py decoder_config");
+            }
+            return v.asInt();
         }
 
         /** Parse the JSON of pipelines/realtime/decode.py {@code decoder_config}. */
@@ -208,6 +237,10 @@ public final class EventDecoder {
         if (value == null || value.length == 0) {
             return reject("empty_payload", "the record has no value (tombstone or empty bytes)");
         }
+        if (value.length > config.maxEventBytes) {
+            return reject("oversized", "a " + value.length + "-byte payload is over the " + config.maxEventBytes
+                + "-byte limit of source '" + config.source + "'");
+        }
         GenericRecord record;
         try {
             decoder = DecoderFactory.get().binaryDecoder(value, decoder);
@@ -240,6 +273,14 @@ public final class EventDecoder {
                 v = f.doubleValue();
             }
             fields[i] = v;
+        }
+        // A string has at most as many characters as bytes: a payload within the bound cannot hold a
+        // string over it (the common case skips the look at every string field, as in Python).
+        if (value.length > config.maxStringChars) {
+            String over = oversized(fields);
+            if (over != null) {
+                return reject("oversized", over);
+            }
         }
         // Step 4
         Object ts = fields[config.timeField];
@@ -274,6 +315,20 @@ public final class EventDecoder {
             if (n <= 0 || n > MAX_ID_CHARS) {
                 String size = s == null ? "null" : n + " (" + strRepr(s) + ")";
                 return config.names[i] + ": expected 1.." + MAX_ID_CHARS + " characters, found " + size;
+            }
+        }
+        return null;
+    }
+
+    /** Name the first string field over {@code maxStringChars} characters (code points), if any. */
+    private String oversized(Object[] f) {
+        for (int i : config.stringFields) {
+            if (f[i] instanceof String s && s.length() > config.maxStringChars) {  // UTF-16 units >= code points
+                int n = s.codePointCount(0, s.length());
+                if (n > config.maxStringChars) {
+                    return config.names[i] + ": " + n + " characters (" + strRepr(s) + "...) is over the limit of "
+                        + config.maxStringChars + " characters of source '" + config.source + "'";
+                }
             }
         }
         return null;
