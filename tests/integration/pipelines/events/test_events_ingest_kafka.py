@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.admin import NewTopic
 
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.events.codec import (
@@ -51,28 +50,6 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def payments(state: Path) -> PlanSource:
     return next(s for s in read_plan(state, "offline").sources if s.name == "payments")
-
-
-@pytest.fixture
-def new_topic(kafka_bootstrap: str) -> Iterator[Callable[[int], str]]:
-    """Create uniquely named topics for one test and delete them afterwards."""
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-ingest-admin")
-    created: list[str] = []
-
-    def make(partitions: int) -> str:
-        name = f"test.ingest.{uuid.uuid4().hex[:12]}"
-        admin.create_topics([NewTopic(name=name, num_partitions=partitions, replication_factor=1)])
-        created.append(name)
-        deadline = time.monotonic() + 15
-        while name not in admin.list_topics():
-            assert time.monotonic() < deadline, f"topic {name} did not appear"
-            time.sleep(0.1)
-        return name
-
-    yield make
-    if created:
-        admin.delete_topics(created)
-    admin.close()
 
 
 def read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:

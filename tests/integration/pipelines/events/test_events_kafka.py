@@ -3,12 +3,11 @@
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from click.testing import CliRunner
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.events.codec import (
@@ -24,28 +23,6 @@ from headwater.pipelines.events.codec import (
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.events.producer import ProduceError, ProducerSettings, produce
 from headwater.pipelines.events.tail import TailedRecord, tail
-
-
-@pytest.fixture
-def new_topic(kafka_bootstrap: str) -> Iterator[Callable[[int], str]]:
-    """Create uniquely named topics for one test and delete them afterwards."""
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-events-admin")
-    created: list[str] = []
-
-    def make(partitions: int) -> str:
-        name = f"test.events.{uuid.uuid4().hex[:12]}"
-        admin.create_topics([NewTopic(name=name, num_partitions=partitions, replication_factor=1)])
-        created.append(name)
-        deadline = time.monotonic() + 15
-        while name not in admin.list_topics():
-            assert time.monotonic() < deadline, f"topic {name} did not appear"
-            time.sleep(0.1)
-        return name
-
-    yield make
-    if created:
-        admin.delete_topics(created)
-    admin.close()
 
 
 def read_all(bootstrap: str, topic: str, expected: int) -> list:
