@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.events.testing import Record
 from headwater.pipelines.offline.landing_batch import TimeRules, decode_records, late_mask
 from headwater.pipelines.offline.testing import T0, event
 
 RULES = TimeRules(max_out_of_orderness_ms=5_000, allowed_lateness_ms=60_000, max_future_ms=300_000)
-
-
-class Record(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
 
 
 def late_reference(times: list[int], partitions: list[int], seen: dict[int, int], now: int) -> list[bool]:
@@ -54,7 +46,7 @@ def test_late_mask_equals_the_per_event_rule_across_batches() -> None:
 def records(codec: EventCodec, now: int) -> list[Record]:
     def rec(offset: int, e: dict[str, Any] | None, partition: int = 0) -> Record:
         value = codec.encode(e) if e is not None else b"\x00junk"  # type: ignore[arg-type]
-        return Record("events", partition, offset, b"k", value, codec.headers())
+        return Record(offset, value, codec.headers(), b"k", partition=partition)
 
     return [
         rec(0, event(1, "u1", "click", T0, item_id="i1")),

@@ -7,13 +7,12 @@ it are not flagged ``late`` nor dead-lettered.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.events.testing import Record
 from headwater.pipelines.offline.landing_batch import TimeRules, decode_records, late_mask
 from headwater.pipelines.offline.testing import T0, event
 
@@ -21,23 +20,12 @@ RULES = TimeRules(max_out_of_orderness_ms=5_000, allowed_lateness_ms=60_000, max
 SLACK = RULES.max_out_of_orderness_ms + RULES.allowed_lateness_ms
 
 
-class Record(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-
-
 def test_one_event_four_minutes_ahead_does_not_make_the_next_ones_late() -> None:
     codec = EventCodec()
     now = T0
     times = [now - 2_000, now + 240_000, now - 1_000, now, now + 500, now + 1_000]
     recs = [
-        Record(
-            "events", 0, i, b"u1", codec.encode(event(i + 1, "u1", "click", t, item_id="i1")), codec.headers()
-        )
+        Record(i, codec.encode(event(i + 1, "u1", "click", t, item_id="i1")), codec.headers(), b"u1")
         for i, t in enumerate(times)
     ]
     seen: dict[int, int] = {}
@@ -48,8 +36,9 @@ def test_one_event_four_minutes_ahead_does_not_make_the_next_ones_late() -> None
     assert seen == {0: now}  # capped by the clock, not now + 4 min
     # The next poll, a second later, still trusts only the clock.
     later = now + 1_000
-    nxt = [Record("events", 0, 6, b"u1", codec.encode(event(7, "u1", "click", later - 3_000, item_id="i1")),
-                  codec.headers())]  # fmt: skip
+    nxt = [
+        Record(6, codec.encode(event(7, "u1", "click", later - 3_000, item_id="i1")), codec.headers(), b"u1")
+    ]
     chunk = decode_records(codec, nxt, RULES, seen, later)
     assert chunk.rejected == []
     assert chunk.table.column("late").to_pylist() == [False]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.readers import FileRow
 from headwater.pipelines.events.rows import RowChecker
+from headwater.pipelines.events.testing import Record
 from headwater.pipelines.offline.history import Reject, _check
 from headwater.pipelines.offline.labels import LabelsError, labels_source
 from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
@@ -24,15 +25,6 @@ from headwater.pipelines.offline.source_columns import (
 )
 from headwater.pipelines.offline.testing import T0, behaviour, payment, payments, view
 from headwater.registry.plans import PlanField
-
-
-class Record(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
 
 
 def test_payments_bronze_columns_come_from_its_avro_fields() -> None:
@@ -77,7 +69,7 @@ def test_payments_records_decode_with_micros_and_the_rules_in_ms() -> None:
     rules = TimeRules.of(payments())
 
     def rec(offset: int, event: dict[str, Any]) -> Record:
-        return Record("payments", 0, offset, b"a1", codec.encode(event), codec.headers())
+        return Record(offset, codec.encode(event), codec.headers(), b"a1", topic="payments")
 
     records = [
         rec(0, payment(1, "a1", T0)),
