@@ -10,7 +10,7 @@ import json
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -60,12 +60,21 @@ def _tier_views(state_dir: Path | None, tier: str) -> list[PlanView]:
 
 
 def _views(plan: TierPlan, names: tuple[str, ...]) -> list[PlanView]:
+    """Return the plan's views named ``names`` (all of them when none is named)."""
+    return _named(plan.views, names, "view(s)", plan.tier)
+
+
+_Named = TypeVar("_Named", "PlanView", "PlanSource")
+
+
+def _named(items: list[_Named], names: tuple[str, ...], what: str, tier: str) -> list[_Named]:
+    """Pick ``names`` out of ``items`` in the order asked; an unknown name is an error listing the known."""
     if not names:
-        return list(plan.views)
-    known = {v.name: v for v in plan.views}
+        return list(items)
+    known = {item.name: item for item in items}
     unknown = [n for n in names if n not in known]
     if unknown:
-        msg = f"unknown view(s) {unknown} in the {plan.tier} plan; known: {sorted(known)}"
+        msg = f"unknown {what} {unknown} in the {tier} plan; known: {sorted(known)}"
         raise click.ClickException(msg)
     return [known[n] for n in names]
 
@@ -121,14 +130,7 @@ def landing(
 
 def _sources(plan: TierPlan, names: tuple[str, ...]) -> list[PlanSource]:
     """Return the plan's sources named ``names`` (all of them when none is named)."""
-    if not names:
-        return list(plan.sources)
-    known = {s.name: s for s in plan.sources}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        msg = f"unknown source(s) {unknown} in the {plan.tier} plan; known: {sorted(known)}"
-        raise click.ClickException(msg)
-    return [known[n] for n in names]
+    return _named(plan.sources, names, "source(s)", plan.tier)
 
 
 def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
