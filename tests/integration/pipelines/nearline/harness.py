@@ -474,12 +474,20 @@ def expected(settings: Settings, source: PlanSource = BEHAVIOUR, topic: str | No
     return Expected(accepted, late, malformed, owner, source)
 
 
-def dlq_reasons(settings: Settings, topic: str | None = None) -> dict[str, int]:
-    """Dead letters by reason (only those of source topic ``topic``, when given)."""
+def dlq_reasons(settings: Settings, topic: str | None = None, distinct: bool = False) -> dict[str, int]:
+    """Dead letters by reason (only those of source topic ``topic``, when given).
+
+    ``distinct`` counts each rejected record once by its source coordinates: the nearline tier sends
+    dead letters before it commits (step 1 of its commit order), so a kill -9 between the two resends
+    them on restart, at least once, never lost.
+    """
     out: dict[str, int] = {}
+    seen: set[tuple[str, int, int]] = set()
     for rec in read_topic(settings, settings.dlq_topic):
         dead = parse_dead_letter(rec.value, rec.key, rec.headers)
-        if topic is None or dead.source_topic == topic:
+        where = (dead.source_topic, dead.source_partition, dead.source_offset)
+        if (topic is None or dead.source_topic == topic) and not (distinct and where in seen):
+            seen.add(where)
             out[dead.reason] = out.get(dead.reason, 0) + 1
     return out
 
