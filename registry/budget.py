@@ -13,12 +13,12 @@ from headwater.registry.compiled import CompiledView
 from headwater.registry.cost import OVER_DECLARED_FACTOR, UNDER_DECLARED_FACTOR, CostEstimate
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.load import Located
-from headwater.registry.models import BudgetFile, ViewSpec
+from headwater.registry.models import BudgetFile, ViewDefinition
 
 TOP_CONSUMERS = 5
 
 
-def check_declared_cost(view: Located[ViewSpec], estimate: CostEstimate, diags: Diagnostics) -> None:
+def check_declared_cost(view: Located[ViewDefinition], estimate: CostEstimate, diags: Diagnostics) -> None:
     """Error when ``compute_cost`` is under-declared; warning when it is far above the estimate."""
     declared = view.spec.compute_cost
     est = estimate.cpu_hours_per_day

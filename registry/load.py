@@ -17,10 +17,10 @@ from headwater.registry.diagnostics import Diagnostic, Diagnostics, display_path
 from headwater.registry.models import (
     BudgetFile,
     EntitySpec,
-    FeatureSpec,
+    FeatureDefinition,
     SourceSpec,
+    ViewDefinition,
     ViewHeader,
-    ViewSpec,
 )
 from headwater.registry.spec_errors import spec_diagnostics
 from headwater.registry.yamlsrc import Path_, YamlDoc, YamlSyntaxError, parse_yaml
@@ -58,7 +58,7 @@ class LoadedRepo:
     entities: dict[str, Located[EntitySpec]] = field(default_factory=dict)
     sources: dict[str, Located[SourceSpec]] = field(default_factory=dict)
     budget: Located[BudgetFile] | None = None
-    views: list[Located[ViewSpec]] = field(default_factory=list)
+    views: list[Located[ViewDefinition]] = field(default_factory=list)
     view_files: int = 0
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
 
@@ -255,7 +255,7 @@ def _load_budget(repo: LoadedRepo) -> None:
     repo.budget = _validate_item(repo, file, doc, (), BudgetFile, doc.data)
 
 
-def _load_view(repo: LoadedRepo, path: Path) -> Located[ViewSpec] | None:
+def _load_view(repo: LoadedRepo, path: Path) -> Located[ViewDefinition] | None:
     file, doc = _read(repo, path)
     if doc is None:
         return None
@@ -263,24 +263,24 @@ def _load_view(repo: LoadedRepo, path: Path) -> Located[ViewSpec] | None:
     if data is None:
         return None
     view_name = data.get("feature_view") if isinstance(data.get("feature_view"), str) else None
-    features: list[FeatureSpec] = []
+    features: list[FeatureDefinition] = []
     raw_features = data.get("features")
     if isinstance(raw_features, list):
         for index, raw in enumerate(raw_features):
             try:
-                features.append(FeatureSpec.model_validate(raw))
+                features.append(FeatureDefinition.model_validate(raw))
             except ValidationError as exc:
                 sub = _shifted(doc, ("features", index))
-                for diag in spec_diagnostics(exc, FeatureSpec, sub, file, view_name):
+                for diag in spec_diagnostics(exc, FeatureDefinition, sub, file, view_name):
                     repo.diagnostics.add(_with_feature(diag, raw, index))
     try:
         header = ViewHeader.model_validate(data)
     except ValidationError as exc:
-        repo.diagnostics.extend(spec_diagnostics(exc, ViewSpec, doc, file, view_name))
+        repo.diagnostics.extend(spec_diagnostics(exc, ViewDefinition, doc, file, view_name))
         return None
     if not features:
         return None
-    spec = ViewSpec.model_construct(**{**dict(header), "features": features})
+    spec = ViewDefinition.model_construct(**{**dict(header), "features": features})
     return Located(spec=spec, file=file, path=path, doc=doc)
 
 

@@ -4,7 +4,7 @@ Files:
     ``entities.yaml``  ``entities: [{name, join_key, description}]``
     ``sources.yaml``   ``sources: [{name, topic, schema, event_time, expected_rate_per_s, ...}]``
     ``budget.yaml``    ``tiers: {realtime: 30, ...}`` and optional ``owners: {team: 20}`` (CPU-h/day)
-    one file per view  :class:`ViewSpec`
+    one file per view  :class:`ViewDefinition`
 
 Models are frozen and strict (no silent ``"5" -> 5``); durations are parsed into
 :class:`~headwater.registry.durations.Duration` as they load. Cross-references (entity, source,
@@ -109,7 +109,7 @@ class BudgetFile(Spec):
     owners: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
 
 
-class OperandSpec(Spec):
+class OperandDefinition(Spec):
     """One side of a ``ratio``: an aggregation over the feature's window."""
 
     agg: OperandAggName
@@ -117,7 +117,7 @@ class OperandSpec(Spec):
     where: NonEmpty | None = None
 
 
-class FeatureSpec(Spec):
+class FeatureDefinition(Spec):
     """One feature of a view: an aggregation of event fields over a window."""
 
     name: Name
@@ -127,8 +127,8 @@ class FeatureSpec(Spec):
     where: NonEmpty | None = None
     slide: DurationField | None = None
     k: Annotated[int, Field(ge=1, le=1000)] | None = None
-    numerator: OperandSpec | None = None
-    denominator: OperandSpec | None = None
+    numerator: OperandDefinition | None = None
+    denominator: OperandDefinition | None = None
     dtype: DtypeName | None = None
     description: str = ""
 
@@ -148,10 +148,10 @@ class ViewHeader(Spec):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
-class ViewSpec(ViewHeader):
+class ViewDefinition(ViewHeader):
     """One feature view file, features included."""
 
-    features: Annotated[list[FeatureSpec], Field(min_length=1)]
+    features: Annotated[list[FeatureDefinition], Field(min_length=1)]
 
 
 def is_name(text: str) -> bool:

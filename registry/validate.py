@@ -22,7 +22,7 @@ from headwater.registry.cost import estimate_view
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.durations import format_seconds
 from headwater.registry.load import LoadedRepo, Located, load_repo
-from headwater.registry.models import ViewSpec
+from headwater.registry.models import ViewDefinition
 from headwater.registry.sources import KEY_KINDS, check_sources
 from headwater.registry.tiers import TIERS, Tier, cheaper_tier_meeting
 from headwater.registry.validate_features import FeatureContext, check_feature
@@ -36,7 +36,7 @@ def check_repo(root: Path) -> CheckResult:
     result.entities = {name: loc.spec for name, loc in repo.entities.items()}
     result.sources = check_sources(repo.root, repo.sources, diags)
     result.budget = repo.budget.spec if repo.budget else None
-    seen: dict[str, Located[ViewSpec]] = {}
+    seen: dict[str, Located[ViewDefinition]] = {}
     for view in repo.views:
         name = view.spec.feature_view
         if name in seen:
@@ -63,7 +63,7 @@ def check_repo(root: Path) -> CheckResult:
     return result
 
 
-def _unknown(view: Located[ViewSpec], key: str, kind: str, name: str, known: list[str]) -> Diagnostic:
+def _unknown(view: Located[ViewDefinition], key: str, kind: str, name: str, known: list[str]) -> Diagnostic:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"declare it in {kind}s.yaml"
     return Diagnostic(
@@ -79,7 +79,7 @@ def _unknown(view: Located[ViewSpec], key: str, kind: str, name: str, known: lis
 
 
 def _check_view(
-    view: Located[ViewSpec], repo: LoadedRepo, result: CheckResult, diags: Diagnostics
+    view: Located[ViewDefinition], repo: LoadedRepo, result: CheckResult, diags: Diagnostics
 ) -> CompiledView | None:
     spec = view.spec
     entity = result.entities.get(spec.entity)
@@ -137,7 +137,7 @@ def _check_view(
 
 
 def _check_features(
-    view: Located[ViewSpec], source: CompiledSource, tier: Tier, diags: Diagnostics
+    view: Located[ViewDefinition], source: CompiledSource, tier: Tier, diags: Diagnostics
 ) -> tuple[CompiledFeature, ...] | None:
     compiled: list[CompiledFeature] = []
     names: dict[str, int] = {}
@@ -169,7 +169,7 @@ def _check_features(
     return None if failed else tuple(compiled)
 
 
-def _check_sla(view: Located[ViewSpec], tier: Tier, diags: Diagnostics) -> None:
+def _check_sla(view: Located[ViewDefinition], tier: Tier, diags: Diagnostics) -> None:
     sla = view.spec.freshness_sla
     if sla.seconds >= tier.freshness_floor_s:
         return
@@ -191,7 +191,7 @@ def _check_sla(view: Located[ViewSpec], tier: Tier, diags: Diagnostics) -> None:
     )
 
 
-def _tier_runs(view: Located[ViewSpec], compiled: CompiledView, tier: Tier, diags: Diagnostics) -> bool:
+def _tier_runs(view: Located[ViewDefinition], compiled: CompiledView, tier: Tier, diags: Diagnostics) -> bool:
     """Whether ``tier`` can run the view as a whole (its features were checked one by one)."""
     slides = sorted({f.slide.seconds for f in compiled.features})
     if not tier.one_slide_per_view or len(slides) == 1:
@@ -214,7 +214,7 @@ def _tier_runs(view: Located[ViewSpec], compiled: CompiledView, tier: Tier, diag
 
 
 def _warn_cheaper_tier(
-    view: Located[ViewSpec], compiled: CompiledView, tier: Tier, diags: Diagnostics
+    view: Located[ViewDefinition], compiled: CompiledView, tier: Tier, diags: Diagnostics
 ) -> None:
     sla = compiled.freshness_sla.seconds
     if sla < tier.freshness_floor_s:

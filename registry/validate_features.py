@@ -16,7 +16,7 @@ from headwater.registry.durations import Duration, format_seconds
 from headwater.registry.expr import And, Expr, ExprError, parse
 from headwater.registry.expr_check import check_expr, unknown_field
 from headwater.registry.load import Located
-from headwater.registry.models import FeatureSpec, OperandSpec, ViewSpec
+from headwater.registry.models import FeatureDefinition, OperandDefinition, ViewDefinition
 from headwater.registry.tiers import TIERS, Tier, tiers_keeping
 
 
@@ -24,7 +24,7 @@ from headwater.registry.tiers import TIERS, Tier, tiers_keeping
 class FeatureContext:
     """What a feature check needs to know about its view."""
 
-    view: Located[ViewSpec]
+    view: Located[ViewDefinition]
     index: int
     schema: EventSchema
     tier: Tier
@@ -32,7 +32,7 @@ class FeatureContext:
     failed: bool = False
 
     @property
-    def spec(self) -> FeatureSpec:
+    def spec(self) -> FeatureDefinition:
         """The feature being checked."""
         return self.view.spec.features[self.index]
 
@@ -228,7 +228,7 @@ def _where_error(ctx: FeatureContext, key: tuple[str, ...], text: str, exc: Expr
 
 
 def _operand(
-    ctx: FeatureContext, side: str, spec: OperandSpec | None, outer: Expr | None, outer_text: str | None
+    ctx: FeatureContext, side: str, spec: OperandDefinition | None, outer: Expr | None, outer_text: str | None
 ) -> Operand | None:
     if spec is None:
         return None

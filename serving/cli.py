@@ -54,11 +54,11 @@ def train(
     Prints holdout AUC and NDCG@10 (the latest slates, split by time) next to popularity.
     """
     from headwater.serving.train import TrainOptions, train_and_save
-    from headwater.serving.trainset import TrainingSetError, read_parquet
+    from headwater.serving.trainset import TrainingFileError, read_parquet
 
     try:
         ts = read_parquet(training_set)
-    except TrainingSetError as exc:
+    except TrainingFileError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
         f"training set {training_set}: {len(ts)} rows, {len(ts.user_features)} user and"
@@ -68,7 +68,7 @@ def train(
     opts = TrainOptions(seed=seed, epochs=epochs, holdout=holdout, device=device)
     try:
         report = train_and_save(ts, out_dir, opts)
-    except TrainingSetError as exc:
+    except TrainingFileError as exc:
         raise click.ClickException(str(exc)) from exc
     m = report.metrics
     click.echo(

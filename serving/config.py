@@ -17,7 +17,7 @@ CPU_BATCH_ROWS = 1024
 CUDA_BATCH_ROWS = 8192
 
 
-class ConfigError(ValueError):
+class ServingConfigError(ValueError):
     """The serving configuration file is missing or not valid."""
 
 
@@ -125,15 +125,15 @@ def load_config(path: str | Path | None) -> ServingConfig:
         raw: Any = YAML(typ="safe").load(file.read_text(encoding="utf-8"))
     except OSError as exc:
         msg = f"serving config {file}: cannot be read ({exc.strerror}); pass an existing YAML file"
-        raise ConfigError(msg) from exc
+        raise ServingConfigError(msg) from exc
     except YAMLError as exc:
         msg = f"serving config {file}: not valid YAML: {exc}"
-        raise ConfigError(msg) from exc
+        raise ServingConfigError(msg) from exc
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         msg = f"serving config {file}: expected a mapping of fields at the top; found {type(raw).__name__}"
-        raise ConfigError(msg)
+        raise ServingConfigError(msg)
     try:
         return ServingConfig.model_validate(raw)
     except ValidationError as exc:
@@ -141,4 +141,4 @@ def load_config(path: str | Path | None) -> ServingConfig:
             f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors()
         )
         msg = f"serving config {file}: {problems}"
-        raise ConfigError(msg) from exc
+        raise ServingConfigError(msg) from exc

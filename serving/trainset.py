@@ -20,7 +20,7 @@ import numpy.typing as npt
 VERSION_KEY = b"headwater.registry_version"
 
 
-class TrainingSetError(ValueError):
+class TrainingFileError(ValueError):
     """A training-set file is missing columns or holds no usable rows."""
 
 
@@ -85,7 +85,7 @@ def read_parquet(path: Path) -> TrainingSet:
         table = pq.read_table(path)
     except (OSError, ValueError) as exc:
         msg = f"training set {path}: cannot be read as Parquet ({exc})"
-        raise TrainingSetError(msg) from exc
+        raise TrainingFileError(msg) from exc
     names = table.column_names
     missing = [c for c in ("group", "user_id", "item_id", "event_time", "label") if c not in names]
     user_cols = [c for c in names if c.startswith("user.")]
@@ -95,7 +95,7 @@ def read_parquet(path: Path) -> TrainingSet:
             f"training set {path}: expected columns group, user_id, item_id, event_time, label and at least"
             f" one user.<feature> and item.<feature>; missing {missing or 'user./item. feature columns'}"
         )
-        raise TrainingSetError(msg)
+        raise TrainingFileError(msg)
     meta = table.schema.metadata or {}
 
     def matrix(cols: list[str]) -> npt.NDArray[np.float32]:

@@ -344,11 +344,11 @@ def _source(name: str | None, state_dir: Path | None) -> PlanSource | None:
 
 def _is_behaviour(source: PlanSource) -> bool:
     """Whether the source's current schema is the example behaviour schema (its generator then applies)."""
-    from headwater.pipelines.events.schema import SchemaError, behavior_source
+    from headwater.pipelines.events.schema import ExampleRepoError, behavior_source
 
     try:
         return source.current.fingerprint == behavior_source().current.fingerprint
-    except SchemaError:
+    except ExampleRepoError:
         return False
 
 

@@ -43,7 +43,11 @@ class IngestError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """A row that was not sent: where it is in the file, the field at fault and why."""
+    """A row of a user's file that was not taken: where it is in the file, the field at fault and why.
+
+    One type for every path that reads a user's file (``events produce --from`` and ``events
+    import``): ``reason`` says why (a message, or a reason code followed by ``detail``).
+    """
 
     line: int
     field: str | None
@@ -51,10 +55,14 @@ class Reject:
     row: Any = None
     """The row's values as read (None when the row did not parse; then ``raw`` holds its text)."""
     raw: str | None = None
+    detail: str | None = None
+    """What exactly was wrong, when ``reason`` is a code."""
 
     def as_dict(self) -> dict[str, Any]:
         """Return the JSON form written to the reject file."""
         out: dict[str, Any] = {"line": self.line, "field": self.field, "reason": self.reason}
+        if self.detail is not None:
+            out["detail"] = self.detail
         if self.row is not None:
             out["row"] = self.row
         if self.raw is not None:

@@ -49,7 +49,7 @@ class BehaviorEvent(TypedDict):
 FIELD_NAMES: tuple[str, ...] = tuple(BehaviorEvent.__annotations__)
 
 
-class SchemaError(ValueError):
+class ExampleRepoError(ValueError):
     """The example repo is missing, or its behaviour source does not check."""
 
 
@@ -67,7 +67,7 @@ def behavior_source(repo: Path | None = None) -> PlanSource:
     """Return the plan form of the example repo's behaviour source (checked once per process and folder).
 
     Raises:
-        SchemaError: the repo or its ``events`` source does not check.
+        ExampleRepoError: the repo or its ``events`` source does not check.
     """
     return example_source(BEHAVIOR_SOURCE, repo)
 
@@ -76,7 +76,7 @@ def example_source(name: str, repo: Path | None = None) -> PlanSource:
     """Return the plan form of source ``name`` of the example repo (``events`` or ``payments``).
 
     Raises:
-        SchemaError: the repo or that source does not check.
+        ExampleRepoError: the repo or that source does not check.
     """
     return _example_source(name, (repo or example_repo()).resolve())
 
@@ -92,7 +92,7 @@ def _example_source(name: str, repo: Path) -> PlanSource:
     if name not in compiled:
         problems = "; ".join(d.message for d in loaded.diagnostics.errors) or "no such source"
         msg = f"example repo {repo}: source {name!r} does not check: {problems}"
-        raise SchemaError(msg)
+        raise ExampleRepoError(msg)
     return plan_source(compiled[name])
 
 

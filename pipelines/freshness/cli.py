@@ -20,7 +20,7 @@ from headwater.registry.config import state_dir as resolve_state_dir
 from headwater.registry.options import STATE_HELP
 
 if TYPE_CHECKING:
-    from headwater.pipelines.freshness.report import Report, ViewSpec
+    from headwater.pipelines.freshness.report import FreshnessTarget, Report
 
 EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
 
@@ -131,7 +131,7 @@ def _render(report: Report, fmt: str) -> str:
     return render_text(report)
 
 
-def _serve(client: Any, specs: Sequence[ViewSpec], window_s: float, namespace: str, port: int) -> None:
+def _serve(client: Any, specs: Sequence[FreshnessTarget], window_s: float, namespace: str, port: int) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from headwater.pipelines.freshness.metrics import FreshnessCollector

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from headwater.pipelines.freshness.report import BREACH, ViewSpec, plan_views, view_freshness
+from headwater.pipelines.freshness.report import BREACH, FreshnessTarget, plan_views, view_freshness
 from headwater.pipelines.freshness.samples import Entry, read_entries
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
 from headwater.pipelines.store.store import OnlineStore
@@ -91,7 +91,7 @@ class FreshnessCollector(Collector):
     def __init__(
         self,
         client: Any,
-        specs: Sequence[ViewSpec],
+        specs: Sequence[FreshnessTarget],
         window_s: float = 900.0,
         namespace: str = DEFAULT_NAMESPACE,
         clock_ms: Callable[[], int] | None = None,
@@ -182,7 +182,7 @@ class FreshnessCollector(Collector):
 
     def _add_view(
         self,
-        spec: ViewSpec,
+        spec: FreshnessTarget,
         now: int,
         window_ms: int,
         hist: HistogramMetricFamily,

@@ -30,7 +30,7 @@ class NoPlansError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ViewSpec:
+class FreshnessTarget:
     """What the report needs of a plan view."""
 
     view: str
@@ -116,7 +116,9 @@ def _iso(ms: int | None) -> str | None:
     )
 
 
-def view_freshness(spec: ViewSpec, entries: Sequence[Entry], now_ms: int, window_ms: int) -> ViewFreshness:
+def view_freshness(
+    spec: FreshnessTarget, entries: Sequence[Entry], now_ms: int, window_ms: int
+) -> ViewFreshness:
     """Compute one view's figures from its write log over ``(now_ms - window_ms, now_ms]``."""
     start = now_ms - window_ms
     progress = Progress.from_entries(entries)
@@ -177,7 +179,7 @@ def _lag_points(entries: Sequence[Entry], max_points: int = 1500) -> list[tuple[
     return pts
 
 
-def plan_views(state_dir: Path) -> list[ViewSpec]:
+def plan_views(state_dir: Path) -> list[FreshnessTarget]:
     """Every view of the applied tier plans, tiers in order realtime, nearline, offline.
 
     Raises:
@@ -185,7 +187,7 @@ def plan_views(state_dir: Path) -> list[ViewSpec]:
     """
     from headwater.registry.plans import read_plan
 
-    specs: list[ViewSpec] = []
+    specs: list[FreshnessTarget] = []
     found = False
     for tier in TIERS:
         try:
@@ -193,7 +195,7 @@ def plan_views(state_dir: Path) -> list[ViewSpec]:
         except FileNotFoundError:
             continue
         found = True
-        specs.extend(ViewSpec(v.name, tier, v.freshness_sla_s) for v in plan.views)
+        specs.extend(FreshnessTarget(v.name, tier, v.freshness_sla_s) for v in plan.views)
     if not found:
         msg = (
             f"no applied plans under {state_dir / 'plans'}: run `headwater apply features/` first"
@@ -204,7 +206,11 @@ def plan_views(state_dir: Path) -> list[ViewSpec]:
 
 
 def build_report(
-    client: Any, specs: Sequence[ViewSpec], now_ms: int, window_s: float, namespace: str = DEFAULT_NAMESPACE
+    client: Any,
+    specs: Sequence[FreshnessTarget],
+    now_ms: int,
+    window_s: float,
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> Report:
     """Read every view's write log from Redis and compute its figures."""
     window_ms = int(window_s * 1000)

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 
 from headwater.pipelines.events.codec import EventCodec, Reason
+from headwater.pipelines.events.ingest import Reject
 from headwater.pipelines.events.readers import FileRow, RowReader, open_rows
 from headwater.pipelines.events.rows import RowChecker, RowError
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
@@ -58,24 +59,6 @@ UNPARSABLE = "unparsable"
 
 class HistoryImportError(RuntimeError):
     """An import cannot run (no such file, unreadable format); the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Reject:
-    """One rejected row: where it is in the input, why, and its text when it did not parse."""
-
-    line: int
-    reason: str
-    detail: str
-    field: str | None = None
-    raw: str | None = None
-
-    def to_json(self) -> bytes:
-        """Return the reject file's line for this row."""
-        data = {"line": self.line, "reason": self.reason, "field": self.field, "detail": self.detail}
-        if self.raw is not None:
-            data["raw"] = self.raw
-        return orjson.dumps(data) + b"\n"
 
 
 @dataclass
@@ -211,7 +194,7 @@ def import_history(
                     where = reject_file or lake / "_rejects" / f"{source.name}-{digest[:16]}.jsonl"
                     where.parent.mkdir(parents=True, exist_ok=True)
                     rejects, result.reject_file = where.open("wb"), where
-                rejects.write(bad.to_json())
+                rejects.write(bad.json().encode() + b"\n")
             result.valid += len(events)
             result.chunks += 1
             if number in done:
@@ -257,15 +240,15 @@ def _check(
 ) -> Reject | None:
     """Append the row's event to ``out``, or return why it is rejected."""
     if row.error is not None:
-        return Reject(row.line, UNPARSABLE, row.error, raw=row.raw)
+        return Reject(row.line, None, UNPARSABLE, raw=row.raw, detail=row.error)
     checked = checker.check(row.values)
     if isinstance(checked, RowError):
-        return Reject(row.line, str(Reason.INVALID_FIELD), checked.reason, field=checked.field)
+        return Reject(row.line, checked.field, str(Reason.INVALID_FIELD), detail=checked.reason)
     if checked.event_time_ms > now_ms + source.max_future_ms:
         ahead = (checked.event_time_ms - now_ms) / 1000
         detail = (f"{source.event_time} is {ahead:.0f} s ahead of the clock (source {source.name!r} allows "
                   f"{source.max_future_ms / 1000:g} s: max_future in sources.yaml)")  # fmt: skip
-        return Reject(row.line, str(Reason.FUTURE_DATED), detail, field=source.event_time)
+        return Reject(row.line, source.event_time, str(Reason.FUTURE_DATED), detail=detail)
     out.append(checked.event)
     return None
 

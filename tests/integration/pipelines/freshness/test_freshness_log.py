@@ -7,7 +7,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from headwater.pipelines.freshness.report import ViewSpec, build_report
+from headwater.pipelines.freshness.report import FreshnessTarget, build_report
 from headwater.pipelines.freshness.samples import Entry, read_entries, read_since
 from headwater.pipelines.store import OnlineStore, ViewLayout, epoch_ms, freshness_key, view_slot
 from headwater.pipelines.store.store import WRITE_SCRIPT
@@ -102,7 +102,9 @@ def test_report_figures_equal_what_was_written(store: OnlineStore, client: redis
         store.write_batch(LAYOUT, ids(n, start=10 * k), zeros(n), wt - lag_ms, write_time_ms=wt)
         written_lags += (lag_ms / 1000).tolist()
         published.append((wt, int((wt - lag_ms).max())))
-    report = build_report(client, [ViewSpec(LAYOUT.view, "realtime", 5.0)], now, 700.0, store.namespace)
+    report = build_report(
+        client, [FreshnessTarget(LAYOUT.view, "realtime", 5.0)], now, 700.0, store.namespace
+    )
     (v,) = report.views
     expected = np.percentile(written_lags, [50, 99], method="inverted_cdf")
     assert (v.lag_window.p50, v.lag_window.p99) == tuple(expected.tolist())

@@ -19,7 +19,7 @@ from headwater.pipelines.events.schema import (
     EVENT_TYPES,
     FIELD_NAMES,
     REPO_ENV,
-    SchemaError,
+    ExampleRepoError,
     behavior_source,
     event_datetime,
     example_repo,
@@ -92,7 +92,7 @@ def test_a_repo_without_the_events_source_names_the_problem(tmp_path: Path) -> N
     shutil.copytree(EXAMPLE, copy)
     (copy / "schemas/behavior_event.avsc").write_text("{ not json")
     with pytest.raises(
-        SchemaError, match=r"source 'events' does not check: .*behavior_event\.avsc is not JSON"
+        ExampleRepoError, match=r"source 'events' does not check: .*behavior_event\.avsc is not JSON"
     ):
         behavior_source(copy)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html.parser import HTMLParser
 
 from headwater.pipelines.freshness.html import render_html
-from headwater.pipelines.freshness.report import Report, ViewSpec, view_freshness
+from headwater.pipelines.freshness.report import FreshnessTarget, Report, view_freshness
 from headwater.pipelines.freshness.samples import Entry
 
 T0 = 1_800_000_000_000
@@ -40,8 +40,8 @@ def test_html_has_one_chart_per_view_with_age_lag_and_sla() -> None:
         Entry(T0 + i * 1000, 2, 2, T0 + i * 1000 - 1500, ((T0 + i * 1000 - 1500, 2),)) for i in range(61)
     ]
     views = [
-        view_freshness(ViewSpec("rt_a", "realtime", 5.0), entries, T0 + 60_000, 60_000),
-        view_freshness(ViewSpec("nl_b", "nearline", 300.0), [], T0 + 60_000, 60_000),
+        view_freshness(FreshnessTarget("rt_a", "realtime", 5.0), entries, T0 + 60_000, 60_000),
+        view_freshness(FreshnessTarget("nl_b", "nearline", 300.0), [], T0 + 60_000, 60_000),
     ]
     page = render_html(Report(T0 + 60_000, 60.0, views))
     shapes = Shapes()
@@ -58,6 +58,8 @@ def test_html_has_one_chart_per_view_with_age_lag_and_sla() -> None:
 
 
 def test_html_escapes_names() -> None:
-    page = render_html(Report(T0, 60.0, [view_freshness(ViewSpec("a<b", "realtime", 5.0), [], T0, 60_000)]))
+    page = render_html(
+        Report(T0, 60.0, [view_freshness(FreshnessTarget("a<b", "realtime", 5.0), [], T0, 60_000)])
+    )
     assert "a&lt;b" in page
     assert "a<b" not in page

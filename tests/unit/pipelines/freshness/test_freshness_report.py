@@ -11,9 +11,9 @@ from headwater.pipelines.freshness.report import (
     BREACH,
     NO_DATA,
     OK,
+    FreshnessTarget,
     NoPlansError,
     Report,
-    ViewSpec,
     plan_views,
     view_freshness,
 )
@@ -24,7 +24,7 @@ from headwater.registry.validate import check_repo
 
 ROOT = Path(__file__).resolve().parents[4]
 T0 = 1_800_000_000_000
-SPEC = ViewSpec("user_session_realtime", "realtime", 5.0)
+SPEC = FreshnessTarget("user_session_realtime", "realtime", 5.0)
 
 
 def publishing(n: int, period_ms: int, lag_ms: int, rows: int = 4) -> list[Entry]:
@@ -76,7 +76,7 @@ def test_a_view_never_written_has_no_data() -> None:
 
 def test_json_and_text_carry_the_same_figures() -> None:
     ok = view_freshness(SPEC, publishing(61, 1000, 1500), T0 + 60_000, 60_000)
-    bad = view_freshness(ViewSpec("v2", "nearline", 300.0), [], T0 + 60_000, 60_000)
+    bad = view_freshness(FreshnessTarget("v2", "nearline", 300.0), [], T0 + 60_000, 60_000)
     report = Report(T0 + 60_000, 60.0, [ok, bad])
     data = json.loads(json.dumps(report.to_json()))
     assert data["ok"] is True
@@ -104,8 +104,8 @@ def test_plan_views_reads_every_tier_with_its_sla(tmp_path: Path) -> None:
         plan_path(tmp_path, tier).parent.mkdir(parents=True, exist_ok=True)
         plan_path(tmp_path, tier).write_text(plan.model_dump_json())
     specs = {s.view: s for s in plan_views(tmp_path)}
-    assert specs["user_session_realtime"] == ViewSpec("user_session_realtime", "realtime", 5.0)
-    assert specs["user_search_nearline"] == ViewSpec("user_search_nearline", "nearline", 300.0)
+    assert specs["user_session_realtime"] == FreshnessTarget("user_session_realtime", "realtime", 5.0)
+    assert specs["user_search_nearline"] == FreshnessTarget("user_search_nearline", "nearline", 300.0)
     assert specs["item_popularity_offline"].sla_s == 86400.0
     assert len(specs) == len(result.views)
 

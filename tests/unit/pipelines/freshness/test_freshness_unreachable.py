@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
 from headwater.pipelines.freshness.metrics import FreshnessCollector
-from headwater.pipelines.freshness.report import ViewSpec
+from headwater.pipelines.freshness.report import FreshnessTarget
 from headwater.registry.cli import main
 from headwater.registry.plans import build_plans, plan_path
 from headwater.registry.validate import check_repo
@@ -21,7 +21,7 @@ NOWHERE = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 def test_collector_reports_scrape_failure_as_a_metric() -> None:
     client = redis.Redis.from_url(NOWHERE, socket_connect_timeout=0.5)
     registry = CollectorRegistry()
-    registry.register(FreshnessCollector(client, [ViewSpec("v", "realtime", 5.0)]))
+    registry.register(FreshnessCollector(client, [FreshnessTarget("v", "realtime", 5.0)]))
     assert registry.get_sample_value("headwater_freshness_scrape_ok") == 0.0
     assert registry.get_sample_value("headwater_read_age_seconds", {"view": "v", "tier": "realtime"}) is None
 
