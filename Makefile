@@ -45,7 +45,7 @@ chromium:
 # tree of links that spells the package names (headwater.registry -> registry/, ...).
 build/typing:
 	@mkdir -p build/typing/headwater
-	@for d in registry pipelines serving; do ln -sfn ../../../$$d build/typing/headwater/$$d; done
+	@for d in registry pipelines serving client; do ln -sfn ../../../$$d build/typing/headwater/$$d; done
 
 services-up: setup  ## Start Redis and Kafka on loopback and create the topics
 	bash infra/services.sh up
@@ -59,7 +59,7 @@ demo: setup  ## The end-to-end demo on the local default
 lint: setup  ## ruff, formatting and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	MYPYPATH=build/typing $(VENV)/bin/mypy -p headwater.registry -p headwater.pipelines -p headwater.serving
+	MYPYPATH=build/typing $(VENV)/bin/mypy -p headwater.registry -p headwater.pipelines -p headwater.serving -p headwater.client
 
 check: setup  ## The registry gate CI runs: validate features/ against SLAs and the budget
 	$(HW) check features/

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from headwater.client.cli import feedback, rank
 from headwater.pipelines.events.cli import events
 from headwater.pipelines.freshness.cli import freshness
 from headwater.pipelines.nearline.cli import run_nearline
@@ -25,7 +26,6 @@ from headwater.registry.config import REPO_ENV, ConfigError, resolve, use_repo
 from headwater.registry.init import init
 from headwater.registry.jars import setup
 from headwater.serving.cli import model, serve
-from headwater.serving.client import feedback, rank
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import redis
 
-from headwater.serving.client_lib import BreakerConfig, RankingClient
+from headwater.client import BreakerConfig, RankingClient
 from headwater.serving.config import DEFAULT_POPULARITY
 from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms

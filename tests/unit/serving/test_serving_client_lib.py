@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from headwater.serving.client_lib import (
+from headwater.client.ranking import (
     Backoff,
     BreakerConfig,
     RankingClient,
@@ -317,3 +317,15 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert _retry_after(None) is None
     assert _retry_after("soon") is None
     assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past: retry now
+
+
+def test_the_client_package_imports_neither_torch_nor_fastapi() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, headwater.client, headwater.client.cli;"
+        "print(sorted(m for m in ('torch', 'fastapi', 'numpy', 'uvicorn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
