@@ -12,22 +12,53 @@ counted. One sender thread does the rest:
    ``sent`` and ``failed``.
 
 Counters (``sent``, ``dropped``, ``failed``, ``invalid``, buffered) are read by ``/metrics``.
+
+Idempotent feedback (:class:`IdempotencyKeys`, :func:`receive_feedback`). A client sends an
+idempotency key with a post (the ``Idempotency-Key`` header or the ``idempotency_key`` field) and
+repeats it on every retry of that post. The contract:
+
+- The event id comes from the key and the user id alone: ``fb-`` + 32 hex digits of
+  SHA-256(user id, key), the same on every replica and after a restart. Impression ids are
+  ``<32 hex digits>:<position>`` and feedback ids ``fb-<32 hex digits>``: neither can be the other
+  (``-`` is not hex, and ``:`` is never in a feedback id). A client never chooses an id itself.
+- The event time is the client's ``event_time_ms`` if it stamps one, else the receipt time of the
+  first post of the key on this replica, remembered for ``IDEMPOTENCY_TTL_S`` (at most
+  ``IDEMPOTENCY_MAX_KEYS`` keys, the oldest forgotten first). A retry on the same replica within
+  that time therefore produces the same event, byte for byte, and sends it again (the first may
+  not have reached Kafka); every tier counts an event id once. A retry that may reach another
+  replica must carry the first attempt's ``event_time_ms``: without it that replica stamps its own
+  receipt time, so the retry has the same id but another time (nearline and offline still count it
+  once; the realtime tier recognises a duplicate within its entity and window slice, so it may
+  count it twice if the two times fall in different slices).
+- A key reused for a different feedback (another item, type, stamp...) is refused (422, field
+  ``idempotency_key``) while this replica remembers the key.
+- A post without a key is a new event each time (fresh id, time of the post).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import queue
+import re
 import threading
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from headwater.pipelines.events.codec import EncodeError, EventCodec
 from headwater.pipelines.events.schema import BehaviorEvent, Device, EventType
+from headwater.serving.schemas import (
+    IDEMPOTENCY_KEY_PATTERN,
+    MAX_FEEDBACK_AGE_S,
+    MAX_FEEDBACK_SKEW_S,
+    FeedbackRequest,
+)
 from headwater.serving.store import now_ms
 
 logger = logging.getLogger(__name__)
@@ -308,3 +339,190 @@ def feedback_event(
 def _validator() -> EventCodec:
     """Return the behaviour source's codec, used only to validate (its rules come from sources.yaml)."""
     return EventCodec()
+
+
+IDEMPOTENCY_TTL_S = 600.0
+"""How long a replica remembers a key's first receipt (longer than any client's retry schedule)."""
+IDEMPOTENCY_MAX_KEYS = 100_000
+"""Keys remembered at most (about 25 MB); past it the oldest are forgotten first."""
+FEEDBACK_ID = re.compile(r"^fb-[0-9a-f]{32}$")
+"""Every feedback event id (a fresh one or one derived from a key)."""
+IMPRESSION_ID = re.compile(r"^[0-9a-f]{32}:[0-9]+$")
+"""Every impression event id (``<request id>:<position>``)."""
+_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+HEADER, KEY_FIELD, TIME_FIELD, BODY = "Idempotency-Key", "idempotency_key", "event_time_ms", "body"
+"""The fields a refusal names."""
+
+
+class FeedbackRefused(ValueError):
+    """A feedback post that cannot be accepted; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def new_feedback_id() -> str:
+    """Return a fresh feedback event id (``fb-`` + 32 hex digits), for a post without a key."""
+    return f"fb-{new_request_id()}"
+
+
+def feedback_event_id(user_id: str, key: str) -> str:
+    """Return the event id of ``user_id``'s feedback with idempotency key ``key`` (same on every replica).
+
+    The user id is part of it (length-prefixed, so no two pairs give the same input): two users'
+    clients that happen to pick the same key do not share an id.
+    """
+    digest = hashlib.sha256(f"{len(user_id)}:{user_id}{key}".encode()).hexdigest()
+    return f"fb-{digest[:32]}"
+
+
+def idempotency_key(body_key: str | None, header_key: str | None) -> str | None:
+    """Return the post's key (the field or the header; both must then agree), or None.
+
+    Raises:
+        FeedbackRefused: the header is not a key (1 to 128 printable ASCII characters, no
+            space), or the header and the field differ.
+    """
+    if header_key is not None and not _KEY.fullmatch(header_key):
+        msg = (
+            f"must be 1 to 128 printable ASCII characters without spaces; got {len(header_key)} "
+            "characters (use a UUID)"
+        )
+        raise FeedbackRefused(HEADER, msg)
+    if body_key is not None and header_key is not None and body_key != header_key:
+        msg = f"differs from the Idempotency-Key header ({header_key!r}); send one key, or the same in both"
+        raise FeedbackRefused(KEY_FIELD, msg)
+    return body_key if body_key is not None else header_key
+
+
+@dataclass(frozen=True)
+class FirstReceipt:
+    """What a replica remembers of a key: the request's fingerprint and the event it produced."""
+
+    fingerprint: str
+    event_id: str
+    event_time_ms: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The event of an accepted feedback post."""
+
+    event: BehaviorEvent
+    replayed: bool
+    """This replica had already accepted the key: the same event again."""
+    send: bool
+    """Send it to Kafka: false only for a replay whose event is older than the tiers accept (the
+    first post was sent when it was fresh; sending it now would only make a ``late`` dead letter)."""
+
+
+class IdempotencyKeys:
+    """A bounded map of (user id, key) -> first receipt, each kept ``ttl_s`` (monotonic clock)."""
+
+    def __init__(
+        self,
+        ttl_s: float = IDEMPOTENCY_TTL_S,
+        max_keys: int = IDEMPOTENCY_MAX_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Remember at most ``max_keys`` keys for ``ttl_s`` seconds each."""
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._clock = clock
+        self._seen: OrderedDict[tuple[str, str], FirstReceipt] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Keys remembered now (expired ones included until the next call drops them)."""
+        return len(self._seen)
+
+    def first(self, user_id: str, key: str) -> FirstReceipt | None:
+        """Return the first receipt of ``key`` for ``user_id`` if remembered."""
+        with self._lock:
+            self._expire(self._clock())
+            return self._seen.get((user_id, key))
+
+    def remember(self, user_id: str, key: str, fingerprint: str, event_id: str, event_time_ms: int) -> None:
+        """Remember a key's first receipt (a key already remembered keeps its first one)."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            if (user_id, key) in self._seen:
+                return
+            self._seen[(user_id, key)] = FirstReceipt(fingerprint, event_id, event_time_ms, now + self.ttl_s)
+            while len(self._seen) > self.max_keys:
+                self._seen.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        # One TTL for all: insertion order is expiry order, so expired keys are at the front.
+        while self._seen:
+            oldest = next(iter(self._seen.values()))
+            if oldest.expires_at > now:
+                break
+            self._seen.popitem(last=False)
+
+
+def _fingerprint(body: FeedbackRequest) -> str:
+    """Everything of the post but its key: a retry has the same, another feedback does not."""
+    data = body.model_dump(exclude={"idempotency_key"})
+    return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()
+
+
+def receive_feedback(
+    body: FeedbackRequest, header_key: str | None, keys: IdempotencyKeys, now: int
+) -> Receipt:
+    """Return the event of a feedback post (see the module docstring for the idempotency contract).
+
+    Raises:
+        FeedbackRefused: a bad key, a key reused for another feedback, an event time out of bounds.
+    """
+    key = idempotency_key(body.idempotency_key, header_key)
+    fingerprint = _fingerprint(body) if key is not None else ""
+    first = keys.first(body.user_id, key) if key is not None else None
+    if first is not None and first.fingerprint != fingerprint:
+        msg = (
+            "was used for another feedback of this user (another item, type, time or field); a retry "
+            "must repeat the first post exactly, a new feedback needs a new key"
+        )
+        raise FeedbackRefused(KEY_FIELD, msg)
+    if first is not None:
+        at, event_id = first.event_time_ms, first.event_id
+    else:
+        at = body.event_time_ms if body.event_time_ms is not None else now
+        problem = feedback_time_problem(at, now)
+        if problem is not None:
+            raise FeedbackRefused(TIME_FIELD, problem)
+        event_id = feedback_event_id(body.user_id, key) if key is not None else new_feedback_id()
+    session = body.session_id or body.request_id or f"fb-{body.user_id}"
+    try:
+        event = feedback_event(
+            event_id, body.user_id, body.item_id, body.event_type, at, session, body.device,
+            position=body.position, category=body.category, price=body.price, dwell_ms=body.dwell_ms,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise FeedbackRefused(BODY, str(exc)) from None
+    if key is not None and first is None:
+        keys.remember(body.user_id, key, fingerprint, event_id, at)
+    fresh = at >= now - MAX_FEEDBACK_AGE_S * 1000
+    return Receipt(event, replayed=first is not None, send=first is None or fresh)
+
+
+def feedback_time_problem(at_ms: int, now: int) -> str | None:
+    """Return what is wrong with a feedback event time (no field prefix), or None.
+
+    The tiers dead-letter late events, so an old time is refused here, where the client hears it.
+    """
+    if at_ms < now - MAX_FEEDBACK_AGE_S * 1000:
+        return (
+            f"{at_ms} is {(now - at_ms) / 1000:.1f} s old; at most {MAX_FEEDBACK_AGE_S:g} s"
+            " (omit it to use the time of the post)"
+        )
+    if at_ms > now + MAX_FEEDBACK_SKEW_S * 1000:
+        return (
+            f"{at_ms} is {(at_ms - now) / 1000:.1f} s in the future; at most"
+            f" {MAX_FEEDBACK_SKEW_S:g} s (check the client's clock)"
+        )
+    return None

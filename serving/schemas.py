@@ -16,6 +16,8 @@ Device = Literal["ios", "android", "web"]
 FeedbackType = Literal["click", "like", "purchase", "dwell"]
 MAX_FEEDBACK_AGE_S = 60.0
 MAX_FEEDBACK_SKEW_S = 5.0
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
+"""An idempotency key: 1 to 128 printable ASCII characters without spaces (a UUID fits)."""
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
 
 
@@ -88,8 +90,21 @@ class FeedbackRequest(BaseModel):
     dwell_ms: int | None = Field(default=None, ge=0, le=86_400_000)
     event_time_ms: int | None = Field(default=None, ge=0)
     """Event time (UTC ms); default now. At most ``MAX_FEEDBACK_AGE_S`` old, ``MAX_FEEDBACK_SKEW_S`` ahead."""
-    event_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
-    """Idempotency key: a retry with the same id counts once (default: a fresh id)."""
+    idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY_PATTERN, examples=["7f3c0b9e"])
+    """Repeat it on every retry of this post: the retry produces the same event and counts once
+    (or send it as the ``Idempotency-Key`` header). The event id is derived from it, never equal to
+    it; see ``headwater.serving.feedback`` for the contract across replicas."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_client_event_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "event_id" in data:
+            msg = (
+                "event_id: the service chooses event ids (a client-chosen one could be an impression's);"
+                " send idempotency_key (or the Idempotency-Key header) to make retries count once"
+            )
+            raise ValueError(msg)
+        return data
 
     @model_validator(mode="after")
     def _fields_of_type(self) -> FeedbackRequest:
@@ -114,6 +129,10 @@ class FeedbackResponse(BaseModel):
     event_id: str
     event_time_ms: int
     queued: bool = Field(description="False when the buffer to Kafka was full and the event was dropped.")
+    replayed: bool = Field(
+        default=False,
+        description="True when this idempotency key was already accepted: the same event again.",
+    )
 
 
 class ItemScore(BaseModel):
