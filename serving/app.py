@@ -17,22 +17,18 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from headwater.serving.admission import CLASS_HEADER, Admission, Throttled
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.config import ServingConfig
 from headwater.serving.engine import NO_AGES, Job, Ranked, RankingEngine, RankQuery
-from headwater.serving.feedback import (
-    FeedbackProducer,
-    FeedbackRefused,
-    IdempotencyKeys,
-    impression_events,
-    new_request_id,
-    receive_feedback,
-)
+from headwater.serving.feedback import FeedbackProducer, feedback_event, impression_events, new_request_id
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.model import gpu_memory_used_percent
 from headwater.serving.registry import BoundRegistry
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.schemas import (
+    MAX_FEEDBACK_AGE_S,
+    MAX_FEEDBACK_SKEW_S,
     ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
@@ -185,7 +181,7 @@ def create_app(
     binding = loaded.binding
     fetcher = FeatureFetcher(reader, registry, cache, io, (binding.user_columns, binding.item_columns))
     state: dict[str, RankingEngine] = {}
-    keys = IdempotencyKeys()
+    admission = Admission(config.admission, telemetry.registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -207,9 +203,14 @@ def create_app(
         )
         if feedback is not None:
             feedback.start()
+        # Other protocols' servers (gRPC) in this process: started on the engine, stopped before it.
+        for server in app.state.servers:
+            await server.start()
         try:
             yield
         finally:
+            for server in reversed(app.state.servers):
+                await server.stop()
             if batcher is not None:
                 await batcher.stop()
             if feedback is not None:
@@ -226,6 +227,9 @@ def create_app(
     app.state.telemetry = telemetry
     app.state.cache = cache
     app.state.reads = io
+    app.state.admission = admission
+    app.state.servers = []
+    """Objects with ``async start()`` / ``async stop()`` run with the app's lifespan (the gRPC server)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -247,52 +251,88 @@ def create_app(
         response_model=RankResponse,
         responses={
             **REFUSED,
-            429: {"model": ErrorResponse, "description": "The scoring queue is full; retry"},
+            429: {
+                "model": ErrorResponse,
+                "description": "The user class is over its quota, or the scoring queue is full; retry after"
+                " Retry-After seconds",
+            },
         },
     )
-    async def rank(body: RankRequest) -> Response:
+    async def rank(
+        body: RankRequest,
+        user_class: Annotated[
+            str | None,
+            Header(alias=CLASS_HEADER, description="The caller's user class (wins over the body's)."),
+        ] = None,
+    ) -> Response:
         """Rank the candidates for the user; degrades through the fallback chain, never a 5xx.
 
         The returned items go back to Kafka as impressions (unless ``log_impressions`` is false).
         """
-        query = RankQuery(body.user_id, body.candidates, body.k, body.priority, body.deadline_ms)
-        request_id = new_request_id()
-        engine = state["engine"]
         try:
-            ranked = await engine.rank(query)
+            return FastJSON(await answer_rank(body, user_class))
+        except Throttled as exc:
+            detail = {"detail": str(exc), "errors": [], "user_class": exc.user_class}
+            return FastJSON(
+                {**detail, "retry_after_s": round(exc.retry_after_s, 3)},
+                status_code=429,
+                headers={"Retry-After": exc.retry_after_header},
+            )
         except QueueFullError as exc:
-            telemetry.rejected.labels("queue_full").inc()
             return FastJSON(
                 {"detail": str(exc), "errors": []},
                 status_code=429,
                 headers={"Retry-After": str(exc.retry_after_s)},
             )
-        except Exception:
-            # The engine catches what each step can raise; this is a bug's net: the request still
-            # gets the last step of the chain, the editorial list, and the log has the trace.
-            logger.exception("ranking for user %r failed; answering from the editorial list", body.user_id)
-            ranked = _editorial(config, query)
-            telemetry.fallbacks.labels("editorial", "internal_error").inc()
+
+    async def answer_rank(body: RankRequest, header_class: str | None = None) -> dict[str, Any]:
+        """One rank call of any protocol (REST, gRPC): admission, the engine, the impressions; the answer.
+
+        Raises :class:`Throttled` (the class is over its quota) or :class:`QueueFullError`.
+        """
+        asked = body.priority if "priority" in body.model_fields_set else None
+        try:
+            admitted = admission.admit(header_class, body.user_class, asked)
+        except Throttled:
+            telemetry.rejected.labels("throttled").inc()
+            raise
+        query = RankQuery(body.user_id, body.candidates, body.k, admitted.priority, body.deadline_ms)
+        request_id = new_request_id()
+        engine = state["engine"]
+        async with admission.slot(admitted):
+            try:
+                ranked = await engine.rank(query)
+            except QueueFullError:
+                telemetry.rejected.labels("queue_full").inc()
+                raise
+            except Exception:
+                # The engine catches what each step can raise; this is a bug's net: the request still
+                # gets the last step of the chain, the editorial list, and the log has the trace.
+                logger.exception(
+                    "ranking for user %r failed; answering from the editorial list", body.user_id
+                )
+                ranked = _editorial(config, query)
+                telemetry.fallbacks.labels("editorial", "internal_error").inc()
         if feedback is not None and body.log_impressions:
             shown = [item for item, _ in ranked.items]
             feedback.offer(impression_events(request_id, body.user_id, shown, body.session_id, body.device))
         ages = ranked.ages
-        return FastJSON(
-            {
-                "items": [{"item_id": i, "score": s} for i, s in ranked.items],
-                "model_version": ranked.model_version,
-                "fallback": ranked.fallback,
-                "fallback_reason": ranked.fallback_reason,
-                "feature_ages_s": {
-                    "user": ages.user,
-                    "items_p50": ages.items_p50,
-                    "items_max": ages.items_max,
-                },
-                "latency_ms": ranked.latency_ms,
-                "request_id": request_id,
-                "user_feature_event_ms": ranked.user_event_ms,
-            }
-        )
+        return {
+            "items": [{"item_id": i, "score": s} for i, s in ranked.items],
+            "model_version": ranked.model_version,
+            "fallback": ranked.fallback,
+            "fallback_reason": ranked.fallback_reason,
+            "feature_ages_s": {
+                "user": ages.user,
+                "items_p50": ages.items_p50,
+                "items_max": ages.items_max,
+            },
+            "latency_ms": ranked.latency_ms,
+            "request_id": request_id,
+            "user_feature_event_ms": ranked.user_event_ms,
+        }
+
+    app.state.rank = answer_rank
 
     @app.post(
         "/v1/feedback",
@@ -300,27 +340,26 @@ def create_app(
         status_code=202,
         responses=REFUSED,
     )
-    async def post_feedback(
-        body: FeedbackRequest,
-        idempotency_key: Annotated[
-            str | None, Header(alias="Idempotency-Key", description="Same as the idempotency_key field.")
-        ] = None,
-    ) -> Response:
-        """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka, never a 5xx.
-
-        A retry with the same idempotency key produces the same event (``headwater.serving.feedback``).
-        """
-        try:
-            got = receive_feedback(body, idempotency_key, keys, now_ms())
-        except FeedbackRefused as exc:
+    async def post_feedback(body: FeedbackRequest) -> Response:
+        """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka, never a 5xx."""
+        now = now_ms()
+        at = body.event_time_ms if body.event_time_ms is not None else now
+        problem = _feedback_time_problem(at, now)
+        if problem is None:
+            event_id = body.event_id or f"fb-{new_request_id()}"
+            session = body.session_id or body.request_id or f"fb-{body.user_id}"
+            try:
+                event = feedback_event(
+                    event_id, body.user_id, body.item_id, body.event_type, at, session, body.device,
+                    position=body.position, category=body.category, price=body.price, dwell_ms=body.dwell_ms,
+                )  # fmt: skip
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is not None:
             telemetry.rejected.labels("invalid").inc()
-            errors = [{"field": exc.field, "message": exc.message}]
-            return FastJSON({"detail": f"invalid feedback: {exc}", "errors": errors}, status_code=422)
-        queued = feedback.offer([got.event]) == 1 if feedback is not None and got.send else False
-        event = got.event
-        answer = {"event_id": event["event_id"], "event_time_ms": event["event_time"], "queued": queued,
-                  "replayed": got.replayed}  # fmt: skip
-        return FastJSON(answer, status_code=202)
+            return FastJSON({"detail": f"invalid feedback: {problem}", "errors": []}, status_code=422)
+        queued = feedback.offer([event]) == 1 if feedback is not None else False
+        return FastJSON({"event_id": event_id, "event_time_ms": at, "queued": queued}, status_code=202)
 
     @app.get("/health", response_model=HealthResponse)
     async def health() -> HealthResponse:
@@ -370,6 +409,21 @@ REFUSED: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "The request is not valid; one entry per field"},
 }
 """The refusals documented on every POST route."""
+
+
+def _feedback_time_problem(at_ms: int, now: int) -> str | None:
+    """Return what is wrong with a feedback event time, or None (the tiers DLQ late events)."""
+    if at_ms < now - MAX_FEEDBACK_AGE_S * 1000:
+        return (
+            f"event_time_ms: {at_ms} is {(now - at_ms) / 1000:.1f} s old; at most {MAX_FEEDBACK_AGE_S:g} s"
+            " (omit it to use the time of the post)"
+        )
+    if at_ms > now + MAX_FEEDBACK_SKEW_S * 1000:
+        return (
+            f"event_time_ms: {at_ms} is {(at_ms - now) / 1000:.1f} s in the future; at most"
+            f" {MAX_FEEDBACK_SKEW_S:g} s (check the client's clock)"
+        )
+    return None
 
 
 def _feedback_stats(feedback: FeedbackProducer | None) -> FeedbackStats | None:

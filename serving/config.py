@@ -8,7 +8,7 @@ applied registry (:mod:`headwater.serving.registry`). A YAML file can override a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -61,6 +61,59 @@ class FeedbackConfig(BaseModel):
     """Pause between attempts to reach a Kafka that is down."""
 
 
+class ClassQuota(BaseModel):
+    """One user class's share of the service: a token bucket and the batcher priority it ranks at."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate_per_s: float = Field(gt=0.0)
+    """Requests per second the whole class may make (tokens added per second)."""
+    burst: float | None = Field(default=None, ge=1.0)
+    """Tokens the bucket holds (requests a quiet class may send at once); None = one second's worth."""
+    priority: Literal["high", "normal", "low"] = "normal"
+    """The batcher queue (and the in-flight gate) the class's requests wait in; a request may ask lower."""
+
+    @property
+    def capacity(self) -> float:
+        """The bucket's size: ``burst``, else one second of ``rate_per_s`` (at least one request)."""
+        return self.burst if self.burst is not None else max(1.0, self.rate_per_s)
+
+
+def _default_classes() -> dict[str, ClassQuota]:
+    return {
+        "vip": ClassQuota(rate_per_s=50.0, priority="high"),
+        "regular": ClassQuota(rate_per_s=20.0, priority="normal"),
+        "new": ClassQuota(rate_per_s=5.0, priority="low"),
+    }
+
+
+class AdmissionConfig(BaseModel):
+    """Admission by user class at the edge (REST and gRPC alike): quotas, priorities, the in-flight gate.
+
+    The class of a request is the ``X-User-Class`` header (gRPC: ``x-user-class`` metadata), else
+    the body's ``user_class``; one not in ``classes`` (or none) is ``default_class``. Off by default:
+    the quotas are per class, for the whole service, and the service's own benchmarks drive more
+    than the regular class's 20 requests/s; turn it on here or with ``headwater serve --admission``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    """Apply the quotas and the class priorities; off, every request is admitted (and counted by class)."""
+    classes: dict[str, ClassQuota] = Field(default_factory=_default_classes)
+    default_class: str = "regular"
+    max_in_flight: int = Field(default=64, ge=1)
+    """Requests ranked at once; more wait at the gate and go in by priority (high first), then arrival."""
+
+    @model_validator(mode="after")
+    def _default_is_a_class(self) -> AdmissionConfig:
+        if self.default_class not in self.classes:
+            known = ", ".join(self.classes)
+            msg = f"default_class: {self.default_class!r} is not one of the classes ({known})"
+            raise ValueError(msg)
+        return self
+
+
 class ServingConfig(BaseModel):
     """Everything ``headwater serve`` needs besides the model and the store address."""
 
@@ -73,6 +126,7 @@ class ServingConfig(BaseModel):
     """``<item view>.<slot>`` the popularity fallback ranks by."""
     batcher: BatcherConfig = BatcherConfig()
     feedback: FeedbackConfig = FeedbackConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     default_deadline_ms: float = Field(default=100.0, gt=0.0)
     max_deadline_ms: float = Field(default=10_000.0, gt=0.0)
     fallback_reserve_ms: float = Field(default=2.0, ge=0.0)

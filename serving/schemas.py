@@ -45,6 +45,9 @@ class RankRequest(BaseModel):
     device: Device = "web"
     log_impressions: bool = True
     """Send the returned top k back to Kafka as impression events (the feedback loop)."""
+    user_class: str | None = Field(default=None, min_length=1, max_length=64, examples=["vip"])
+    """The caller's class for admission (serving config ``admission``; an ``X-User-Class`` header wins);
+    one the config does not list is its default class (``regular``)."""
 
     @field_validator("candidates")
     @classmethod
