@@ -9,12 +9,12 @@ HW := $(VENV)/bin/headwater
 SHELL := /bin/bash
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis-server chromium services-up services-down demo test test-unit lint check bench wheel clean
+.PHONY: help setup grpc-code redis-server chromium services-up services-down demo test test-unit lint check bench wheel clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed infra/lib/.resolved redis-server chromium build/typing  ## Install everything (idempotent)
+setup: $(VENV)/.installed infra/lib/.resolved redis-server chromium build/typing grpc-code  ## Install everything (idempotent)
 
 # Python packages: one venv, the project installed editable with its dev tools.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -22,6 +22,13 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $@
+
+# The gRPC code of the ranking service, generated from serving/proto (git-ignored; the wheel ships it).
+PROTOS := $(shell find serving/proto -name "*.proto")
+GRPC_CODE := $(PROTOS:.proto=_pb2.py)
+grpc-code: $(GRPC_CODE)
+$(GRPC_CODE): %_pb2.py: %.proto serving/proto/generate.py $(VENV)/.installed
+	$(PY) serving/proto/generate.py
 
 # JVM artifacts: resolved once by Maven into infra/lib/ (git-ignored); nothing downloads at run time.
 infra/lib/.resolved: infra/pom.xml $(wildcard infra/maven/*/pom.xml) $(shell find infra/maven -name "*.java" -not -path "*/target/*")

@@ -1,0 +1,1 @@
+"""The service's protocol buffers; the generated code is built by ``generate.py`` at ``make setup``."""

@@ -1,0 +1,1 @@
+"""Generated code of the headwater.* proto packages (see ``serving/proto/generate.py``)."""
