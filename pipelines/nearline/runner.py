@@ -66,6 +66,7 @@ from headwater.pipelines.nearline.repartition import (
 )
 from headwater.pipelines.nearline.restore import check_crcs, restore_partition
 from headwater.pipelines.nearline.state import META_KEY, PartitionStore
+from headwater.pipelines.nearline.supervise import supervise_worker
 from headwater.pipelines.nearline.task import BatchOutput, PartitionTask
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
@@ -103,16 +104,32 @@ class NearlineCommitError(RuntimeError):
     """A step of the commit protocol failed; nothing of the batch is committed."""
 
 
+class NearlineSetupError(RuntimeError):
+    """Opening or closing partitions in the rebalance callback failed; the worker must restart."""
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Opens and closes tasks; a failure is kept for ``run`` to raise (the supervisor restarts).
+
+    Without that, the consumer would own a partition without a task and ``run`` would skip its
+    records (kafka-python only logs, or re-raises as a bare KafkaError, what a callback raises).
+    """
+
     def __init__(self, worker: NearlineWorker) -> None:
         self.worker = worker
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        self.worker.producer.flush()  # idle markers in flight land before the next owner's markers
-        self.worker.close_tasks(list(revoked))
+        try:
+            self.worker.producer.flush()  # idle markers in flight land before the next owner's markers
+            self.worker.close_tasks(list(revoked))
+        except Exception as exc:
+            self.worker.setup_failed("closing", revoked, exc)
 
     def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        self.worker.open_tasks(list(assigned))
+        try:
+            self.worker.open_tasks(list(assigned))
+        except Exception as exc:
+            self.worker.setup_failed("opening", assigned, exc)
 
 
 class NearlineWorker:
@@ -182,6 +199,8 @@ class NearlineWorker:
         }
         self.freshness_ms: list[tuple[int, int]] = []
         """(write time - boundary B in ms, rows written) per online write batch (first 200k)."""
+        self.setup_error: NearlineSetupError | None = None
+        """A failure of the rebalance callback, raised by ``run`` after the poll that ran it."""
 
     # -- assignment ----------------------------------------------------------------------------
     def _new_task(self, tp: TopicPartition) -> tuple[PartitionTask, str]:
@@ -231,12 +250,12 @@ class NearlineWorker:
         for tp in assigned:
             started = time.monotonic()
             task, changelog = self._new_task(tp)
+            self.tasks[tp] = task  # from now on closed by close_tasks, even if the restore fails
             replayed = restore_partition(self.config.settings, changelog, tp.partition, task.store, task)
             if task.next_offset is not None:
                 self.consumer.seek(tp, task.next_offset)
             else:
                 self.consumer.seek_to_beginning(tp)
-            self.tasks[tp] = task
             self.changelogs[tp] = changelog
             if tp.topic in self.idle:
                 self.idle[tp.topic].active(tp.partition, time.monotonic())
@@ -252,6 +271,16 @@ class NearlineWorker:
                 task.next_offset,
             )
             self._publish({tp: task.restored_publish()})
+
+    def setup_failed(self, doing: str, partitions: Sequence[TopicPartition], exc: Exception) -> None:
+        """Count and keep a rebalance callback's failure for ``run`` to raise."""
+        self.counters["setup_failures"] = self.counters.get("setup_failures", 0) + 1
+        names = ", ".join(f"{tp.topic}:{tp.partition}" for tp in partitions)
+        msg = f"{doing} partitions {names} failed: {type(exc).__name__}: {exc}"
+        log.error("%s; the worker restarts", msg)
+        if self.setup_error is None:
+            self.setup_error = NearlineSetupError(msg)
+            self.setup_error.__cause__ = exc
 
     def close_tasks(self, revoked: list[TopicPartition]) -> None:
         """Close the stores of revoked partitions (their state is committed after every batch)."""
@@ -270,6 +299,8 @@ class NearlineWorker:
         try:
             while not stop.is_set():
                 polled = self.consumer.poll(timeout_ms=500, max_records=self.config.max_poll_records)
+                if self.setup_error is not None:
+                    raise self.setup_error
                 if not self.tasks:
                     idle_since = time.monotonic()  # idle only counts while owning partitions
                 self._announce_idle(polled)
@@ -477,4 +508,4 @@ def run_worker(config: NearlineConfig, idle_exit_s: float | None = None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     plan = NearlinePlan.load(config)
-    NearlineWorker(config, plan).run(stop, idle_exit_s=idle_exit_s)
+    supervise_worker(lambda: NearlineWorker(config, plan), stop, idle_exit_s)
