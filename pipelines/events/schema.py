@@ -13,7 +13,7 @@ import os
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, TypedDict, get_args
+from typing import Literal, NotRequired, TypedDict, get_args
 
 from headwater.registry.plans import PlanSource
 
@@ -44,6 +44,8 @@ class BehaviorEvent(TypedDict):
     query: str | None
     position: int | None
     device: Device
+    arm: NotRequired[str | None]
+    """Experiment arm (schema version 2); an event without it is written with null."""
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(BehaviorEvent.__annotations__)

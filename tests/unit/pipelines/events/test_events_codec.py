@@ -29,7 +29,7 @@ from headwater.registry.plans import PlanSource, plan_source
 from headwater.registry.validate import check_repo
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "features"
-EVENTS_FP = "5335328fdc7bb5ab"
+EVENTS_FP = "9b1c41fd8f13e589"  # schema version 2 (the experiment arm)
 
 FULL: BehaviorEvent = {
     "event_id": "0f8fad5b-d9cb-469f-a165-70867728950e",
@@ -44,6 +44,7 @@ FULL: BehaviorEvent = {
     "query": "jazz vinyl é 🎷",
     "position": 3,
     "device": "android",
+    "arm": "ranker-v2/treatment",
 }
 SEARCH_WITH_NULLS: BehaviorEvent = {
     "event_id": "e-1",
@@ -58,6 +59,7 @@ SEARCH_WITH_NULLS: BehaviorEvent = {
     "query": "q",
     "position": None,
     "device": "web",
+    "arm": None,
 }
 
 
@@ -92,7 +94,7 @@ def test_every_event_type_and_device_round_trips(codec: EventCodec) -> None:
 
 def test_headers_carry_fingerprint_and_produce_time(codec: EventCodec) -> None:
     hdrs = dict(codec.headers(produce_ts_ms=1_700_000_000_000))
-    assert hdrs == {HEADER_SCHEMA_FP: b"5335328fdc7bb5ab", HEADER_PRODUCE_TS: b"1700000000000"}
+    assert hdrs == {HEADER_SCHEMA_FP: EVENTS_FP.encode(), HEADER_PRODUCE_TS: b"1700000000000"}
     stamped = int(dict(codec.headers())[HEADER_PRODUCE_TS])
     assert stamped > 1_700_000_000_000
 
@@ -313,6 +315,7 @@ def full_raw(**parts: bytes) -> bytes:
         "query": varint(1) + text("jazz vinyl é 🎷"),
         "position": varint(1) + varint(3),
         "device": varint(1),  # android
+        "arm": varint(1) + text("ranker-v2/treatment"),
     }
     return b"".join({**fields, **parts}.values())
 
@@ -362,7 +365,7 @@ def test_every_in_range_index_decodes_to_its_symbol(codec: EventCodec) -> None:
 
 def test_payload_over_the_byte_limit_is_oversized(events_source: PlanSource) -> None:
     small = EventCodec(events_source, max_event_bytes=120)
-    fits = {**FULL, "query": "q"}
+    fits = {**FULL, "query": "q", "arm": None}
     assert isinstance(small.decode(small.encode(fits), headers(small)), DecodedEvent)
     big = {**FULL, "query": "q" * 200}
     result = small.decode(small.encode(big), headers(small))
