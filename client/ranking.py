@@ -1,6 +1,7 @@
-"""A Python client of the ranking service (``POST /v1/rank``) that degrades on its own.
+"""A Python client of the ranking service (REST ``POST /v1/rank`` or gRPC ``Rank``) that degrades on its own.
 
-:class:`RankingClient` calls the service with a timeout per attempt, retries connection errors,
+:class:`RankingClient` calls the service (``protocol="rest"``, or ``"grpc"`` at the service's
+``--grpc-port``: :mod:`headwater.client.transport`) with a timeout per attempt, retries connection errors,
 timeouts, 429 and 5xx with exponential backoff and full jitter (a ``Retry-After`` is honoured), and
 never retries another 4xx (the request itself is wrong: :class:`RankingRequestError`). A circuit
 breaker counts consecutive bad attempts (slower than ``slow_ms`` or failed); at ``failures`` of them
@@ -18,22 +19,23 @@ Typical use::
 
 from __future__ import annotations
 
-import email.utils
 import random
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from itertools import chain
 from typing import Any, Literal
 
 import httpx
 
+from headwater.client.transport import GrpcTransport, NoAnswer, Reply, RestTransport, Transport, retry_after
+
 Source = Literal["service", "cache", "fallback"]
 BreakerState = Literal["closed", "open", "half_open"]
 Fallback = Sequence[str] | Callable[[], Sequence[str]]
+Protocol = Literal["rest", "grpc"]
 
 
 class RankingError(Exception):
@@ -184,11 +186,13 @@ class _Attempt:
 
 
 class RankingClient:
-    """A thread-safe client of ``POST /v1/rank`` with timeouts, retries and a circuit breaker.
+    """A thread-safe client of the rank call with timeouts, retries and a circuit breaker.
 
-    ``fallback``: the popularity list (or a function returning it) used to top up a degraded answer
-    and to answer when the user has no last good result. ``transport``, ``clock``, ``sleep`` and
-    ``rng`` are for tests (an ``httpx.MockTransport``, a fake clock, a recorded sleep, a seeded rng).
+    ``base_url``: ``http://host:port`` for REST; ``host:port`` (or ``grpc://host:port``) with
+    ``protocol="grpc"``. ``fallback``: the popularity list (or a function returning it) used to top
+    up a degraded answer and to answer when the user has no last good result. ``transport``,
+    ``clock``, ``sleep`` and ``rng`` are for tests (an ``httpx.MockTransport`` or any
+    :class:`~headwater.client.transport.Transport`, a fake clock, a recorded sleep, a seeded rng).
     """
 
     def __init__(
@@ -201,7 +205,8 @@ class RankingClient:
         breaker: BreakerConfig | None = None,
         fallback: Fallback | None = None,
         cache_users: int = 10_000,
-        transport: httpx.BaseTransport | None = None,
+        protocol: Protocol = "rest",
+        transport: httpx.BaseTransport | Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
@@ -221,7 +226,17 @@ class RankingClient:
         self._lock = threading.Lock()
         self._clock, self._sleep = clock, sleep
         self._rng = rng or random.Random()
-        self._http = httpx.Client(base_url=self.base_url, transport=transport)
+        self.protocol = protocol
+        self._transport: Transport
+        if transport is not None and not isinstance(transport, httpx.BaseTransport):
+            self._transport = transport
+        elif protocol == "grpc":
+            self._transport = GrpcTransport(self.base_url)
+        elif protocol == "rest":
+            self._transport = RestTransport(self.base_url, transport)
+        else:
+            msg = f"protocol must be 'rest' or 'grpc'; got {protocol!r}"
+            raise ValueError(msg)
 
     def rank(
         self,
@@ -286,32 +301,33 @@ class RankingClient:
         slow_ms = self.breaker.config.slow_ms
         began = self._clock()
         try:
-            response = self._http.post("/v1/rank", json=body, timeout=timeout)
-        except httpx.TimeoutException as exc:
-            why = f"timed out after {timeout:g} s ({type(exc).__name__})"
-            self.breaker.record(False, why, probe)
-            return _Attempt(why)
-        except httpx.HTTPError as exc:
-            why = f"no answer from {self.base_url} ({type(exc).__name__}: {exc})"
-            self.breaker.record(False, why, probe)
-            return _Attempt(why)
+            reply: Reply = self._transport.call(body, timeout)
+        except NoAnswer as exc:
+            self.breaker.record(False, str(exc), probe)
+            return _Attempt(str(exc))
         except BaseException:
             self.breaker.record(False, "the call was interrupted", probe)  # never leave a probe in flight
             raise
         took = (self._clock() - began) * 1000.0
-        status = response.status_code
+        status = reply.status
         if status == 429 or status >= 500:
-            why = f"answered {status}: {_detail(response)}"
+            why = f"answered {status}: {reply.detail}"
             self.breaker.record(False, why, probe)
-            return _Attempt(why, _retry_after(response.headers.get("retry-after")))
+            return _Attempt(why, reply.retry_after_s)
         if status != 200:
             self.breaker.record(took <= slow_ms, f"answered {status} in {took:.0f} ms", probe)
-            raise RankingRequestError(status, _detail(response))
+            raise RankingRequestError(status, reply.detail)
+        answer = reply.body
         try:
-            answer = response.json()
-            items = tuple(RankedItem(str(i["item_id"]), float(i["score"])) for i in answer["items"])
+            if answer is None:
+                items: tuple[RankedItem, ...] | None = None
+                problem = reply.detail
+            else:
+                items = tuple(RankedItem(str(i["item_id"]), float(i["score"])) for i in answer["items"])
         except (ValueError, KeyError, TypeError) as exc:
-            why = f"answered 200 with an unreadable body ({type(exc).__name__}: {exc})"
+            items, problem = None, f"{type(exc).__name__}: {exc}"
+        if items is None or answer is None:
+            why = f"answered 200 with an unreadable body ({problem})"
             self.breaker.record(False, why, probe)
             return _Attempt(why)
         slow = took > slow_ms
@@ -367,8 +383,8 @@ class RankingClient:
         return RankResult(tuple(items), source, reason, attempts, took, self.breaker.state)
 
     def close(self) -> None:
-        """Close the HTTP connections."""
-        self._http.close()
+        """Close the connections (HTTP or the gRPC channel)."""
+        self._transport.close()
 
     def __enter__(self) -> RankingClient:
         return self
@@ -377,26 +393,4 @@ class RankingClient:
         self.close()
 
 
-def _detail(response: httpx.Response) -> str:
-    """Return the service's ``detail`` message, else the start of the body."""
-    try:
-        return str(response.json()["detail"])[:500]
-    except (ValueError, KeyError, TypeError):
-        return response.text[:500]
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Read a ``Retry-After`` header in seconds (seconds or an HTTP date); None if absent or unreadable."""
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+_retry_after = retry_after  # the name the unit tests knew

@@ -87,6 +87,14 @@ def train(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option(
+    "--grpc-port", type=click.IntRange(0, 65535), default=None,
+    help="Also serve headwater.v1.Ranking over gRPC on this port (same process, engine and metrics).",
+)  # fmt: skip
+@click.option(
+    "--admission/--no-admission", default=None,
+    help="Per-user-class quotas and priorities at the edge [default: the config's admission.enabled, off].",
+)  # fmt: skip
+@click.option(
     "--model",
     "model_path",
     type=click.Path(exists=True, path_type=Path),
@@ -114,6 +122,8 @@ def train(
 def serve(
     host: str,
     port: int,
+    grpc_port: int | None,
+    admission: bool | None,
     model_path: Path | None,
     redis_url: str | None,
     config_path: Path | None,
@@ -125,7 +135,10 @@ def serve(
     no_feedback: bool,
     log_level: str,
 ) -> None:
-    """Run the ranking service: POST /v1/rank, GET /health, GET /metrics, GET /openapi.json."""
+    """Run the ranking service: POST /v1/rank, GET /health, GET /metrics, GET /openapi.json.
+
+    With --grpc-port, also headwater.v1.Ranking/Rank over gRPC (serving/proto) in the same process.
+    """
     import uvicorn
 
     from headwater.pipelines.freshness.metrics import FreshnessCollector
@@ -139,6 +152,9 @@ def serve(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(config_path)
+    if admission is not None:
+        edge = config.admission.model_copy(update={"enabled": admission})
+        config = config.model_copy(update={"admission": edge})
     plans = state_dir or config.state_dir or resolved_state_dir()
     try:
         registry = load_registry(plans, config.popularity)
@@ -165,8 +181,14 @@ def serve(
         f" registry={registry.registry_version} user_slots={registry.user.dim} item_slots={registry.item.dim}"
         f" model={versions.neural_version} linear={versions.linear_version}"
         f" feedback={feedback.topic if feedback else 'off'}"
+        f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
+        f" admission={'on' if config.admission.enabled else 'off'}"
     )
     app = create_app(config, registry, reader, loaded, feedback)
+    if grpc_port is not None:
+        from headwater.serving.grpc_server import GrpcEdge
+
+        GrpcEdge.for_app(app, host, grpc_port)  # starts and stops with the app's lifespan
     # /metrics also carries every view's pipeline lag and read-time age (the `headwater freshness` figures).
     app.state.telemetry.registry.register(FreshnessCollector.for_store(reader.store, plans))
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

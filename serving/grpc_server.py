@@ -1,0 +1,162 @@
+"""The ranking service over gRPC (``headwater.v1.Ranking``), in the same process as the REST app.
+
+:class:`GrpcEdge` is a ``grpc.aio`` server on its own port that runs on the REST app's event loop
+and calls the very function ``POST /v1/rank`` calls (``app.state.rank``): the same admission, engine,
+fallback chain, impressions and metrics. It is one of ``app.state.servers``, so it starts after the
+app's engine and stops before it (``headwater serve --grpc-port``).
+
+Errors are status codes with the REST message:
+
+=============================================  ==================================================
+REST                                           gRPC
+=============================================  ==================================================
+422 / 400 (invalid request, undecodable body)  INVALID_ARGUMENT, the same field-by-field message
+429 over the class's quota or a full queue     RESOURCE_EXHAUSTED; trailing metadata ``retry-after``
+                                               (whole seconds, as HTTP's) and ``retry-after-ms``
+503 (a bug's net)                              UNAVAILABLE ("retry"), never UNKNOWN or INTERNAL
+=============================================  ==================================================
+
+The request is decoded here, not by grpc (no ``request_deserializer``), so bytes that are not a
+``RankRequest`` are INVALID_ARGUMENT with protobuf's reason rather than grpc's INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from pydantic import ValidationError
+
+from headwater.serving.admission import CLASS_HEADER, Throttled
+from headwater.serving.batcher import QueueFullError
+from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
+from headwater.serving.schemas import RankRequest, readable_errors
+
+logger = logging.getLogger(__name__)
+SERVICE = "headwater.v1.Ranking"
+OPTIONAL_FIELDS = ("priority", "deadline_ms", "session_id", "device", "log_impressions", "user_class")
+"""Fields of ``RankRequest`` the message marks ``optional``: absent means the REST default."""
+RankFunction = Callable[[RankRequest, str | None], Awaitable[dict[str, Any]]]
+
+
+class GrpcEdge:
+    """A ``grpc.aio`` server of ``headwater.v1.Ranking`` on ``host:port``, sharing ``rank`` with REST."""
+
+    def __init__(self, rank: RankFunction, host: str, port: int, on_invalid: Callable[[], None]) -> None:
+        self._rank = rank
+        self.address = f"{host}:{port}"
+        self._on_invalid = on_invalid
+        self._server: grpc.aio.Server | None = None
+        self.port = port
+        """The bound port (the chosen one when ``port`` is 0), known after :meth:`start`."""
+
+    @classmethod
+    def for_app(cls, app: Any, host: str, port: int) -> GrpcEdge:
+        """Return the edge of a :func:`headwater.serving.app.create_app` app, added to its servers."""
+        telemetry = app.state.telemetry
+        edge = cls(app.state.rank, host, port, lambda: telemetry.rejected.labels("invalid").inc())
+        app.state.servers.append(edge)
+        return edge
+
+    async def start(self) -> None:
+        """Bind and start; raises OSError naming the address when it cannot be bound."""
+        server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._serve, request_deserializer=None, response_serializer=pb.RankResponse.SerializeToString
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Rank": handler}),))
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError as exc:
+            bound, why = 0, str(exc)
+        else:
+            why = "in use or not a local address"
+        if bound == 0:
+            msg = f"gRPC cannot listen on {self.address} ({why}); pick another --grpc-port"
+            raise OSError(msg)
+        self.port = bound
+        await server.start()
+        self._server = server
+        logger.info("gRPC %s on %s", SERVICE, self.address.rsplit(":", 1)[0] + f":{bound}")
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop taking calls; calls in flight get ``grace_s`` to finish."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+    async def _serve(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RankResponse:
+        try:
+            message = pb.RankRequest.FromString(raw)
+        except DecodeError as exc:
+            self._on_invalid()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a headwater.v1.RankRequest: {exc}")
+        try:
+            body = RankRequest.model_validate(to_fields(message))
+        except ValidationError as exc:
+            self._on_invalid()
+            errors = readable_errors(exc.errors(), tuple(RankRequest.model_fields))
+            detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
+        header = _metadata(context, CLASS_HEADER)
+        try:
+            answer = await self._rank(body, header)
+        except Throttled as exc:
+            await _exhausted(context, str(exc), exc.retry_after_s)
+        except QueueFullError as exc:
+            await _exhausted(context, str(exc), float(exc.retry_after_s))
+        except Exception as exc:  # the net under a bug, as REST's 503: retryable, with the type
+            logger.exception("unhandled error serving gRPC Rank")
+            detail = f"the service failed to answer ({type(exc).__name__}); retry"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, detail)
+        return to_message(answer)
+
+
+def to_fields(message: pb.RankRequest) -> dict[str, Any]:
+    """Return the REST body of a gRPC request: every field set, optional ones only when present."""
+    fields: dict[str, Any] = {
+        "user_id": message.user_id,
+        "candidates": list(message.candidates),
+        "k": message.k,
+    }
+    for name in OPTIONAL_FIELDS:
+        if message.HasField(name):
+            fields[name] = getattr(message, name)
+    return fields
+
+
+def to_message(answer: dict[str, Any]) -> pb.RankResponse:
+    """Return the gRPC answer of a REST answer (``app.state.rank``'s dict)."""
+    ages = answer["feature_ages_s"]
+    out = pb.RankResponse(
+        items=[pb.RankedItem(item_id=i["item_id"], score=i["score"]) for i in answer["items"]],
+        feature_ages_s=pb.FeatureAges(**{k: v for k, v in ages.items() if v is not None}),
+        latency_ms=answer["latency_ms"],
+        request_id=answer["request_id"],
+        user_feature_event_ms=answer["user_feature_event_ms"],
+    )
+    for name in ("model_version", "fallback", "fallback_reason"):
+        if answer[name] is not None:
+            setattr(out, name, answer[name])
+    return out
+
+
+def _metadata(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return None
+
+
+async def _exhausted(context: grpc.aio.ServicerContext[Any, Any], detail: str, retry_after_s: float) -> None:
+    context.set_trailing_metadata(
+        (
+            ("retry-after", str(max(1, math.ceil(retry_after_s)))),
+            ("retry-after-ms", str(max(1, math.ceil(retry_after_s * 1000.0)))),
+        )
+    )
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
