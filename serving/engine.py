@@ -73,6 +73,8 @@ class Models:
     neural_version: str | None = None
     linear: LinearRanker | None = None
     linear_version: str | None = None
+    absent_reason: str = "no_model"
+    """The ``fallback_reason`` when the DCN is absent (``experiment``: an arm starts below it)."""
 
 
 def top_k(scores: npt.NDArray[np.floating[Any]], k: int) -> npt.NDArray[np.intp]:
@@ -169,7 +171,7 @@ class RankingEngine:
         user = feats.user
         if user is None:
             return None, "missing_user_features"
-        reason = "no_model"
+        reason = self.models.absent_reason
         if self.batcher is not None and self.models.neural_version:
             loop = asyncio.get_running_loop()
             until = deadline - self._reserve_s
@@ -199,7 +201,7 @@ class RankingEngine:
                 return self._answer(query, scores, self.models.linear_version, "linear", feats.ages()), reason
             except (ValueError, FloatingPointError) as exc:
                 logger.warning("the linear model failed for user %r: %s", query.user_id, exc)
-                reason = reason if reason != "no_model" else "model_error"
+                reason = reason if reason != self.models.absent_reason else "model_error"
         return None, reason
 
     async def _popularity(
