@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from headwater.registry.config import state_dir as resolved_state_dir
 from headwater.registry.options import MODELS_HELP, STATE_HELP, resolved_models_dir
+
+if TYPE_CHECKING:
+    from headwater.serving.config import ServingConfig
+    from headwater.serving.recording import Recorder
+    from headwater.serving.registry import BoundRegistry
+    from headwater.serving.runtime import LoadedModels
 
 MODELS = "models"
 """The models' folder in the state folder: `model train` writes there, `serve` reads from there."""
@@ -165,6 +172,7 @@ def serve(
     threads = configure_torch_threads(config.torch_threads)
     switch_ms = configure_switch_interval(config.gil_switch_interval_ms)
     loaded = load_models(model_path, registry, device)
+    arm_loaded, recorder = _experiment_and_recorder(config, registry, device, plans)
     settings = Settings.from_env()
     reader = OnlineStoreReader.from_url(redis_url or settings.redis_url, namespace=namespace)
     feedback = None
@@ -184,7 +192,7 @@ def serve(
         f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
         f" admission={'on' if config.admission.enabled else 'off'}"
     )
-    app = create_app(config, registry, reader, loaded, feedback)
+    app = create_app(config, registry, reader, loaded, feedback, arm_loaded=arm_loaded, recorder=recorder)
     if grpc_port is not None:
         from headwater.serving.grpc_server import GrpcEdge
 
@@ -192,3 +200,28 @@ def serve(
     # /metrics also carries every view's pipeline lag and read-time age (the `headwater freshness` figures).
     app.state.telemetry.registry.register(FreshnessCollector.for_store(reader.store, plans))
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def _experiment_and_recorder(
+    config: ServingConfig, registry: BoundRegistry, device: str | None, plans: Path
+) -> tuple[dict[str, LoadedModels], Recorder | None]:
+    """Load the experiment arms' models and make the request recorder the config asks for."""
+    from headwater.serving.experiments import ExperimentModelError, load_arm_models
+    from headwater.serving.recording import Recorder, recording_path
+
+    try:
+        arm_loaded = load_arm_models(config.experiment, registry, device)
+    except ExperimentModelError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if config.experiment is not None:
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in config.experiment.shares().items())
+        click.echo(f"experiment {config.experiment.name}: {shares}")
+    recorder = None
+    if config.recording.enabled:
+        path = recording_path(config.recording, plans)
+        recorder = Recorder(config.recording, path)
+        click.echo(
+            f"recording {config.recording.sample_rate:.1%} of the ranking requests to {path}"
+            f" (rotates at {config.recording.max_bytes} bytes, keeps {config.recording.max_files} more)"
+        )
+    return arm_loaded, recorder

@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from headwater.serving.experiments import ExperimentConfig
+from headwater.serving.recording import RecordingConfig
+
 DEFAULT_POPULARITY = "item_popularity_offline.item_clicks_1d"
 CPU_BATCH_ROWS = 1024
 CUDA_BATCH_ROWS = 8192
@@ -126,6 +129,10 @@ class ServingConfig(BaseModel):
     """``<item view>.<slot>`` the popularity fallback ranks by."""
     batcher: BatcherConfig = BatcherConfig()
     feedback: FeedbackConfig = FeedbackConfig()
+    experiment: ExperimentConfig | None = None
+    """Users split into arms by a stable hash, each scored by its arm (serving/experiments.py)."""
+    recording: RecordingConfig = RecordingConfig()
+    """A sample of the ranking requests and answers to JSON Lines, for `headwater replay`."""
     admission: AdmissionConfig = AdmissionConfig()
     default_deadline_ms: float = Field(default=100.0, gt=0.0)
     max_deadline_ms: float = Field(default=10_000.0, gt=0.0)

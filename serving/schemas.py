@@ -168,6 +168,9 @@ class RankResponse(BaseModel):
     user_feature_event_ms: dict[str, int] = Field(
         description="Event time (window boundary, UTC ms) of each user view the answer read."
     )
+    arm: str | None = Field(
+        default=None, description="The user's experiment arm, `<experiment>/<arm>`; null outside experiments."
+    )
 
 
 class FeedbackStats(BaseModel):
