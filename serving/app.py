@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -19,11 +19,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from headwater.serving.admission import CLASS_HEADER, Admission, Throttled
 from headwater.serving.batcher import MicroBatcher, QueueFullError
+from headwater.serving.business import BusinessMetrics
 from headwater.serving.config import ServingConfig
-from headwater.serving.engine import NO_AGES, Job, Ranked, RankingEngine, RankQuery
+from headwater.serving.engine import NO_AGES, Job, Models, Ranked, RankingEngine, RankQuery
+from headwater.serving.experiments import ArmEngines, with_arm
 from headwater.serving.feedback import FeedbackProducer, feedback_event, impression_events, new_request_id
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.model import gpu_memory_used_percent
+from headwater.serving.recording import Recorder
 from headwater.serving.registry import BoundRegistry
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.schemas import (
@@ -166,11 +169,15 @@ def create_app(
     loaded: LoadedModels,
     feedback: FeedbackProducer | None = None,
     max_reads_in_flight: int | None = None,
+    arm_loaded: Mapping[str, LoadedModels] | None = None,
+    recorder: Recorder | None = None,
 ) -> FastAPI:
     """Build the app; the batcher, the engine and the feedback producer start with its lifespan.
 
     ``max_reads_in_flight`` bounds the store reads running or queued on the ``io_threads``
     (default :func:`~headwater.serving.store.default_reads_in_flight`); past it a request falls back.
+    ``arm_loaded``: the models of the experiment's arms that name one (``config.experiment``);
+    ``recorder``: where a sample of the requests is recorded, with their answers.
     """
     telemetry = Telemetry()
     io = ReadPool(config.io_threads, max_reads_in_flight)
@@ -182,22 +189,39 @@ def create_app(
     fetcher = FeatureFetcher(reader, registry, cache, io, (binding.user_columns, binding.item_columns))
     state: dict[str, RankingEngine] = {}
     admission = Admission(config.admission, telemetry.registry)
+    business = BusinessMetrics(telemetry.registry)
+
+    def new_batcher(models: LoadedModels) -> MicroBatcher[Job, npt.NDArray[np.float32]] | None:
+        if models.neural is None:
+            return None
+        b = config.batcher
+        batcher = MicroBatcher(
+            models.neural.score_batch,
+            max_delay_s=b.max_delay_ms / 1000.0,
+            max_batch_rows=b.rows_for(models.device),
+            max_queue_requests=b.max_queue_requests,
+            retry_after_s=b.retry_after_s,
+            on_batch=telemetry.observe_batch,
+        )
+        batcher.start()
+        return batcher
+
+    def arm_engine(
+        models: LoadedModels, scorers: Models
+    ) -> tuple[RankingEngine, MicroBatcher[Job, npt.NDArray[np.float32]] | None]:
+        # An experiment arm's engine: its own model's column binding and batcher, the shared store.
+        b = models.binding
+        arm_fetcher = FeatureFetcher(reader, registry, cache, io, (b.user_columns, b.item_columns))
+        batcher = new_batcher(models) if scorers.neural_version else None
+        return RankingEngine(config, registry, arm_fetcher, reader, scorers, batcher, telemetry, io), batcher
+
+    arms = ArmEngines(config.experiment, loaded, arm_loaded or {}, arm_engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher: MicroBatcher[Job, npt.NDArray[np.float32]] | None = None
-        if loaded.neural is not None:
-            b = config.batcher
-            batcher = MicroBatcher(
-                loaded.neural.score_batch,
-                max_delay_s=b.max_delay_ms / 1000.0,
-                max_batch_rows=b.rows_for(loaded.device),
-                max_queue_requests=b.max_queue_requests,
-                retry_after_s=b.retry_after_s,
-                on_batch=telemetry.observe_batch,
-            )
+        batcher = new_batcher(loaded)
+        if batcher is not None:
             telemetry.watch_queues(batcher.depth)
-            batcher.start()
         state["engine"] = app.state.engine = RankingEngine(
             config, registry, fetcher, reader, loaded.models(), batcher, telemetry, io
         )
@@ -230,6 +254,11 @@ def create_app(
     app.state.admission = admission
     app.state.servers = []
     """Objects with ``async start()`` / ``async stop()`` run with the app's lifespan (the gRPC server)."""
+    app.state.servers.append(arms)  # the experiment's engines: before any other protocol's server
+    if recorder is not None:
+        app.state.servers.append(recorder)
+        recorder.register_metrics(telemetry.registry)
+    app.state.business = business
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -298,7 +327,9 @@ def create_app(
             raise
         query = RankQuery(body.user_id, body.candidates, body.k, admitted.priority, body.deadline_ms)
         request_id = new_request_id()
-        engine = state["engine"]
+        arrived_ms, recording = now_ms(), recorder is not None and recorder.sampled()  # the record's at_ms
+        routed = arms.route(body.user_id, state["engine"])
+        engine = routed.engine
         async with admission.slot(admitted):
             try:
                 ranked = await engine.rank(query)
@@ -315,9 +346,10 @@ def create_app(
                 telemetry.fallbacks.labels("editorial", "internal_error").inc()
         if feedback is not None and body.log_impressions:
             shown = [item for item, _ in ranked.items]
-            feedback.offer(impression_events(request_id, body.user_id, shown, body.session_id, body.device))
+            shown_events = impression_events(request_id, body.user_id, shown, body.session_id, body.device)
+            feedback.offer(with_arm(shown_events, routed.arm))
         ages = ranked.ages
-        return {
+        answer = {
             "items": [{"item_id": i, "score": s} for i, s in ranked.items],
             "model_version": ranked.model_version,
             "fallback": ranked.fallback,
@@ -330,7 +362,14 @@ def create_app(
             "latency_ms": ranked.latency_ms,
             "request_id": request_id,
             "user_feature_event_ms": ranked.user_event_ms,
+            "arm": routed.arm,
         }
+        if body.log_impressions:
+            business.served(request_id, body.session_id, len(ranked.items), answer, routed.arm)
+        if recording and recorder is not None:
+            sent = body.model_dump(mode="json", exclude_unset=True)
+            recorder.offer(arrived_ms, sent, 200, ranked.latency_ms, answer)
+        return answer
 
     app.state.rank = answer_rank
 
@@ -358,7 +397,10 @@ def create_app(
         if problem is not None:
             telemetry.rejected.labels("invalid").inc()
             return FastJSON({"detail": f"invalid feedback: {problem}", "errors": []}, status_code=422)
-        queued = feedback.offer([event]) == 1 if feedback is not None else False
+        arm = arms.arm_of(body.user_id)
+        queued = feedback.offer(with_arm([event], arm)) == 1 if feedback is not None else False
+        if body.event_type == "click":
+            business.clicked(body.request_id, body.session_id, arm)
         return FastJSON({"event_id": event_id, "event_time_ms": at, "queued": queued}, status_code=202)
 
     @app.get("/health", response_model=HealthResponse)
