@@ -8,80 +8,36 @@ past the breaker's cool-down without waiting for it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from headwater.client import BreakerConfig, RankingClient
-from headwater.serving.config import DEFAULT_POPULARITY
-from headwater.serving.registry import load_registry
-from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, write_world
 
-ROOT = Path(__file__).resolve().parents[3]
-HEADWATER = str(Path(sys.executable).with_name("headwater"))
+_spec = importlib.util.spec_from_file_location("edge_service", Path(__file__).with_name("edge_service.py"))
+assert _spec is not None
+assert _spec.loader is not None
+edge = sys.modules.setdefault("edge_service", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(edge)
+
 SLOW_MS = 1500.0
 """Generous, so a loaded test machine's ordinary answers stay "good"; a stall lasts well over it."""
 STALL_S = 2.5
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
-    """Apply features/, write a small world to a fresh namespace, start `headwater serve` (no model)."""
-    tmp = tmp_path_factory.mktemp("client-lib")
-    state = tmp / "state"
-    cmd = [HEADWATER, "apply", str(ROOT / "features"), "--state-dir", str(state), "--no-feast"]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-    registry = load_registry(state, DEFAULT_POPULARITY)
-    world = make_world(registry, users=20, items=60, seed=3)
-    namespace = f"t{uuid.uuid4().hex[:8]}"
-    reader = OnlineStoreReader.from_url(redis_url, namespace=namespace)
-    write_world(reader, registry, world, now_ms())
-    port = _free_port()
-    serve = [HEADWATER, "serve", "--port", str(port), "--state-dir", str(state), "--redis-url", redis_url,
-             "--namespace", namespace, "--no-feedback", "--device", "cpu"]  # fmt: skip
-    log = (tmp / "serve.log").open("wb")
-    proc = subprocess.Popen(serve, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp / "serve.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).read()
-                break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
-        yield {"url": url, "world": world, "proc": proc}
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.terminate()
-            proc.wait(30)
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
-            client.delete(key)
-        reader.close()
+    """`headwater serve` (no model) on a small world in a fresh namespace of the real Redis."""
+    with edge.running_service(tmp_path_factory.mktemp("client-lib"), redis_url) as service:
+        yield {"url": service.url, "world": service.world, "proc": service.proc}
 
 
 def _stall(pid: int, seconds: float) -> threading.Timer:
