@@ -18,14 +18,17 @@ from headwater.pipelines.nearline.cli import run_nearline
 from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
 from headwater.pipelines.offline.cli_import import import_cmd
 from headwater.pipelines.offline.cli_labels import labels
+from headwater.pipelines.offline.experiment_report import experiment
 from headwater.pipelines.realtime.cli import realtime
 from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
 from headwater.registry.commands import apply, check, config, features, plan
 from headwater.registry.config import REPO_ENV, ConfigError, resolve, use_repo
+from headwater.registry.costs_cli import costs
 from headwater.registry.init import init
 from headwater.registry.jars import setup
 from headwater.serving.cli import model, serve
+from headwater.serving.replay import replay_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,6 +82,8 @@ main.add_command(apply)
 main.add_command(features)
 main.add_command(model)
 main.add_command(serve)
+main.add_command(experiment)  # experiment report (issue 20)
+main.add_command(replay_command)  # replay recorded ranking requests (issue 20)
 main.add_command(training_set)
 main.add_command(labels)
 main.add_command(materialize)
@@ -86,3 +91,4 @@ main.add_command(consistency)
 main.add_command(freshness)
 main.add_command(rank)
 main.add_command(feedback)
+main.add_command(costs)  # declared vs estimated vs measured cost per view

@@ -24,13 +24,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import httpx
-import numpy as np
 
 from headwater.serving.recording import Recorded, RecordFileError, read_records
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ def _ms(value: float | None) -> str:
 
 def percentiles(values: Sequence[float]) -> dict[str, float | None]:
     """Return p50, p95, p99 and max of ``values`` (None each when empty)."""
+    import numpy as np  # here: `headwater --help` does not pay for numpy
+
     if not values:
         return {"p50": None, "p95": None, "p99": None, "max": None}
     arr = np.asarray(values, dtype=np.float64)
@@ -173,6 +176,8 @@ async def replay(
     log_impressions: bool = False,
 ) -> ReplayReport:
     """Send ``records`` to ``url`` (the service's base URL) at ``speed`` times their pacing."""
+    import httpx
+
     endpoint = url.rstrip("/") + "/v1/rank"
     slots = asyncio.Semaphore(max_in_flight)
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
@@ -209,6 +214,8 @@ async def _send(
     outcomes: list[Outcome | None],
     index: int,
 ) -> None:
+    import httpx
+
     started = time.perf_counter()
     try:
         response = await client.post(endpoint, json=body)

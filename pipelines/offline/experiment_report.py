@@ -1,0 +1,342 @@
+"""``headwater experiment report``: each arm's CTR with a 95% Wilson interval, and the split's SRM test.
+
+Steps:
+
+1. Read the behaviour source's bronze table (Spark over Delta), keep the events whose ``arm`` is
+   ``<experiment>/<arm>`` (the label the service writes on impressions and feedback), within
+   ``--from``/``--to`` (UTC days of the event time), one row per ``event_id`` (a redelivery
+   counts once).
+2. Per arm: users with an impression (the unit the service assigns), impressions, clicks.
+3. CTR = clicks / impressions, with the Wilson score interval (impressions of one user are not
+   independent, so the interval is a lower bound on the uncertainty when users see many items).
+4. Sample-ratio mismatch: a chi-square test of the users per arm against the arms' weights (from
+   the serving config, ``--weights``, else equal). **Flagged** when an arm's share of the users
+   differs from its weight's share by more than 0.5% of it (relative) *and* the p-value is under
+   0.001 (so a deviation of chance on few users is not flagged, nor a tiny bias on many). The
+   command exits 1 when flagged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from headwater.pipelines.offline.cli import LAKE, MASTER, STATE, _plan
+from headwater.pipelines.offline.experiment_stats import (
+    SRM_MAX_DEVIATION,
+    SRM_P_VALUE,
+    SampleRatio,
+    sample_ratio_test,
+    wilson_interval,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from headwater.registry.plans import PlanSource
+
+ARM_FIELD = "arm"
+REPORT_FIELDS = (ARM_FIELD, "user_id", "event_type")
+
+
+class ExperimentReportError(ValueError):
+    """The report cannot be computed (no arm column, no such experiment, bad weights)."""
+
+
+@dataclass(frozen=True)
+class ArmCounts:
+    """What landed for one arm."""
+
+    users: int
+    impressions: int
+    clicks: int
+
+
+@dataclass(frozen=True)
+class ArmFigures:
+    """One arm's line of the report."""
+
+    arm: str
+    users: int
+    impressions: int
+    clicks: int
+    ctr: float | None
+    ctr_low: float | None
+    ctr_high: float | None
+
+
+@dataclass(frozen=True)
+class ExperimentReport:
+    """The whole report: arms, the SRM test and where the expected split came from."""
+
+    experiment: str
+    arms: list[ArmFigures]
+    srm: SampleRatio
+    weights_from: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return plain JSON data."""
+        return {
+            "experiment": self.experiment,
+            "weights_from": self.weights_from,
+            "arms": [asdict(a) for a in self.arms],
+            "srm": {
+                **asdict(self.srm),
+                "max_deviation": self.srm.max_deviation,
+                "rule": f"flagged when max |deviation| > {SRM_MAX_DEVIATION:.1%} and p < {SRM_P_VALUE:g}",
+            },
+        }
+
+    def text(self) -> str:
+        """Return a table and the SRM verdict."""
+        lines = [
+            f"experiment {self.experiment} (expected split: {self.weights_from})",
+            f"{'arm':<16}{'users':>9}{'impressions':>13}{'clicks':>9}{'CTR':>9}  95% CI (Wilson)",
+        ]
+        for a in self.arms:
+            ctr = "n/a" if a.ctr is None else f"{a.ctr:.2%}"
+            ci = "n/a" if a.ctr_low is None else f"[{a.ctr_low:.2%}, {a.ctr_high or 0.0:.2%}]"
+            lines.append(f"{a.arm:<16}{a.users:>9}{a.impressions:>13}{a.clicks:>9}{ctr:>9}  {ci}")
+        s = self.srm
+        shares = ", ".join(
+            f"{arm} {s.observed_share[arm]:.2%} vs {s.expected_share[arm]:.2%} ({s.deviation[arm]:+.2%})"
+            for arm in s.expected_share
+        )
+        lines.append(f"users per arm: {shares}")
+        verdict = "FLAGGED" if s.flagged else "ok"
+        lines.append(
+            f"sample ratio: chi2 {s.chi_square:.3f} (df {s.df}), p {s.p_value:.3g}, max deviation"
+            f" {s.max_deviation:.2%}: {verdict}"
+            f" (flagged when > {SRM_MAX_DEVIATION:.1%} and p < {SRM_P_VALUE:g})"
+        )
+        return "\n".join(lines)
+
+    def line(self) -> str:
+        """Return one line: each arm's CTR and interval, and the SRM verdict (the demo prints it)."""
+        arms = "; ".join(
+            f"{a.arm} CTR {a.ctr:.2%} [{a.ctr_low:.2%}, {a.ctr_high:.2%}] of {a.impressions} impressions"
+            if a.ctr is not None and a.ctr_low is not None and a.ctr_high is not None
+            else f"{a.arm} no impressions"
+            for a in self.arms
+        )
+        verdict = "FLAGGED" if self.srm.flagged else "ok"
+        return (
+            f"experiment {self.experiment}: {arms}; SRM p {self.srm.p_value:.3g},"
+            f" max deviation {self.srm.max_deviation:.2%}: {verdict}"
+        )
+
+
+def build_report(
+    experiment: str, counts: Mapping[str, ArmCounts], weights: Mapping[str, float], weights_from: str
+) -> ExperimentReport:
+    """Compute CTRs, intervals and the SRM test from the per-arm ``counts``.
+
+    Raises:
+        ExperimentReportError: an arm landed that the weights do not name.
+    """
+    try:
+        srm = sample_ratio_test({arm: c.users for arm, c in counts.items()}, weights)
+    except ValueError as exc:
+        raise ExperimentReportError(f"experiment {experiment!r}: {exc}") from exc
+    arms = []
+    for arm in weights:
+        c = counts.get(arm, ArmCounts(0, 0, 0))
+        ctr = c.clicks / c.impressions if c.impressions else None
+        # More clicks than impressions (clicks on items shown outside the ranker): no interval.
+        ci = wilson_interval(c.clicks, c.impressions) if c.clicks <= c.impressions else None
+        arms.append(
+            ArmFigures(
+                arm, c.users, c.impressions, c.clicks, ctr, ci[0] if ci else None, ci[1] if ci else None
+            )
+        )
+    return ExperimentReport(experiment, arms, srm, weights_from)
+
+
+def arm_counts(
+    bronze: DataFrame, source: PlanSource, experiment: str, lo: date | None, hi: date | None
+) -> dict[str, ArmCounts]:
+    """Count users, impressions and clicks per arm of ``experiment`` in ``source``'s bronze rows."""
+    from pyspark.sql import functions as F
+
+    from headwater.pipelines.offline.source_columns import PARTITION
+
+    prefix = f"{experiment}/"
+    rows = bronze.where(F.col(ARM_FIELD).startswith(prefix))
+    if lo is not None:
+        rows = rows.where(F.col(PARTITION) >= F.lit(lo.isoformat()).cast("date"))
+    if hi is not None:
+        rows = rows.where(F.col(PARTITION) <= F.lit(hi.isoformat()).cast("date"))
+    if source.event_id:
+        rows = rows.dropDuplicates([source.event_id])
+    arm = F.substring(F.col(ARM_FIELD), len(prefix) + 1, 1_000)
+    kind = F.col("event_type").cast("string")
+    grouped = rows.groupBy(arm.alias("arm")).agg(
+        F.countDistinct(F.when(kind == "impression", F.col("user_id"))).alias("users"),
+        F.sum(F.when(kind == "impression", 1).otherwise(0)).alias("impressions"),
+        F.sum(F.when(kind == "click", 1).otherwise(0)).alias("clicks"),
+    )
+    return {
+        r["arm"]: ArmCounts(int(r["users"] or 0), int(r["impressions"] or 0), int(r["clicks"] or 0))
+        for r in grouped.collect()
+    }
+
+
+def experiments_landed(bronze: DataFrame) -> list[str]:
+    """Return the experiment names found in the ``arm`` column."""
+    from pyspark.sql import functions as F
+
+    names = bronze.where(F.col(ARM_FIELD).contains("/")).select(
+        F.substring_index(F.col(ARM_FIELD), "/", 1).alias("e")
+    )
+    return sorted(r["e"] for r in names.distinct().collect())
+
+
+def report_source(sources: list[PlanSource], name: str | None) -> PlanSource:
+    """Return the source with the report's fields (``name``, else the only one with them).
+
+    Raises:
+        ExperimentReportError: none or several sources fit, or ``name`` lacks a field.
+    """
+    fits = [s for s in sources if all(s.field(f) is not None for f in REPORT_FIELDS)]
+    if name is not None:
+        found = next((s for s in sources if s.name == name), None)
+        if found is None or found not in fits:
+            msg = f"source {name!r} is not in the applied plan with the fields {list(REPORT_FIELDS)}"
+            raise ExperimentReportError(msg)
+        return found
+    if len(fits) != 1:
+        msg = (
+            f"{len(fits)} source(s) of the applied plan have the fields {list(REPORT_FIELDS)}"
+            f" ({sorted(s.name for s in fits)}); apply the events schema with `arm` (version 2), or name"
+            " the source with --source"
+        )
+        raise ExperimentReportError(msg)
+    return fits[0]
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """Parse ``control=50,treatment=50``.
+
+    Raises:
+        ExperimentReportError: not ``arm=number`` pairs.
+    """
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or not name.strip() or not weight > 0:
+            msg = f"--weights: {part!r} is not arm=positive number (e.g. control=50,treatment=50)"
+            raise ExperimentReportError(msg)
+        out[name.strip()] = weight
+    return out
+
+
+def _expected(
+    config: Path | None, weights: str | None, experiment: str | None
+) -> tuple[str | None, dict[str, float] | None, str]:
+    """Return the experiment named by the config (if any), the weights and where they came from."""
+    if weights is not None:
+        return experiment, parse_weights(weights), "--weights"
+    if config is None:
+        return experiment, None, "equal weights over the arms landed (no --config or --weights)"
+    from headwater.serving.config import ServingConfigError, load_config
+
+    try:
+        declared = load_config(config).experiment
+    except ServingConfigError as exc:
+        raise ExperimentReportError(str(exc)) from exc
+    if declared is None:
+        raise ExperimentReportError(f"serving config {config}: declares no experiment")
+    if experiment is not None and experiment != declared.name:
+        msg = f"serving config {config}: declares experiment {declared.name!r}, not {experiment!r}"
+        raise ExperimentReportError(msg)
+    return declared.name, {a.name: a.weight for a in declared.arms}, f"weights of {config}"
+
+
+@click.group("experiment")
+def experiment() -> None:
+    """Experiments of the ranking service (arms declared in its serving config)."""
+
+
+@experiment.command("report")
+@click.option(
+    "--experiment", "name", default=None, help="Experiment name (default: the config's, else the one landed)."
+)
+@click.option(
+    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    help="The serving config that declares the experiment: its arms' weights are the expected split.",
+)  # fmt: skip
+@click.option("--weights", default=None, help="Expected split instead of a config: control=50,treatment=50.")
+@click.option("--from", "first", default=None, help="First UTC day (YYYY-MM-DD, inclusive).")
+@click.option("--to", "last", default=None, help="Last UTC day (YYYY-MM-DD, inclusive).")
+@click.option(
+    "--source", "source_name", default=None, help="Behaviour source (default: the one with an arm)."
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "line"]), default="text", show_default=True
+)
+@LAKE
+@STATE
+@MASTER
+def report(
+    name: str | None, config_path: Path | None, weights: str | None, first: str | None, last: str | None,
+    source_name: str | None, fmt: str, lake: Path | None, state_dir: Path | None, master: str | None,
+) -> None:  # fmt: skip
+    """Each arm's users, impressions, clicks and CTR (95% Wilson interval) from the landed events.
+
+    Also tests the split for a sample-ratio mismatch (chi-square of users per arm against the
+    weights); exits 1 when an arm is off by more than 0.5% of its share with p < 0.001.
+    """
+    from headwater.pipelines.offline.cli_labels import _range
+    from headwater.pipelines.offline.job import OfflineJobError, read_bronze
+    from headwater.pipelines.offline.lake import lake_root
+    from headwater.pipelines.offline.session import offline_session
+
+    lo, hi = _range(None, first, last)
+    try:
+        name, expected, weights_from = _expected(config_path, weights, name)
+        source = report_source(_plan(state_dir, "offline").sources, source_name)
+    except ExperimentReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    spark = offline_session("headwater-experiment-report", master)
+    try:
+        bronze = read_bronze(spark, lake_root(lake), source)
+        if ARM_FIELD not in bronze.columns:
+            msg = (
+                f"the bronze table of source {source.name!r} has no {ARM_FIELD!r} column: no event of"
+                " schema version 2 has landed yet (serve with an experiment, then `headwater run landing`)"
+            )
+            raise ExperimentReportError(msg)
+        if name is None:
+            found = experiments_landed(bronze)
+            if len(found) != 1:
+                landed = ", ".join(found) or "none"
+                msg = f"{len(found)} experiments landed ({landed}); name one with --experiment"
+                raise ExperimentReportError(msg)
+            name = found[0]
+        counts = arm_counts(bronze, source, name, lo, hi)
+    except (OfflineJobError, ExperimentReportError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if expected is None:
+        if not counts:
+            raise click.ClickException(f"no event of experiment {name!r} has landed")
+        expected = {arm: 1.0 for arm in sorted(counts)}
+    try:
+        result = build_report(name, counts, expected, weights_from)
+    except ExperimentReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if fmt == "json":
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        click.echo(result.line() if fmt == "line" else result.text())
+    if result.srm.flagged:
+        raise SystemExit(1)
