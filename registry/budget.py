@@ -2,15 +2,25 @@
 
 A view is charged ``max(compute_cost, estimate)``: declaring less than it costs cannot make a
 view fit. Each tier's (and each listed owner's) charged total must stay within its line of
-``budget.yaml``; an overrun is an error with a table of the largest consumers.
+``budget.yaml``; an overrun is an error with a table of the largest consumers. The optional
+``state`` and ``online_memory`` lines (GiB per tier) bound the estimated state and Redis memory
+(:func:`headwater.registry.cost.estimate_footprint`) the same way: a view that alone breaks its
+tier's line is an error at the view, a tier whose views together break it is an error at the line.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from headwater.registry.compiled import CompiledView
-from headwater.registry.cost import OVER_DECLARED_FACTOR, UNDER_DECLARED_FACTOR, CostEstimate
+from headwater.registry.compiled import CheckResult, CompiledView
+from headwater.registry.cost import (
+    OVER_DECLARED_FACTOR,
+    UNDER_DECLARED_FACTOR,
+    CostEstimate,
+    Footprint,
+    estimate_footprint,
+    format_bytes,
+)
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.load import Located
 from headwater.registry.models import BudgetFile, ViewDefinition
@@ -169,4 +179,80 @@ def _over(
         found=found,
         hint=hint,
         detail=consumers_table(members),
+    )
+
+
+GIB = 1024**3
+FOOTPRINTS = {"state": "state", "online_memory": "online memory"}
+
+
+def view_footprint(view: CompiledView, result: CheckResult) -> Footprint | None:
+    """Return the state and memory estimate of a checked view (``None`` when its source did not check)."""
+    from headwater.registry.tiers import TIERS
+
+    source = result.sources.get(view.source)
+    if source is None:
+        return None
+    entities = result.budget.entities.get(view.entity) if result.budget else None
+    key_field = source.schema.fields.get(view.join_key)
+    key_bytes = 8 if key_field is not None and key_field.kind in ("int", "long") else 12
+    rate = source.spec.expected_rate_per_s
+    return estimate_footprint(view.features, rate, TIERS[view.tier], entities, key_bytes)
+
+
+def check_footprints(result: CheckResult, budget: Located[BudgetFile], diags: Diagnostics) -> None:
+    """Errors for views and tiers whose estimated state or online memory breaks ``budget.yaml``."""
+    prints = {v.name: fp for v in result.views if (fp := view_footprint(v, result)) is not None}
+    for key, words in FOOTPRINTS.items():
+        limits: dict[str, float] = {str(t): g for t, g in getattr(budget.spec, key).items()}
+        for tier, limit_gib in sorted(limits.items()):
+            members = [v for v in result.views if v.tier == tier and v.name in prints]
+            sized = sorted(((_bytes(prints[v.name], key), v) for v in members), key=lambda p: -p[0])
+            limit = limit_gib * GIB
+            for size, v in sized:
+                if size > limit:
+                    diags.add(_footprint_error(v, prints[v.name], key, words, size, limit_gib))
+            total = sum(size for size, _ in sized)
+            if total > limit and not any(size > limit for size, _ in sized):
+                size, top = sized[0]
+                diags.add(
+                    Diagnostic(
+                        code=f"over-{key.replace('_', '-')}",
+                        message=f"tier '{tier}' is over its {words} budget: {format_bytes(total)} > "
+                        f"{limit_gib:g} GiB",
+                        file=budget.file,
+                        line=budget.line_of(key, tier),
+                        expected=f"at most {limit_gib:g} GiB of {words}",
+                        found=f"{format_bytes(total)} estimated for {len(sized)} view(s)",
+                        hint=f"the largest is '{top.name}' ({format_bytes(size)} at {top.file}:{top.line}); "
+                        f"shorten its windows, coarsen its slides, drop features, or raise {key}.{tier}",
+                        detail="\n".join(f"  {v.name}: {format_bytes(s)}" for s, v in sized[:TOP_CONSUMERS]),
+                    )
+                )
+
+
+def _bytes(fp: Footprint, key: str) -> float:
+    return fp.state_bytes if key == "state" else fp.online_bytes
+
+
+def _footprint_error(
+    view: CompiledView, fp: Footprint, key: str, words: str, size: float, limit_gib: float
+) -> Diagnostic:
+    basis = fp.state_basis if key == "state" else fp.online_basis
+    entities = (
+        ""
+        if fp.entities_declared
+        else " (entities not declared: every event a new key; declare budget.yaml entities)"
+    )
+    return Diagnostic(
+        code=f"over-{key.replace('_', '-')}",
+        message=f"view '{view.name}' alone needs {format_bytes(size)} of {words}, over the {view.tier} "
+        f"budget of {limit_gib:g} GiB",
+        file=view.file,
+        line=view.line,
+        view=view.name,
+        expected=f"at most {limit_gib:g} GiB ({key}.{view.tier} in budget.yaml)",
+        found=f"{format_bytes(size)} = {basis}{entities}",
+        hint="shorten the windows or coarsen the slides (fewer live slices), drop features, "
+        f"or raise {key}.{view.tier} in budget.yaml",
     )

@@ -1,14 +1,30 @@
-"""The cost model: estimated CPU-hours per day of a feature view.
+"""The cost model: a view's CPU-hours per day, its state and its online memory, from measured constants.
 
-    events/day  = expected_rate_per_s of the source x 86,400
-    units/event = tier.view_overhead_units + sum over features of
-                  agg.cost_units x (1 + tier.pane_cost x (panes - 1)) + WHERE_UNITS per filter
-                  with panes = ceil(window / slide); a ratio counts both of its operands
-    CPU-h/day   = events/day x units/event x tier.cpu_us_per_event / 1e6 / 3,600
+CPU (per view, on its tier; the constants come from ``registry/calibration/<tier>.json``)::
 
-Every event of the source is counted for every aggregation (filters are not assumed selective),
-so the estimate errs high. The constants live in :mod:`headwater.registry.tiers` and
-:mod:`headwater.registry.aggs`, to be calibrated from the tiers' benchmarks under ``bench/``.
+    us/event  = event_us                                      every event the view reads
+              + rekey_us                       if the view's join key is not the topic's key
+              + where_us x filters                            each filter is evaluated per event
+              + sum over aggregations a (a ratio: its two operands) of
+                s(a) x (agg_us[kind(a)] + pane_us x (panes - 1))
+                  with s(a) = selectivity if a is filtered else 1, panes = ceil(window / slide)
+    writes/day = min(entities, rate x slide) x 86,400 / slide     (each feature's slide; the shortest)
+    CPU-h/day = (rate x 86,400 x us/event + writes/day x publish_us) / 1e6 / 3,600 + fixed_cores x 24
+
+State (streaming tiers: RocksDB / Flink keyed state, one record per entity and slice)::
+
+    bytes = live entities x live slices x (state_pane_bytes + sum over aggregations of state_slot_bytes[kind])
+      live entities = min(entities, rate x longest window)
+      live slices   = min(longest window / shortest slide + 1, rate x longest window / live entities)
+
+State (offline): the feature table, rows = entities x days kept (the longest window), each
+``state_pane_bytes + slots x table_row_bytes``. Online memory (every tier, one Redis key per entity,
+layout :mod:`headwater.pipelines.store.codec`)::
+
+    bytes = entities x (72-byte header + 4 x slots + key bytes + REDIS_KEY_OVERHEAD)
+
+``entities`` is the entity's expected distinct keys (``budget.yaml`` ``entities:``), or, when not
+declared, every event of the longest window a new key (an upper bound).
 
 A declared ``compute_cost`` below ``UNDER_DECLARED_FACTOR`` x the estimate is under-declared (an
 error); one above ``OVER_DECLARED_FACTOR`` x the estimate holds budget it will not use (a warning).
@@ -18,58 +34,246 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from headwater.registry.aggs import AGGS
-from headwater.registry.compiled import CompiledFeature, Operand
+from headwater.registry.calibration import Calibration, load_calibration
+from headwater.registry.compiled import CompiledFeature
+from headwater.registry.slots import feature_slots
 from headwater.registry.tiers import Tier
 
 SECONDS_PER_DAY = 86_400
-WHERE_UNITS = 0.1
 UNDER_DECLARED_FACTOR = 0.5
 OVER_DECLARED_FACTOR = 10.0
+HEADER_BYTES = 72  # pipelines/store/codec.py HEADER_BYTES: the packed value's fixed header
+REDIS_KEY_OVERHEAD = 64  # dictEntry + two SDS/robj headers + allocator rounding, per key (MEMORY USAGE)
+KEY_PREFIX_BYTES = 40  # "<namespace>:<view>:" before the entity id
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the cost model reads of a view: its aggregations, filters, panes and keys.
+
+    Attributes:
+        aggs: one ``(kind, filtered, panes)`` per aggregation (a ratio: one per operand).
+        filters: ``where`` clauses evaluated per event.
+        slots: online float32 slots.
+        rekeyed: the view's join key is not the topic's key (a repartition).
+        shortest_slide_s: the most frequent publish step.
+        longest_window_s: the longest window (state lifetime).
+    """
+
+    aggs: tuple[tuple[str, bool, int], ...]
+    filters: int
+    slots: int
+    rekeyed: bool
+    shortest_slide_s: float
+    longest_window_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON form (reports)."""
+        return {
+            "aggregations": [{"kind": k, "filtered": f, "panes": p} for k, f, p in self.aggs],
+            "filters": self.filters,
+            "slots": self.slots,
+            "rekeyed": self.rekeyed,
+            "shortest_slide_s": self.shortest_slide_s,
+            "longest_window_s": self.longest_window_s,
+        }
+
+
+def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> Shape:
+    """Return the shape of a view with ``features`` (``rekeyed``: keyed by another field than the topic)."""
+    aggs: list[tuple[str, bool, int]] = []
+    filters = 0
+    slots = 0
+    for f in features:
+        panes = max(1, math.ceil(f.window.seconds / f.slide.seconds - 1e-9))
+        slots += len(feature_slots(f.name, f.agg, f.k))
+        filters += f.where is not None
+        operands = [op for op in (f.numerator, f.denominator) if op is not None]
+        if operands:
+            for op in operands:
+                # the operand's where already includes the feature's own (compiled.Operand)
+                own = op.where is not None and op.where is not f.where
+                filters += own
+                aggs.append((op.agg, op.where is not None, panes))
+        else:
+            aggs.append((f.agg, f.where is not None, panes))
+    return Shape(
+        aggs=tuple(aggs),
+        filters=filters,
+        slots=slots,
+        rekeyed=rekeyed,
+        shortest_slide_s=min((f.slide.seconds for f in features), default=1.0),
+        longest_window_s=max((f.window.seconds for f in features), default=0.0),
+    )
 
 
 @dataclass(frozen=True)
 class CostEstimate:
-    """A view's estimate and how it was reached (printed with under-declared errors)."""
+    """A view's CPU estimate and how it was reached (printed with under-declared errors)."""
 
     cpu_hours_per_day: float
     events_per_day: float
-    units_per_event: float
-    cpu_us_per_event: float
+    us_per_event: float
+    writes_per_day: float
+    fixed_cores: float
+    calibration: str
+
+    @property
+    def cpu_us_per_event(self) -> float:
+        """Alias of :attr:`us_per_event` (older readers)."""
+        return self.us_per_event
 
     def explain(self) -> str:
         """One line: the numbers that make the estimate."""
-        return (
-            f"{self.events_per_day:,.0f} events/day x {self.units_per_event:.2f} units/event x "
-            f"{self.cpu_us_per_event:g} us/unit = {self.cpu_hours_per_day:.2f} CPU-h/day"
-        )
+        text = f"{self.events_per_day:,.0f} events/day x {self.us_per_event:.2f} us/event"
+        if self.writes_per_day:
+            text += f" + {self.writes_per_day:,.0f} writes/day"
+        if self.fixed_cores:
+            text += f" + {self.fixed_cores:g} cores fixed"
+        return f"{text} = {self.cpu_hours_per_day:.2f} CPU-h/day ({self.calibration})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON form (``check --format json``, ``costs``)."""
+        return {
+            "cpu_hours_per_day": round(self.cpu_hours_per_day, 4),
+            "events_per_day": round(self.events_per_day),
+            "us_per_event": round(self.us_per_event, 3),
+            "writes_per_day": round(self.writes_per_day),
+            "fixed_cores": self.fixed_cores,
+            "constants": self.calibration,
+        }
 
 
-def feature_units(feature: CompiledFeature, tier: Tier) -> float:
-    """Per-event cost units of one feature on ``tier``."""
-    panes = max(1, math.ceil(feature.window.seconds / feature.slide.seconds - 1e-9))
-    window_factor = 1.0 + tier.pane_cost * (panes - 1)
-    units = AGGS[feature.agg].cost_units
-    operands = [op for op in (feature.numerator, feature.denominator) if op is not None]
-    units += sum(_operand_units(op) for op in operands)
-    if feature.where is not None:
-        units += WHERE_UNITS
-    return units * window_factor
+def us_per_event(shape: Shape, cal: Calibration) -> float:
+    """CPU microseconds per event of a view of ``shape`` on the calibrated tier."""
+    us = cal.scalar("event_us") + cal.scalar("where_us") * shape.filters
+    if shape.rekeyed:
+        us += cal.scalar("rekey_us")
+    sel = cal.scalar("selectivity")
+    for kind, filtered, panes in shape.aggs:
+        s = sel if filtered else 1.0
+        us += s * (cal.per_agg("agg_us", kind) + cal.scalar("pane_us") * (panes - 1))
+    return us
 
 
-def _operand_units(operand: Operand) -> float:
-    return AGGS[operand.agg].cost_units + (WHERE_UNITS if operand.where is not None else 0.0)
+def live_entities(shape: Shape, rate_per_s: float, entities: float | None) -> float:
+    """Entities with state: the declared distinct keys, at most one per event of the longest window."""
+    bound = rate_per_s * max(shape.longest_window_s, 1.0)
+    return bound if entities is None else min(float(entities), bound)
 
 
-def estimate_view(features: tuple[CompiledFeature, ...], rate_per_s: float, tier: Tier) -> CostEstimate:
+def live_slices(shape: Shape, rate_per_s: float, live: float) -> float:
+    """Slices (panes) kept per live entity: every pane of the window, at most one per event of it."""
+    panes = max(1.0, shape.longest_window_s / max(shape.shortest_slide_s, 1.0)) + 1
+    events_per_entity = rate_per_s * max(shape.longest_window_s, 1.0) / max(live, 1.0)
+    return min(panes, max(1.0, events_per_entity))
+
+
+def writes_per_day(shape: Shape, rate_per_s: float, entities: float | None) -> float:
+    """Online writes per day: at each boundary, the entities an event touched since the last one."""
+    slide = max(shape.shortest_slide_s, 1.0)
+    per_boundary = rate_per_s * slide if entities is None else min(float(entities), rate_per_s * slide)
+    return per_boundary * SECONDS_PER_DAY / slide
+
+
+def estimate_view(
+    features: tuple[CompiledFeature, ...],
+    rate_per_s: float,
+    tier: Tier,
+    rekeyed: bool = False,
+    entities: float | None = None,
+    calibration: Calibration | None = None,
+) -> CostEstimate:
     """Estimated CPU-hours per day of a view with ``features`` on ``tier`` at ``rate_per_s``."""
+    cal = calibration or load_calibration(tier.name)
+    shape = view_shape(features, rekeyed)
     events = rate_per_s * SECONDS_PER_DAY
-    units = tier.view_overhead_units + sum(feature_units(f, tier) for f in features)
-    hours = events * units * tier.cpu_us_per_event / 1e6 / 3600
+    us = us_per_event(shape, cal)
+    writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0
+    fixed = cal.scalar("fixed_cores")
+    hours = (events * us + writes * cal.scalar("publish_us")) / 1e6 / 3600 + fixed * 24
     return CostEstimate(
         cpu_hours_per_day=hours,
         events_per_day=events,
-        units_per_event=units,
-        cpu_us_per_event=tier.cpu_us_per_event,
+        us_per_event=us,
+        writes_per_day=writes,
+        fixed_cores=fixed,
+        calibration=cal.source_text(),
     )
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A view's state and online memory estimates, in bytes, and their inputs."""
+
+    state_bytes: float
+    online_bytes: float
+    entities: float
+    entities_declared: bool
+    slots: int
+    state_basis: str
+    online_basis: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON form."""
+        return {
+            "state_bytes": round(self.state_bytes),
+            "online_bytes": round(self.online_bytes),
+            "entities": round(self.entities),
+            "entities_declared": self.entities_declared,
+            "slots": self.slots,
+            "state_basis": self.state_basis,
+            "online_basis": self.online_basis,
+        }
+
+
+def estimate_footprint(
+    features: tuple[CompiledFeature, ...],
+    rate_per_s: float,
+    tier: Tier,
+    entities: float | None = None,
+    key_bytes: int = 12,
+    calibration: Calibration | None = None,
+) -> Footprint:
+    """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown)."""
+    cal = calibration or load_calibration(tier.name)
+    shape = view_shape(features)
+    live = live_entities(shape, rate_per_s, entities)
+    if tier.name == "offline":
+        days = max(1, math.ceil(shape.longest_window_s / SECONDS_PER_DAY))
+        row = cal.scalar("state_pane_bytes") + shape.slots * cal.scalar("table_row_bytes")
+        state = live * days * row
+        state_basis = f"{live:,.0f} entities x {days} days x {row:.0f} bytes/row (feature table)"
+    else:
+        slices = live_slices(shape, rate_per_s, live)
+        pane = cal.scalar("state_pane_bytes") + sum(
+            cal.per_agg("state_slot_bytes", k) for k, _, _ in shape.aggs
+        )
+        state = live * slices * pane
+        state_basis = f"{live:,.0f} entities x {slices:,.1f} live slices x {pane:.0f} bytes/slice"
+    per_key = HEADER_BYTES + 4 * shape.slots + KEY_PREFIX_BYTES + key_bytes + REDIS_KEY_OVERHEAD
+    online = live * per_key
+    online_basis = (
+        f"{live:,.0f} keys x ({HEADER_BYTES} header + 4 x {shape.slots} slots + "
+        f"{KEY_PREFIX_BYTES + key_bytes} key + {REDIS_KEY_OVERHEAD} Redis overhead) bytes"
+    )
+    return Footprint(
+        state_bytes=state,
+        online_bytes=online,
+        entities=live,
+        entities_declared=entities is not None,
+        slots=shape.slots,
+        state_basis=state_basis,
+        online_basis=online_basis,
+    )
+
+
+def format_bytes(n: float) -> str:
+    """E.g. ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

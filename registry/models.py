@@ -107,6 +107,12 @@ class BudgetFile(Spec):
     unit: Literal["cpu_hours_per_day"] = "cpu_hours_per_day"
     tiers: dict[TierName, Annotated[float, Field(ge=0)]]
     owners: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    state: dict[TierName, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    """GiB of pipeline state per tier (optional): RocksDB / Flink keyed state, offline feature tables."""
+    online_memory: dict[TierName, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    """GiB of Redis memory per tier (optional): the online values of the tier's views."""
+    entities: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    """Expected distinct keys per entity (optional): the state and memory estimates' input."""
 
 
 class OperandDefinition(Spec):

@@ -16,7 +16,7 @@ import difflib
 from dataclasses import replace
 from pathlib import Path
 
-from headwater.registry.budget import check_budget, check_declared_cost
+from headwater.registry.budget import check_budget, check_declared_cost, check_footprints
 from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView
 from headwater.registry.cost import estimate_view
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
@@ -60,6 +60,7 @@ def check_repo(root: Path) -> CheckResult:
             result.views.append(compiled)
     if repo.budget is not None:
         check_budget(result.views, repo.budget, diags)
+        check_footprints(result, repo.budget, diags)
     return result
 
 
@@ -131,7 +132,9 @@ def _check_view(
     if not _tier_runs(view, compiled, tier, diags):
         return None
     _warn_cheaper_tier(view, compiled, tier, diags)
-    estimate = estimate_view(features, source.spec.expected_rate_per_s, tier)
+    entities = result.budget.entities.get(entity.name) if result.budget else None
+    rekeyed = entity.join_key != source.spec.key
+    estimate = estimate_view(features, source.spec.expected_rate_per_s, tier, rekeyed, entities)
     check_declared_cost(view, estimate, diags)
     return replace(compiled, estimated_cost=estimate.cpu_hours_per_day)
 

@@ -11,23 +11,49 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from headwater.registry import cost
+from headwater.registry.calibration import load_calibration, parse_calibration
 from headwater.registry.commands import check
-from headwater.registry.cost import SECONDS_PER_DAY
+from headwater.registry.cost import SECONDS_PER_DAY, CostEstimate, estimate_view
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo, line_of
 from headwater.registry.tiers import TIERS
+
+
+def _estimate(repo: ScratchRepo) -> CostEstimate:
+    (view,) = repo.check().views
+    return estimate_view(view.features, 2000, TIERS["realtime"])
 
 
 def test_estimate_follows_the_formula(repo: ScratchRepo) -> None:
     repo.write("v1.yaml", MINIMAL_VIEW)
     (view,) = repo.check().views
-    tier = TIERS["realtime"]
-    panes = 30 / tier.default_slide_s
-    units = tier.view_overhead_units + (1.0 + 0.1) * (1 + tier.pane_cost * (panes - 1))
-    expected = 2000 * SECONDS_PER_DAY * units * tier.cpu_us_per_event / 1e6 / 3600
+    cal = load_calibration("realtime")
+    panes = 30 / TIERS["realtime"].default_slide_s
+    sel = cal.scalar("selectivity")
+    us = (
+        cal.scalar("event_us")
+        + cal.scalar("where_us")
+        + sel * (cal.per_agg("agg_us", "count") + cal.scalar("pane_us") * (panes - 1))
+    )
+    expected = 2000 * SECONDS_PER_DAY * us / 1e6 / 3600 + cal.scalar("fixed_cores") * 24
     assert view.estimated_cost == pytest.approx(expected)
 
 
-def test_estimate_grows_with_rate_windows_and_aggs(repo: ScratchRepo) -> None:
+def test_estimate_grows_with_rate_windows_and_aggs(
+    repo: ScratchRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every_term = parse_calibration(
+        "realtime",
+        {
+            "constants": {
+                "event_us": 5,
+                "agg_us": {"count": 1, "top_k": 4},
+                "pane_us": 0.01,
+                "fixed_cores": 0.1,
+            }
+        },
+    )
+    monkeypatch.setattr(cost, "load_calibration", lambda tier: every_term)
     repo.write("v1.yaml", MINIMAL_VIEW)
     base = repo.check().views[0].estimated_cost
     repo.write("v1.yaml", MINIMAL_VIEW.replace("window: 30s", "window: 30m"))
@@ -44,19 +70,24 @@ def test_estimate_grows_with_rate_windows_and_aggs(repo: ScratchRepo) -> None:
     )
     repo.write("sources.yaml", sources)
     repo.write("v1.yaml", MINIMAL_VIEW)
-    assert repo.check().views[0].estimated_cost == pytest.approx(2 * base)
+    fixed = 0.1 * 24  # the job's fixed cores do not grow with the rate
+    assert repo.check().views[0].estimated_cost - fixed == pytest.approx(2 * (base - fixed))
 
 
 def test_under_declared_cost_is_an_error(repo: ScratchRepo) -> None:
-    text = MINIMAL_VIEW.replace("compute_cost: 10", "compute_cost: 0.1")
+    repo.write("v1.yaml", MINIMAL_VIEW)
+    est = _estimate(repo).cpu_hours_per_day
+    declared = round(est * 0.2, 3)
+    text = MINIMAL_VIEW.replace("compute_cost: 10", f"compute_cost: {declared}")
     repo.write("v1.yaml", text)
     result = repo.check()
     (diag,) = result.diagnostics.errors
     assert diag.code == "under-declared"
     assert diag.line == line_of(text, "compute_cost")
-    assert "estimate is 2.08" in diag.message
+    assert f"estimate is {est:.2f}" in diag.message
     assert "172,800,000 events/day" in (diag.expected or "")
-    assert diag.hint == "declare compute_cost: 2.08 or more, or cut the rate, windows or aggregations"
+    assert "realtime.json" in (diag.expected or "")  # the constants' source is named
+    assert diag.hint == f"declare compute_cost: {est:.2f} or more, or cut the rate, windows or aggregations"
 
 
 def test_far_over_declared_cost_is_a_warning(repo: ScratchRepo) -> None:
@@ -76,7 +107,8 @@ def test_tier_over_budget_lists_largest_consumers(repo: ScratchRepo) -> None:
     assert diag.message == "tier 'realtime' is over budget: 19.00 CPU-h/day > 15"
     table = (diag.detail or "").splitlines()
     assert table[0] == "largest consumers (CPU-h/day):"
-    assert table[2].split()[:6] == ["v1", "realtime", "team-a", "10.00", "2.08", "10.00"]
+    est = f"{repo.check().views[0].estimated_cost:.2f}"
+    assert table[2].split()[:6] == ["v1", "realtime", "team-a", "10.00", est, "10.00"]
     assert table[3].split()[0] == "v2"
     assert "the largest is 'v1'" in (diag.hint or "")
 
@@ -110,6 +142,8 @@ def test_example_pushed_over_budget_fails_the_console_script(tmp_path: Path, exa
     shutil.copytree(example, copy)
     view = copy / "user_activity_offline.yaml"
     view.write_text(view.read_text().replace("window: 30d", "window: 90d"))
+    sources = copy / "sources.yaml"  # and ten times the events
+    sources.write_text(sources.read_text().replace("expected_rate_per_s: 2000", "expected_rate_per_s: 20000"))
     script = Path(sys.executable).with_name("headwater")
     proc = subprocess.run(
         [str(script), "check", str(copy)], capture_output=True, text=True, timeout=120, check=False
