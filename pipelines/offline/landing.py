@@ -10,6 +10,10 @@ committed twice is skipped by Delta itself), and a restart resumes from the last
 crash before the commit lands nothing and the batch is read again; a crash after it resumes
 past it. Each row also keeps its ``kafka_partition``/``kafka_offset``.
 
+One lander per table: :class:`~.landing_lock.LandingLock` (an ``flock`` in the table's folder,
+released by the kernel even after kill -9) makes a second landing process of the same source
+refuse with a message naming the first, instead of landing rows twice.
+
 Malformed records go to the dead-letter topic with the codec's reason; future-dated events
 (more than the source's ``max_future_ms`` ahead of the clock) with reason
 ``future_dated``, not landed; events older than the source's allowed lateness (per-partition
@@ -37,6 +41,7 @@ import pyarrow as pa
 from headwater.pipelines.events.codec import EventCodec, dead_letter
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
 from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
+from headwater.pipelines.offline.landing_lock import LandingLock
 from headwater.pipelines.offline.landing_state import (
     CHUNK_RECORDS,
     MARKER,
@@ -83,7 +88,22 @@ class Lander:
         progress: Callable[[LandingStats], None] | None = None,
         stop: threading.Event | None = None,
     ) -> LandingStats:
-        """Land until caught up with the end offsets seen at start (``follow``: until ``stop`` is set)."""
+        """Land until caught up with the end offsets seen at start (``follow``: until ``stop`` is set).
+
+        Raises:
+            LandingError: another landing process lands this table (:mod:`.landing_lock`), or the
+                broker, a topic or the table is not usable.
+        """
+        with LandingLock(self.config.table, self.config.source.name):
+            return self._land(follow, max_batches, progress, stop)
+
+    def _land(
+        self,
+        follow: bool,
+        max_batches: int | None,
+        progress: Callable[[LandingStats], None] | None,
+        stop: threading.Event | None,
+    ) -> LandingStats:
         stats = LandingStats()
         started = time.monotonic()
         checkpoint = read_checkpoint(self.spark, self.config)
