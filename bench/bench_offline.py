@@ -390,9 +390,7 @@ def bench_materialize(plan: TierPlan, settings: Settings, n: int, hi_ms: int) ->
                       "event_time_ms": np.full(n, hi_ms // 86_400_000 * 86_400_000, dtype=np.int64),
                       **{f.name: rng.random(n) * 10 for f in view.features}})  # fmt: skip
     t = time.monotonic()
-    written = write_table(
-        store, view, plan.registry_hash, table, RedisDictionary(store.client, store.namespace)
-    )
+    written = write_table(store, view, table, RedisDictionary(store.client, store.namespace))
     mat_s = time.monotonic() - t
     print(f"materialize: {n} rows in {mat_s:.2f} s = {n / mat_s:,.0f} rows/s")
     for key in store.client.scan_iter(match=f"{store.namespace}:*", count=10_000):

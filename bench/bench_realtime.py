@@ -185,7 +185,7 @@ class Sampler:
     def run(self) -> None:
         """Sample until ``stop`` is set."""
         store = OnlineStore.from_url(self.redis_url, namespace=self.namespace)
-        layouts = {v.name: view_layout(compile_view(v), self.plan.registry_hash) for v in self.plan.views}
+        layouts = {v.name: view_layout(compile_view(v)) for v in self.plan.views}
         try:
             while not self.stop.wait(1.0):
                 for view, layout in layouts.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,16 @@ def plan_views(result: CheckResult) -> list[PlanView]:
     """Build the plan form of every checked view, by name."""
     sources = {s.name: s for s in plan_sources(result)}
     return [plan_view(v, sources[v.source]) for v in sorted(result.views, key=lambda v: v.name)]
+
+
+def short_version(registry_hash: str) -> str:
+    """Return the short form of a registry hash: 16 hex digits after ``sha256:``."""
+    return registry_hash.removeprefix("sha256:")[:16]
+
+
+def view_versions(views: Iterable[PlanView]) -> dict[str, str]:
+    """Return ``{view name: view version}``: what a training set, a model and the service record."""
+    return {v.name: v.version for v in sorted(views, key=lambda v: v.name)}
 
 
 def registry_hash(result: CheckResult) -> str:

@@ -186,6 +186,7 @@ def create_app(
     if feedback is not None:
         telemetry.watch_feedback(feedback)
     binding = loaded.binding
+    telemetry.watch_versions(reader.other_version_rows, list(registry.view_versions), binding.changed_views)
     fetcher = FeatureFetcher(reader, registry, cache, io, (binding.user_columns, binding.item_columns))
     state: dict[str, RankingEngine] = {}
     admission = Admission(config.admission, telemetry.registry)
@@ -412,6 +413,7 @@ def create_app(
             model_version=versions.neural_version,
             linear_version=versions.linear_version,
             registry_version=registry.registry_version,
+            view_versions_changed=list(loaded.binding.changed_views),
             device=loaded.device,
             gpu_memory_used_percent=gpu_memory_used_percent(loaded.device),
             inference_latency_p99_ms=telemetry.inference_p99_ms(),

@@ -161,6 +161,9 @@ class Binding:
     user_columns: npt.NDArray[np.intp] | None
     item_columns: npt.NDArray[np.intp] | None
     warning: str | None = None
+    changed_views: tuple[str, ...] = ()
+    """Views whose applied version differs from the one the model was trained on: their features may
+    mean something else now (reported in /health and /metrics; retrain)."""
 
 
 def check_binding(metadata: Mapping[str, Any], registry: BoundRegistry) -> Binding:
@@ -190,14 +193,25 @@ def check_binding(metadata: Mapping[str, Any], registry: BoundRegistry) -> Bindi
             )
             raise ArtifactError(msg)
         columns.append(np.asarray([current.index(f) for f in trained], dtype=np.intp))
+    recorded = metadata.get("view_versions")
+    trained_views: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+    applied = registry.view_versions
+    changed = tuple(sorted(v for v, ver in trained_views.items() if v in applied and applied[v] != ver))
     warning = None
-    if trained_on != registry.registry_version:
+    if changed:
         warning = (
-            f"model {model} was trained on registry {trained_on},"
+            f"model {model} was trained on other versions of views {', '.join(changed)} than the applied"
+            " ones: their features were redefined since (window, filter, field...), so the model scores"
+            " values it never saw; the slots are the same, so it is used: build a training set"
+            " (`headwater training-set`) and retrain"
+        )
+    elif not trained_views and trained_on != registry.registry_version:
+        warning = (
+            f"model {model} was trained on registry {trained_on} and records no view versions;"
             f" the applied registry is {registry.registry_version}; the slots are the same, so it is used:"
             " retrain if a feature's definition changed"
         )
-    return Binding(columns[0], columns[1], warning)
+    return Binding(columns[0], columns[1], warning, changed)
 
 
 def _few(names: list[str], shown: int = 6) -> str:

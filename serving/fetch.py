@@ -248,7 +248,7 @@ class FeatureFetcher:
     async def fetch(self, user_id: str, candidates: Sequence[str], timeout_s: float) -> RequestFeatures:
         """Read the request's vectors; raise :class:`FeatureReadError` when the store fails or is slow."""
         user_side, item_side = self.registry.user, self.registry.item
-        version = self.registry.registry_version
+        version = self.registry.vectors_version
         look = self.cache.lookup(candidates, version)
         miss_idx = np.flatnonzero(~look.hit)
         miss_ids = [candidates[i] for i in miss_idx.tolist()]

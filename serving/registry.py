@@ -16,6 +16,7 @@ The models turn the remaining NaNs into the training mean (:mod:`headwater.servi
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.pipelines.store import ViewLayout
-from headwater.pipelines.windows import compile_view, empty_values, layout_version, to_vectors, view_layout
-from headwater.registry.plans import PlanView, TierPlan, read_plan
+from headwater.pipelines.windows import compile_view, empty_values, to_vectors, view_layout
+from headwater.registry.plans import PlanView, TierPlan, read_plan, short_version
 from headwater.registry.tiers import TIER_NAMES
 
 SIDES = {"user": "user_id", "item": "item_id"}
@@ -84,6 +85,24 @@ class BoundRegistry:
         """Return the ``user`` or ``item`` side."""
         return self.user if name == "user" else self.item
 
+    @property
+    def view_versions(self) -> dict[str, str]:
+        """Return ``{view: version}`` of every bound user and item view.
+
+        A model records these at training; the service checks them against the applied ones.
+        """
+        return {lay.view: lay.version for lay in (*self.user.layouts, *self.item.layouts)}
+
+    @property
+    def vectors_version(self) -> str:
+        """Return one id of the bound views' versions.
+
+        Cached vectors are keyed by it, so editing another view's description does not flush the
+        cache, while a changed user or item view does.
+        """
+        text = ",".join(f"{v}={ver}" for v, ver in sorted(self.view_versions.items()))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 def empty_vector(view: PlanView) -> npt.NDArray[np.float32]:
     """Return the online vector of ``view`` for an entity with no event in any window."""
@@ -95,16 +114,16 @@ def empty_vector(view: PlanView) -> npt.NDArray[np.float32]:
     return vector
 
 
-def side_views(entity: str, views: Sequence[tuple[PlanView, str]]) -> SideViews:
-    """Bind the ``(view, registry_hash)`` pairs of ``entity`` (join key ``SIDES[entity]``), in order."""
-    chosen = [(v, h) for v, h in views if v.join_key == SIDES[entity]]
+def side_views(entity: str, views: Sequence[PlanView]) -> SideViews:
+    """Bind the ``views`` of ``entity`` (join key ``SIDES[entity]``), in order."""
+    chosen = [v for v in views if v.join_key == SIDES[entity]]
     if not chosen:
         msg = (
             f"the applied registry has no {entity} view (join key {SIDES[entity]}); the ranker needs at"
             f" least one: add one under features/ and run `headwater apply`"
         )
         raise RegistryBindingError(msg)
-    layouts = tuple(view_layout(compile_view(v), h) for v, h in chosen)
+    layouts = tuple(view_layout(compile_view(v)) for v in chosen)
     seen: dict[str, str] = {}
     for layout in layouts:
         for slot in layout.features:
@@ -115,9 +134,7 @@ def side_views(entity: str, views: Sequence[tuple[PlanView, str]]) -> SideViews:
                 )
                 raise RegistryBindingError(msg)
             seen[slot] = layout.view
-    return SideViews(
-        entity, layouts, tuple(empty_vector(v) for v, _ in chosen), tuple(v.tier for v, _ in chosen)
-    )
+    return SideViews(entity, layouts, tuple(empty_vector(v) for v in chosen), tuple(v.tier for v in chosen))
 
 
 def bind_plans(plans: Sequence[TierPlan], popularity: str) -> BoundRegistry:
@@ -125,8 +142,8 @@ def bind_plans(plans: Sequence[TierPlan], popularity: str) -> BoundRegistry:
     if not plans:
         msg = "no tier plan to bind the ranker to; run `headwater apply features/`"
         raise RegistryBindingError(msg)
-    pairs = [(v, p.registry_hash) for p in plans for v in p.views]
-    user, item = side_views("user", pairs), side_views("item", pairs)
+    views = [v for p in plans for v in p.views]
+    user, item = side_views("user", views), side_views("item", views)
     view_name, _, slot = popularity.partition(".")
     layout = next((lay for lay in item.layouts if lay.view == view_name), None)
     if layout is None or slot not in layout.features:
@@ -137,7 +154,7 @@ def bind_plans(plans: Sequence[TierPlan], popularity: str) -> BoundRegistry:
         )
         raise RegistryBindingError(msg)
     return BoundRegistry(
-        layout_version(plans[0].registry_hash), user, item, layout, layout.features.index(slot)
+        short_version(plans[0].registry_hash), user, item, layout, layout.features.index(slot)
     )
 
 

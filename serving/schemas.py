@@ -190,6 +190,8 @@ class HealthResponse(BaseModel):
     model_version: str | None
     linear_version: str | None
     registry_version: str | None
+    view_versions_changed: list[str] = []
+    """Views the model was trained on under another version than the applied one (retrain)."""
     device: str
     gpu_memory_used_percent: float | None
     inference_latency_p99_ms: float | None

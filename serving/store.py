@@ -14,9 +14,10 @@ queued read whose caller gave up is cancelled before it starts.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -123,6 +124,10 @@ class FeatureReader(Protocol):
         """Read each (view, ids) pair; raise :class:`FeatureReadError` when the store fails."""
         ...
 
+    def other_version_rows(self) -> Mapping[str, int]:
+        """Per view, rows read since start that were written under another version of the view."""
+        ...
+
 
 def now_ms() -> int:
     """Wall-clock epoch milliseconds (UTC)."""
@@ -134,6 +139,8 @@ class OnlineStoreReader:
 
     def __init__(self, store: OnlineStore) -> None:
         self._store = store
+        self._other_version: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
 
     @property
     def store(self) -> OnlineStore:
@@ -159,7 +166,17 @@ class OnlineStoreReader:
             # writes, a bug): the request falls back instead of failing.
             msg = f"online store read failed: {type(exc).__name__}: {exc}"
             raise FeatureReadError(msg) from exc
+        for result in results:
+            other = result.other_version_rows()
+            if other:
+                with self._lock:
+                    self._other_version[result.layout.view] += other
         return [ViewRows(r.values, r.found, r.event_time_ms) for r in results]
+
+    def other_version_rows(self) -> Mapping[str, int]:
+        """Per view, rows read since start that were written under another version of the view."""
+        with self._lock:
+            return dict(self._other_version)
 
     def write(
         self, spec: ViewLayout, ids: Sequence[str], values: npt.NDArray[np.float32], event_ms: int
@@ -192,6 +209,10 @@ class InMemoryFeatureStore:
                 old = self._rows.get((spec.view, entity_id))
                 if old is None or old[1] <= event_ms:
                     self._rows[(spec.view, entity_id)] = (row.copy(), event_ms)
+
+    def other_version_rows(self) -> Mapping[str, int]:
+        """Rows here carry no version: none is ever of another one."""
+        return {}
 
     def read_many(self, requests: Sequence[tuple[ViewLayout, Sequence[str]]]) -> list[ViewRows]:
         """Read each view; raise :class:`FeatureReadError` while ``fail`` is set."""

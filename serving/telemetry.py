@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -94,6 +94,19 @@ class Telemetry:
             ["result"],
             registry=r,
         )
+        self.other_version_rows = Gauge(
+            "headwater_feature_rows_other_version",
+            "Feature rows read since start that a tier wrote under another version of the view than the"
+            " applied one (its job not yet restarted on the applied plan), by view.",
+            ["view"],
+            registry=r,
+        )
+        self.model_view_changed = Gauge(
+            "headwater_model_view_version_changed",
+            "1 for each view whose applied version differs from the one the model was trained on.",
+            ["view"],
+            registry=r,
+        )
         self._inference_s: deque[float] = deque(maxlen=window)
 
     def watch_feedback(self, producer: FeedbackProducer) -> None:
@@ -115,6 +128,18 @@ class Telemetry:
         self.item_cache.labels("hit").set_function(lambda: float(hits()))
         self.item_cache.labels("miss").set_function(lambda: float(misses()))
 
+    def watch_versions(
+        self, rows: Callable[[], Mapping[str, int]], views: Sequence[str], changed: Sequence[str]
+    ) -> None:
+        """Report per view the rows of another version read, and whether the model is out of date.
+
+        ``rows()`` is called at scrape time; ``changed`` lists the views whose applied version differs
+        from the one the model was trained on.
+        """
+        for view in views:
+            self.other_version_rows.labels(view).set_function(functools.partial(_count_of, rows, view))
+            self.model_view_changed.labels(view).set(1.0 if view in changed else 0.0)
+
     def observe_batch(self, stats: BatchStats) -> None:
         """Record one model forward."""
         self.inference_latency.observe(stats.seconds)
@@ -128,6 +153,10 @@ class Telemetry:
         if not self._inference_s:
             return None
         return round(float(np.percentile(np.fromiter(self._inference_s, dtype=np.float64), 99)) * 1000.0, 3)
+
+
+def _count_of(rows: Callable[[], Mapping[str, int]], view: str) -> float:
+    return float(rows().get(view, 0))
 
 
 def _as_float(depth: Callable[[str], int], priority: str) -> float:

@@ -192,6 +192,7 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     # Step 6
     base = {
         "registry_version": ts.registry_version,
+        "view_versions": dict(ts.view_versions),
         "user_features": list(ts.user_features),
         "item_features": list(ts.item_features),
         "training": {"rows": len(train), "holdout_rows": len(test), "seed": opts.seed, "holdout": holdout},

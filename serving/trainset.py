@@ -6,18 +6,21 @@ slots of the registry's user and item views as they were at its time, never a la
 Rows of one slate (one page of a session) share a ``group``, the unit of NDCG.
 The on-disk format (``--training-set``) is Parquet: ``group``, ``user_id``, ``item_id``,
 ``event_time`` (ms), ``label``, then ``user.<slot>`` and ``item.<slot>`` float columns; the
-registry version is the file's ``headwater.registry_version`` metadata.
+registry version and the view versions are the file's metadata
+(:mod:`headwater.pipelines.offline.trainset_format`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-VERSION_KEY = b"headwater.registry_version"
+from headwater.pipelines.offline.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
 
 
 class TrainingFileError(ValueError):
@@ -38,6 +41,8 @@ class TrainingSet:
     event_time_ms: npt.NDArray[np.int64]
     user_ids: npt.NDArray[np.str_]
     item_ids: npt.NDArray[np.str_]
+    view_versions: Mapping[str, str] = field(default_factory=dict)
+    """``{view: version}`` of the views the slots come from (empty for a set that did not record them)."""
 
     def __len__(self) -> int:
         return len(self.label)
@@ -55,6 +60,7 @@ class TrainingSet:
             self.event_time_ms[rows],
             self.user_ids[rows],
             self.item_ids[rows],
+            self.view_versions,
         )
 
 
@@ -72,7 +78,11 @@ def write_parquet(ts: TrainingSet, path: Path) -> None:
     }
     columns.update({f"user.{f}": ts.user[:, j] for j, f in enumerate(ts.user_features)})
     columns.update({f"item.{f}": ts.item[:, j] for j, f in enumerate(ts.item_features)})
-    table = pa.table(columns).replace_schema_metadata({VERSION_KEY: ts.registry_version.encode()})
+    meta = {
+        VERSION_KEY: ts.registry_version.encode(),
+        VIEW_VERSIONS_KEY: json.dumps(dict(ts.view_versions), sort_keys=True).encode(),
+    }
+    table = pa.table(columns).replace_schema_metadata(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
 
@@ -114,4 +124,22 @@ def read_parquet(path: Path) -> TrainingSet:
         table.column("event_time").to_numpy().astype(np.int64),
         np.asarray(table.column("user_id").to_pylist()),
         np.asarray(table.column("item_id").to_pylist()),
+        _view_versions(path, meta.get(VIEW_VERSIONS_KEY)),
     )
+
+
+def _view_versions(path: Path, raw: bytes | None) -> dict[str, str]:
+    """Parse the view-versions metadata; a set written before it existed has none (empty)."""
+    if raw is None:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        msg = f"training set {path}: metadata {VIEW_VERSIONS_KEY.decode()} is not JSON ({exc}); rebuild it"
+        raise TrainingFileError(msg) from exc
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
+    ):
+        msg = f"training set {path}: metadata {VIEW_VERSIONS_KEY.decode()} must map view names to versions"
+        raise TrainingFileError(msg)
+    return parsed

@@ -184,7 +184,7 @@ class NearlinePlan:
         if len(set(topics)) != len(topics):
             msg = f"two nearline sources read one topic ({topics}); give each source its own topic"
             raise NearlinePlanError(msg)
-        layouts = {v.name: view_layout(v, plan.registry_hash) for s in sources for v in s.all_views()}
+        layouts = {v.name: view_layout(v) for s in sources for v in s.all_views()}
         return cls(plan.registry_hash, sources, layouts)
 
     def source(self, name: str) -> SourcePlan:

@@ -283,7 +283,7 @@ def materialize(
 
     spark = offline_session("headwater-materialize", master)
     try:
-        run(spark, _store(redis_url, namespace), views, plan.registry_hash, lake_root(lake), report)
+        run(spark, _store(redis_url, namespace), views, lake_root(lake), report)
     except MaterializeError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -321,9 +321,7 @@ def consistency(
             bronze = BronzeTables(spark, root, plan.sources)
             for view in [v for v in plan.views if not view_names or v.name in view_names]:
                 table, source = bronze.for_view(view)
-                results.append(
-                    check_view(spark, table, store, view, source, plan.registry_hash, root, sample)
-                )
+                results.append(check_view(spark, table, store, view, source, root, sample))
     except OfflineJobError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

@@ -100,13 +100,12 @@ def check_view(
     store: OnlineStore,
     view: PlanView,
     source: PlanSource,
-    registry_hash: str,
     lake: Path,
     sample: int,
 ) -> ViewConsistency:
     """Compare ``sample`` entities of ``view`` online and offline (``bronze``: its ``source``'s table)."""
     spec = compile_view(view)
-    layout = view_layout(spec, registry_hash)
+    layout = view_layout(spec)
     entities = sample_entities(bronze, view, sample)
     read = store.read_batch(layout, entities)
     result = ViewConsistency(

@@ -78,12 +78,10 @@ def export_latest(spark: SparkSession, view: PlanView, lake: Path) -> tuple[Data
     return rows, day
 
 
-def write_table(
-    store: OnlineStore, view: PlanView, registry_hash: str, table: pa.Table, dictionary: RedisDictionary
-) -> int:
+def write_table(store: OnlineStore, view: PlanView, table: pa.Table, dictionary: RedisDictionary) -> int:
     """Pack and write Arrow rows (``__entity``, ``event_time_ms``, features); return rows written."""
     spec = compile_view(view)
-    layout = view_layout(spec, registry_hash)
+    layout = view_layout(spec)
     written = 0
     for s in range(0, table.num_rows, CHUNK_ROWS):
         chunk = table.slice(s, CHUNK_ROWS)
@@ -94,9 +92,7 @@ def write_table(
     return written
 
 
-def materialize_view(
-    spark: SparkSession, store: OnlineStore, view: PlanView, registry_hash: str, lake: Path
-) -> Materialized:
+def materialize_view(spark: SparkSession, store: OnlineStore, view: PlanView, lake: Path) -> Materialized:
     """Write the newest offline values of ``view`` to the online store."""
     dictionary = RedisDictionary(store.client, store.namespace)
     frame, day = export_latest(spark, view, lake)
@@ -105,7 +101,7 @@ def materialize_view(
     with staging_dir(lake / "_staging") as folder:
         for part in spark_batches(frame, folder):
             started = time.monotonic()
-            written += write_table(store, view, registry_hash, part, dictionary)
+            written += write_table(store, view, part, dictionary)
             seconds += time.monotonic() - started
             rows += part.num_rows
     return Materialized(view.name, day, rows, written, seconds)
@@ -115,14 +111,13 @@ def materialize(
     spark: SparkSession,
     store: OnlineStore,
     views: list[PlanView],
-    registry_hash: str,
     lake: Path,
     progress: Callable[[Materialized], None] | None = None,
 ) -> list[Materialized]:
     """Materialize each of ``views``."""
     out = []
     for view in views:
-        done = materialize_view(spark, store, view, registry_hash, lake)
+        done = materialize_view(spark, store, view, lake)
         out.append(done)
         if progress is not None:
             progress(done)

@@ -17,6 +17,7 @@ the user and item views), registry version in the file metadata.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -32,14 +33,14 @@ from headwater.pipelines.offline.asof import join_at_label_time
 from headwater.pipelines.offline.compute import _filled
 from headwater.pipelines.offline.job import BronzeTables, computed_days
 from headwater.pipelines.offline.lake import DAY_MS, FEATURE_TIME, feature_path, is_delta_table
+from headwater.pipelines.offline.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
 from headwater.pipelines.offline.vectors import IdLookup, pack
-from headwater.pipelines.windows import compile_view, layout_version, slot_names
-from headwater.registry.plans import PlanView
+from headwater.pipelines.windows import compile_view, slot_names
+from headwater.registry.plans import PlanView, short_version, view_versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-VERSION_KEY = b"headwater.registry_version"
 LABEL_COLUMNS = ("group", "user_id", "item_id", "event_time", "label")
 ENTITY_PREFIX = {"user_id": "user", "item_id": "item"}
 LABEL_TIME_TIERS = frozenset({"realtime", "nearline"})
@@ -199,4 +200,9 @@ def _flatten(part: pa.Table, views: Sequence[PlanView], ids: IdLookup, registry_
                 raise TrainingSetError(msg)
             columns[name] = pa.array(matrix[:, j])
     table = pa.table(columns)
-    return table.replace_schema_metadata({VERSION_KEY: layout_version(registry_hash).encode()})
+    return table.replace_schema_metadata(
+        {
+            VERSION_KEY: short_version(registry_hash).encode(),
+            VIEW_VERSIONS_KEY: json.dumps(view_versions(views), sort_keys=True).encode(),
+        }
+    )

@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING
 from headwater.pipelines import jvm
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import JobOptions, check_plan, compile_job
-from headwater.pipelines.windows import layout_version
-from headwater.registry.plans import TierPlan
+from headwater.registry.plans import TierPlan, short_version
 
 if TYPE_CHECKING:
     from pyflink.common import JobClient
@@ -79,7 +78,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 def version_dir(run: RunOptions, plan: TierPlan) -> Path:
     """Return the checkpoint folder of this registry version."""
-    return run.checkpoint_dir / str(layout_version(plan.registry_hash))
+    return run.checkpoint_dir / str(short_version(plan.registry_hash))
 
 
 def job_jars() -> list[Path]:
@@ -91,7 +90,7 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
     """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target)."""
     folder = version_dir(run, plan).resolve()
     conf = {
-        "pipeline.name": f"headwater-realtime-{layout_version(plan.registry_hash)}",
+        "pipeline.name": f"headwater-realtime-{short_version(plan.registry_hash)}",
         "parallelism.default": str(run.parallelism),
         "table.local-time-zone": "UTC",
         "state.backend.type": "hashmap",
@@ -180,7 +179,7 @@ def build(
 def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[JobClient, list[RealtimeProgram]]:
     """Build the job and submit it; returns at once (the job runs on). Returns the client and the programs."""
     env, programs = build(plan, options, run)
-    return env.execute_async(f"headwater-realtime-{layout_version(plan.registry_hash)}"), programs
+    return env.execute_async(f"headwater-realtime-{short_version(plan.registry_hash)}"), programs
 
 
 def explain(plan: TierPlan, options: JobOptions, run: RunOptions) -> str:

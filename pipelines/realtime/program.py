@@ -1,4 +1,4 @@
-"""Compile the realtime plan into the programs the JVM operators run (format 2), and their SQL columns.
+"""Compile the realtime plan into the programs the JVM operators run (format 3), and their SQL columns.
 
 The realtime job is Flink SQL up to the decoded, routed events (:mod:`.sql`) and Java after that
 (``dev.headwater.flink.realtime`` in infra/maven/flink-udfs): a keyed window operator per group of
@@ -28,11 +28,11 @@ from typing import Any
 from headwater.pipelines.realtime.decode import TIME_MS, event_columns
 from headwater.pipelines.store.layout import FRESHNESS_MAXLEN
 from headwater.pipelines.store.store import WRITE_SCRIPT
-from headwater.pipelines.windows import compile_view, layout_version, view_layout
+from headwater.pipelines.windows import compile_view, view_layout
 from headwater.pipelines.windows.vector import ASSIGN_LUA
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanSource, PlanView, PlanWhere, TierPlan
 
-FORMAT = 2
+FORMAT = 3
 NUMERIC = frozenset({"BIGINT", "INT", "DOUBLE"})
 NEEDS_NUMBER = frozenset({"sum", "avg", "min", "max"})
 EVENT_ID = "hw_event_id"
@@ -219,10 +219,11 @@ def compile_program(
         )
         cols.field(view.join_key, view, "(join key)")
         spec = compile_view(view)
-        layout = view_layout(spec, plan.registry_hash)
+        layout = view_layout(spec)
         group["views"].append(
             {
                 "name": view.name,
+                "version": layout.version,
                 "ttl_ms": layout.ttl_ms,
                 "schema_hash": layout.schema_hash,
                 "dim": layout.dim,
@@ -249,7 +250,6 @@ def compile_program(
     program = {
         "format": FORMAT,
         "source": source.name,
-        "version": layout_version(plan.registry_hash),
         "namespace": store.namespace,
         "columns": names,
         "column_types": [c.sql_type for c in columns],

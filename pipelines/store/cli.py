@@ -40,7 +40,7 @@ def applied_layout(state_dir: Path, view: str) -> ViewLayout:
             raise click.UsageError(msg) from err
         for candidate in plan.views:
             if candidate.name == view:
-                return view_layout(compile_view(candidate), plan.registry_hash)
+                return view_layout(compile_view(candidate))
             known.append(candidate.name)
     msg = f"view {view!r} is not in the applied plans; known views: {', '.join(sorted(known))}"
     raise click.UsageError(msg)

@@ -98,8 +98,16 @@ class ReadResult:
 
     @cached_property
     def versions(self) -> list[str | None]:
-        """Registry version id each row was written with (None where not found)."""
+        """Version id each row was written with (None where not found)."""
         return codec.decode_versions(self._version_raw, self.found)
+
+    def other_version_rows(self) -> int:
+        """Count found rows written under another version of the view than ``layout.version``.
+
+        Such values were computed from another definition (a tier not yet restarted on the applied plan).
+        """
+        other = self._version_raw != self.layout.version.encode("ascii")
+        return int(np.count_nonzero(self.found & other))
 
     def ages_s(self, now_ms: int | None = None) -> npt.NDArray[np.float64]:
         """Age of each row's event time at ``now_ms`` (default: now), in seconds; NaN where not found."""

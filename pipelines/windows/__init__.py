@@ -12,7 +12,6 @@ from headwater.pipelines.windows.reference import dedup, empty_values, reference
 from headwater.pipelines.windows.spec import FeatureSpec, ViewSpec, WindowSpecError, compile_view
 from headwater.pipelines.windows.vector import (
     RedisDictionary,
-    layout_version,
     slot_names,
     to_vectors,
     view_layout,
@@ -31,7 +30,6 @@ __all__ = [
     "dedup",
     "empty_values",
     "incremental_values",
-    "layout_version",
     "make_agg",
     "reference_values",
     "slot_names",

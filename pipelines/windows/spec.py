@@ -79,6 +79,9 @@ class ViewSpec:
     entity: str
     join_key: str
     features: tuple[FeatureSpec, ...]
+    version: str = ""
+    """The view's version (:func:`headwater.registry.plans.view_version`): stamped on every value and
+    namespacing the streaming state, so an edit that does not change a view's values keeps both."""
 
     @property
     def tick_ms(self) -> int:
@@ -174,4 +177,5 @@ def compile_view(view: PlanView) -> ViewSpec:
         entity=view.entity,
         join_key=view.join_key,
         features=tuple(compile_feature(f, view.name) for f in view.features),
+        version=view.version,
     )

@@ -5,8 +5,9 @@ One float32 slot per feature in plan order, except ``top_k`` which expands into 
 A text value (``last`` of a string field) is stored as its dictionary id too. Dictionary ids
 come from :class:`RedisDictionary`: one Redis hash per field, ``<ns>:dict:{<field>}``, values
 mapped to small ints assigned atomically in Lua, shared by every tier.
-The layout version is the first 16 hex digits of the plan's registry hash; the event time
-written with a vector is the window boundary it was computed for.
+The layout version is the view's own version (``PlanView.version``: what defines its values), so
+editing another view, or this view's description, owner or cost, keeps the stored values current; the
+event time written with a vector is the window boundary it was computed for.
 """
 
 from __future__ import annotations
@@ -58,20 +59,18 @@ def slot_names(view: ViewSpec) -> tuple[str, ...]:
     return tuple(slot for f in view.features for slot in feature_slots(f.name, f.agg, f.k))
 
 
-def layout_version(registry_hash: str) -> str:
-    """Return the layout version of a plan: the first 16 hex digits after ``sha256:``."""
-    return registry_hash.removeprefix("sha256:")[:16]
+def view_layout(view: ViewSpec, ttl_s: int | None = None) -> ViewLayout:
+    """Return the store layout of ``view``, stamped with its version.
 
-
-def view_layout(view: ViewSpec, registry_hash: str, ttl_s: int | None = None) -> ViewLayout:
-    """Return the store layout of ``view``; the TTL defaults to twice the longest window (in seconds)."""
+    The TTL defaults to twice the longest window (in seconds).
+    """
     ttl = 2 * view.longest_window_ms // 1000 if ttl_s is None else ttl_s
     return ViewLayout(
         view=view.name,
         entity=view.entity,
         features=slot_names(view),
         ttl_s=ttl,
-        version=layout_version(registry_hash),
+        version=view.version,
     )
 
 

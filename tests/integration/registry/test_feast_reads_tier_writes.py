@@ -38,7 +38,7 @@ def test_feast_reads_the_vectors_the_tiers_wrote(tmp_path: Path, redis_url: str)
         for tier in ("realtime", "nearline", "offline"):
             plan = read_plan(state, tier)
             for view in plan.views:
-                layout = view_layout(compile_view(view), plan.registry_hash)
+                layout = view_layout(compile_view(view))
                 vector = rng.random((1, len(layout.features)), dtype=np.float32)
                 written = store.write_batch(layout, [entity_id], vector, [1_700_000_000_000])
                 assert written.written == 1

@@ -105,6 +105,9 @@ class BrokenReader:
         msg = "operands could not be broadcast together"
         raise ValueError(msg)
 
+    def other_version_rows(self) -> dict[str, int]:
+        return {}
+
 
 def test_an_unexpected_exception_answers_the_editorial_list() -> None:
     with client(BrokenReader()) as c:
@@ -175,6 +178,9 @@ class HungReader:
             self.started += 1
         self.release.wait(30)
         return InMemoryFeatureStore().read_many(requests)
+
+    def other_version_rows(self) -> dict[str, int]:
+        return {}
 
 
 def test_the_default_bound_takes_a_burst() -> None:

@@ -103,7 +103,23 @@ def test_binding_with_another_registry_version_but_same_slots_warns() -> None:
         {"user_features": ["a", "b"], "item_features": ["x"], "registry_version": "abc"}, REGISTRY
     )
     assert other.warning is not None
-    assert "trained on registry abc, the applied registry is 1212121212121212" in other.warning
+    assert "trained on registry abc and records no view versions" in other.warning
+    assert "the applied registry is 1212121212121212" in other.warning
+    assert other.changed_views == ()
+
+
+def test_binding_names_the_views_whose_version_changed_since_training() -> None:
+    applied = REGISTRY.view_versions
+    assert set(applied) == {"u", "i"}
+    same = {"user_features": ["a", "b"], "item_features": ["x"], "view_versions": dict(applied)}
+    assert check_binding({**same, "registry_version": "other"}, REGISTRY).warning is None
+    moved = check_binding({**same, "view_versions": {**applied, "i": "v0000000000000000"}}, REGISTRY)
+    assert moved.changed_views == ("i",)
+    assert moved.warning is not None
+    assert "other versions of views i than the applied ones" in moved.warning
+    # a view the model never saw, or a malformed record, is not a change
+    assert check_binding({**same, "view_versions": {"gone": "v1"}}, REGISTRY).changed_views == ()
+    assert check_binding({**same, "view_versions": ["u"]}, REGISTRY).changed_views == ()
 
 
 def test_binding_mismatch_names_the_slots_and_what_to_do() -> None:

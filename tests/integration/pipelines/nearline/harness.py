@@ -539,7 +539,7 @@ def _compare_entities(
     dictionary: RedisDictionary,
     reg_hash: str,
 ) -> int:
-    layout = view_layout(spec, reg_hash)
+    layout = view_layout(spec)
     checked = 0
     ref = reference_values(spec, evs, boundary)
     entities = sorted({e[spec.join_key] for e in evs if e.get(spec.join_key) is not None})

@@ -90,7 +90,7 @@ def publish_nearline(store: OnlineStore, events: list[dict[str, Any]], tmp: Path
             for name, (boundary, entities) in out.publish.items():
                 rows = task.values(name, entities, boundary)
                 vectors = to_vectors(spec, rows, dictionary.ids)
-                store.write_batch(view_layout(spec, REGISTRY), entities, vectors, boundary)
+                store.write_batch(view_layout(spec), entities, vectors, boundary)
                 published.update(dict.fromkeys(entities, boundary))
     finally:
         task.store.close()
@@ -153,14 +153,14 @@ def test_consistency_of_nearline_values(
     assert all(expected[u]["clicks_2h"] > 0 for u in USERS[:3])  # the check compares real values
 
     bronze = read_bronze(spark, lake, behaviour())
-    result = check_view(spark, bronze, store, NEARLINE, behaviour(), REGISTRY, lake, sample=50)
+    result = check_view(spark, bronze, store, NEARLINE, behaviour(), lake, sample=50)
     assert (result.sampled, result.found) == (len(USERS), len(USERS))
     assert result.mismatch_rate == 0.0, result.examples
-    assert set(result.mismatches) == set(view_layout(spec, REGISTRY).features)
+    assert set(result.mismatches) == set(view_layout(spec).features)
     assert result.compared_values == len(USERS) * len(result.mismatches)
 
     # Corrupt one stored value (delete the key, write it back at the same boundary with one slot off).
-    layout = view_layout(spec, REGISTRY)
+    layout = view_layout(spec)
     read = store.read_batch(layout, ["u2"])
     bad = read.values.copy()
     slot = layout.features.index("spend_3h")

@@ -115,7 +115,7 @@ def test_planted_future_value_never_reaches_a_training_row(
 def test_materialize_then_read_back_gives_the_offline_values(
     spark: Any, lake: Path, store: OnlineStore
 ) -> None:
-    done = materialize(spark, store, [USERS, ITEMS], REGISTRY, lake)
+    done = materialize(spark, store, [USERS, ITEMS], lake)
     assert [(m.view, m.date, m.rows) for m in done] == [
         ("pit_user", date(2026, 1, 2), 2),
         ("pit_item", date(2026, 1, 2), 2),
@@ -127,9 +127,9 @@ def test_materialize_then_read_back_gives_the_offline_values(
         expected = reference_values(spec, history(), as_of)
         entities = sorted(expected)
         want = to_vectors(spec, [list(expected[e].values()) for e in entities], dictionary.ids)
-        got = store.read_batch(view_layout(spec, REGISTRY), entities)
+        got = store.read_batch(view_layout(spec), entities)
         assert got.found.all()
         assert (got.event_time_ms == as_of).all()
         np.testing.assert_array_equal(got.values, want)
-    again = materialize(spark, store, [USERS], REGISTRY, lake)
+    again = materialize(spark, store, [USERS], lake)
     assert again[0].written == 0  # same boundary and values: unchanged

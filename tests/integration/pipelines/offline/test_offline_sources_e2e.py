@@ -244,7 +244,7 @@ def write_reference(store: OnlineStore, plan_view: PlanView, reg_hash: str) -> l
     entities = sorted(expected)
     ids = RedisDictionary(store.client, store.namespace).ids
     vectors = to_vectors(spec, [list(expected[e].values()) for e in entities], ids)
-    store.write_batch(view_layout(spec, reg_hash), entities, vectors, NEARLINE_AT)
+    store.write_batch(view_layout(spec), entities, vectors, NEARLINE_AT)
     return entities
 
 

@@ -176,7 +176,7 @@ def read_store(redis_url: str, namespace: str, plan: TierPlan, view: str, ids: l
     spec = compile_view(next(v for v in plan.views if v.name == view))
     store = OnlineStore.from_url(redis_url, namespace=namespace)
     try:
-        return spec, store.read_batch(view_layout(spec, plan.registry_hash), ids)
+        return spec, store.read_batch(view_layout(spec), ids)
     finally:
         store.close()
 

@@ -22,7 +22,7 @@ from headwater.pipelines.realtime.sql import (
     rule_checks,
 )
 from headwater.pipelines.store.store import WRITE_SCRIPT
-from headwater.pipelines.windows import compile_view, layout_version, slot_names, view_layout
+from headwater.pipelines.windows import compile_view, slot_names, view_layout
 from headwater.registry.plans import PlanSource, TierPlan, read_plan
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -124,7 +124,7 @@ def test_program_groups_views_by_join_key_and_slide_and_lays_out_their_slots(pla
     data = program_of(plan).data
     assert data["source"] == "events"
     assert [g["id"] for g in data["groups"]] == ["item_id@5000", "user_id@1000"]
-    assert data["version"] == layout_version(plan.registry_hash)
+    assert "version" not in data  # each view carries its own (below)
     assert data["namespace"] == "hwx"
     assert data["store"]["write_script"] == WRITE_SCRIPT  # the JVM writes through the same Lua
     columns = data["columns"]
@@ -137,12 +137,15 @@ def test_program_groups_views_by_join_key_and_slide_and_lays_out_their_slots(pla
         assert columns[group["key_column"]] == group["id"].split("@")[0]
         for v in group["views"]:
             spec = compile_view(next(p for p in plan.views if p.name == v["name"]))
-            layout = view_layout(spec, plan.registry_hash)
-            assert (v["dim"], v["schema_hash"], v["ttl_ms"]) == (
+            layout = view_layout(spec)
+            assert (v["dim"], v["schema_hash"], v["ttl_ms"], v["version"]) == (
                 layout.dim,
                 layout.schema_hash,
                 layout.ttl_ms,
+                spec.version,
             )
+            assert v["version"].startswith("v")
+            assert len(v["version"]) == 17
             assert v["dim"] == len(slot_names(spec))
     session = next(v for g in data["groups"] for v in g["views"] if v["name"] == "user_session_realtime")
     share = next(f for f in session["features"] if f["name"] == "category_share_30s")

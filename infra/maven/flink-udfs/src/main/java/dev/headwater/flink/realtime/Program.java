@@ -9,7 +9,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 
 /**
  * The realtime plan as the JVM operators read it: compiled by pipelines/realtime/program.py from the
- * registry's realtime plan, one program per source (the contract between Python and the JVM, format 2). Parsed once per
+ * registry's realtime plan, one program per source (the contract between Python and the JVM, format 3: per-view versions). Parsed once per
  * operator instance in {@code open()}; the operators carry the JSON text, not these objects.
  *
  * <p>The event rows the operators receive have the columns of {@link #columns}, in order: the event
@@ -18,7 +18,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * the registry's filter grammar has one implementation per engine).
  */
 public final class Program {
-    public static final int FORMAT = 2;
+    public static final int FORMAT = 3;
 
     /** The source the program reads (operator uids and metrics carry it). */
     public final String source;
@@ -31,7 +31,6 @@ public final class Program {
     public final long outOfOrdernessMs;
     public final long idleAdvanceMs;
     public final String namespace;
-    public final String version;
     public final Store store;
     public final List<Group> groups;
 
@@ -97,6 +96,8 @@ public final class Program {
     public static final class View {
         public final int index;
         public final String name;
+        /** The view's version (what defines its values), stamped on every value it writes. */
+        public final String version;
         public final long ttlMs;
         public final long schemaHash;
         public final int dim;
@@ -110,6 +111,7 @@ public final class Program {
             this.index = index;
             this.firstFeature = firstFeature;
             name = text(n, "name");
+            version = text(n, "version");
             ttlMs = n.path("ttl_ms").asLong();
             schemaHash = n.path("schema_hash").asLong();
             dim = n.path("dim").asInt();
@@ -185,7 +187,6 @@ public final class Program {
         outOfOrdernessMs = n.path("out_of_orderness_ms").asLong();
         idleAdvanceMs = n.path("idle_advance_ms").asLong(0);
         namespace = text(n, "namespace");
-        version = text(n, "version");
         store = new Store(n.path("store"));
         List<Group> gs = new ArrayList<>();
         for (JsonNode g : n.path("groups")) {

@@ -38,7 +38,6 @@ final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.Pro
     private final Program.Group group;
     private final RedisStore store;
     private final ProcessingTimeService time;
-    private final byte[] version;
     private final List<LinkedHashMap<String, Update>> pending = new ArrayList<>();
     private final long[] progress;
     private final long[] progressWritten;
@@ -54,7 +53,6 @@ final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.Pro
         this.program = program;
         this.group = program.groups.get(groupIndex);
         this.time = time;
-        this.version = program.version.getBytes(StandardCharsets.US_ASCII);
         Program.Store cfg = program.store;
         this.store = new RedisStore(cfg.url, program.namespace, cfg.writeScript, cfg.dictScript);
         int n = group.views.size();
@@ -187,6 +185,7 @@ final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.Pro
         int size = RedisStore.HEADER_BYTES + 4 * view.dim;
         long expireAt = view.ttlMs > 0 ? now + view.ttlMs : 0;
         int step = program.store.chunkRows;
+        byte[] version = view.version.getBytes(StandardCharsets.US_ASCII);
         List<RedisStore.Chunk> out = new ArrayList<>();
         for (int start = 0; start < batch.size(); start += step) {
             int end = Math.min(batch.size(), start + step);
