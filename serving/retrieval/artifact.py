@@ -1,0 +1,129 @@
+"""Two-tower artifacts: the ranker's file layout and content-hash versions, a format of their own.
+
+A file is ``{"format": "headwater.retrieval/1", "metadata_json", "state"}`` (strings and tensors
+only, loaded with ``torch.load(weights_only=True)``, never unpickling code), named
+``two_tower-<version>.pt``; the version is :func:`headwater.serving.artifact.content_hash` of the
+metadata and tensors, so the same data and seed give the same version and a modified file is
+refused. ``latest.json`` in the folder gets a ``two_tower`` entry beside the ranker's (merged, not
+overwritten). The format differs from the ranker's so that neither loader accepts the other's file.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headwater.serving.artifact import LATEST, ArtifactError, content_hash
+from headwater.serving.retrieval.towers import TowerReport, TwoTowerModel
+from headwater.serving.trainset import TrainingSet
+
+FORMAT = "headwater.retrieval/1"
+KIND = "two_tower"
+
+
+@dataclass(frozen=True)
+class TowerArtifact:
+    """A loaded two-tower artifact: its file, metadata and model (on the CPU, in eval mode)."""
+
+    path: Path
+    metadata: dict[str, Any]
+    model: TwoTowerModel
+
+    @property
+    def version(self) -> str:
+        """The content hash."""
+        return str(self.metadata["model_version"])
+
+
+def save_towers(out_dir: Path, report: TowerReport, ts: TrainingSet) -> TowerArtifact:
+    """Write ``two_tower-<version>.pt`` and point ``latest.json``'s ``two_tower`` entry at it."""
+    model = report.model
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    meta: dict[str, Any] = {
+        "kind": KIND,
+        "registry_version": ts.registry_version,
+        "user_features": list(ts.user_features),
+        "item_features": list(ts.item_features),
+        "hyperparameters": {"embed_dim": model.embed_dim, "hidden": list(model.hidden)},
+        "training": {k: v for k, v in report.metrics.items() if k not in ("created_at", "seconds")},
+        "created_at": report.metrics.get("created_at", ""),
+    }
+    meta["model_version"] = content_hash(meta, state)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{KIND}-{meta['model_version']}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save({"format": FORMAT, "metadata_json": json.dumps(meta, sort_keys=True), "state": state}, tmp)
+    tmp.replace(path)
+    pointer = out_dir / LATEST
+    try:
+        latest = json.loads(pointer.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        latest = {}
+    latest = latest if isinstance(latest, dict) else {}
+    latest[KIND] = path.name
+    tmp_pointer = pointer.with_suffix(".json.tmp")
+    tmp_pointer.write_text(json.dumps(latest, indent=2) + "\n", encoding="utf-8")
+    tmp_pointer.replace(pointer)
+    return TowerArtifact(path, meta, model.eval())
+
+
+def load_towers(path: Path) -> TowerArtifact:
+    """Load ``path`` (a file, or a folder whose ``latest.json`` names a ``two_tower`` file).
+
+    Raises:
+        ArtifactError: missing, unreadable, of another format, modified (hash mismatch), or
+            its tensors do not fit the hyper-parameters it names.
+    """
+    if path.is_dir():
+        try:
+            name = json.loads((path / LATEST).read_text(encoding="utf-8")).get(KIND)
+        except (OSError, ValueError, AttributeError) as exc:
+            msg = f"model directory {path}: no readable {LATEST} ({exc}); train the two-tower model first"
+            raise ArtifactError(msg) from exc
+        if not isinstance(name, str) or not name or "/" in name:
+            msg = (
+                f"model directory {path}: {LATEST} names no {KIND} artifact; train the two-tower model first"
+            )
+            raise ArtifactError(msg)
+        path = path / name
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        msg = f"two-tower artifact {path}: no such file"
+        raise ArtifactError(msg) from exc
+    except (OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as exc:
+        msg = f"two-tower artifact {path}: cannot be loaded with weights_only=True ({exc}); retrain it"
+        raise ArtifactError(msg) from exc
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        msg = f"two-tower artifact {path}: expected format {FORMAT!r}; found {found!r}"
+        raise ArtifactError(msg)
+    try:
+        meta = json.loads(raw["metadata_json"])
+        state = dict(raw["state"])
+        hyper = meta["hyperparameters"]
+        model = TwoTowerModel(
+            len(meta["user_features"]), len(meta["item_features"]), int(hyper["embed_dim"]), hyper["hidden"]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"two-tower artifact {path}: incomplete metadata ({type(exc).__name__}: {exc}); retrain it"
+        raise ArtifactError(msg) from exc
+    expected = content_hash(meta, state)
+    if meta.get("model_version") != expected:
+        msg = (
+            f"two-tower artifact {path}: content hash is {expected} but the metadata says"
+            f" {meta.get('model_version')!r}; the file was modified or is corrupt"
+        )
+        raise ArtifactError(msg)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        msg = f"two-tower artifact {path}: tensors do not fit the model its metadata describes: {exc}"
+        raise ArtifactError(msg) from exc
+    return TowerArtifact(path, meta, model.eval())

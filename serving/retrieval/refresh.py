@@ -1,0 +1,188 @@
+"""Keep the item index in step with the online store: a full build, then incremental refreshes.
+
+The item vectors come from the registry's item views in Redis, exactly as the ranker reads them
+(one key per (view, item), :mod:`headwater.pipelines.store`). A refresh never re-embeds what did
+not change; its steps (:meth:`IndexRefresher.refresh`):
+
+1. List each item view's keys (``SCAN MATCH <prefix>*``, keys only). An item is in the catalog
+   while any item view holds a key for it; ids indexed before and now in no view (deleted, or
+   expired by the view's TTL) are removed from the index.
+2. Read each present item's write time, the header field every tier stamps on each write
+   (offset 16 of the packed value), with a read-only script that returns 8 bytes per key instead
+   of the whole vector (``HEADER_SCRIPT``), ``batch`` keys per call. An item changed when its
+   newest write time across the item views differs from the one recorded when it was indexed
+   (exact: no clock comparison between writers and this process, so no skew margin).
+3. Read the vectors of the new and changed items only (one ``MGET`` per view and batch, through
+   :meth:`OnlineStore.read_many`), assemble them as serving does (a view without a row gives its
+   empty-window vector), embed them with the item tower and upsert them.
+4. Record the write times and bump the index version: ``<tower version>.<refresh number>``.
+
+The freshness log of the item views (``hw:fresh:{view}``) is not enough on its own: it counts rows
+per write, not which keys, and expiry writes nothing. It is the cheap "did anything change" test
+a caller may use before step 1 (:meth:`IndexRefresher.log_position`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from headwater.pipelines.store import OnlineStore, ViewLayout, freshness_key
+from headwater.pipelines.store.layout import key_prefix
+from headwater.serving.fetch import assemble
+from headwater.serving.registry import SideViews
+from headwater.serving.retrieval.index import ItemIndexLike
+from headwater.serving.retrieval.towers import TwoTowerModel
+from headwater.serving.store import ViewRows
+
+HEADER_SCRIPT = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('GETRANGE', key, 16, 23)
+end
+return out
+"""
+"""Each key's write time (int64 little-endian at offset 16 of the packed value; codec.py), or ''."""
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    """What one refresh did."""
+
+    version: str
+    catalog: int
+    added: int
+    updated: int
+    removed: int
+    unchanged: int
+    seconds: float
+
+
+class StoreItemSource:
+    """The item views' keys, write times and vectors in the online store, read in batches."""
+
+    def __init__(self, store: OnlineStore, side: SideViews, batch: int = 2000) -> None:
+        self.store = store
+        self.side = side
+        self.batch = batch
+        self._script = store.client.register_script(HEADER_SCRIPT)
+
+    def ids(self, layout: ViewLayout) -> set[str]:
+        """Every entity id with a key in ``layout``'s view (``SCAN``, keys only)."""
+        prefix = key_prefix(layout.view, self.store.namespace)
+        pattern = prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+        cut = len(prefix.encode("utf-8"))
+        return {
+            key[cut:].decode("utf-8")
+            for key in self.store.client.scan_iter(match=pattern, count=self.batch * 5)
+        }
+
+    def write_times(self, layout: ViewLayout, ids: list[str]) -> npt.NDArray[np.int64]:
+        """Write time (ms) of each id's key in ``layout``'s view; 0 where it has none (gone since)."""
+        out = np.zeros(len(ids), dtype=np.int64)
+        prefix = key_prefix(layout.view, self.store.namespace)
+        for s in range(0, len(ids), self.batch):
+            chunk = ids[s : s + self.batch]
+            raw: list[bytes] = self._script(keys=[prefix + i for i in chunk])
+            if all(len(r) == 8 for r in raw):
+                out[s : s + len(chunk)] = np.frombuffer(b"".join(raw), dtype="<i8")
+            else:
+                out[s : s + len(chunk)] = [int.from_bytes(r, "little") if len(r) == 8 else 0 for r in raw]
+        return out
+
+    def vectors(
+        self, ids: list[str]
+    ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.bool_]]]:
+        """Batches of (ids, assembled item vectors in registry slot order, found in any view)."""
+        for s in range(0, len(ids), self.batch):
+            chunk = ids[s : s + self.batch]
+            rows = self.store.read_many([(layout, chunk) for layout in self.side.layouts])
+            matrix, found, _ = assemble(
+                self.side, [ViewRows(r.values, r.found, r.event_time_ms) for r in rows]
+            )
+            yield chunk, matrix, found
+
+
+class IndexRefresher:
+    """Builds and refreshes an item index from the online store with a two-tower item tower."""
+
+    def __init__(
+        self,
+        source: StoreItemSource,
+        model: TwoTowerModel,
+        index: ItemIndexLike,
+        model_version: str,
+        item_columns: npt.NDArray[np.intp] | None = None,
+    ) -> None:
+        """``item_columns``: the model's item inputs as columns of the registry's vector, or None."""
+        self.source = source
+        self.model = model
+        self.index = index
+        self.model_version = model_version
+        self.item_columns = item_columns
+        self.refreshes = 0
+        self._indexed: dict[str, int] = {}
+        """Item id -> the newest write time across the item views when it was last embedded."""
+
+    @property
+    def version(self) -> str:
+        """``<two-tower model version>.<refresh number>``: which model and which pass over the store."""
+        return f"{self.model_version}.{self.refreshes}"
+
+    def log_position(self) -> tuple[bytes, ...]:
+        """Return the newest entry id of each item view's freshness log: unchanged means no write since."""
+        client = self.source.store.client
+        out = []
+        for layout in self.source.side.layouts:
+            last = client.xrevrange(freshness_key(layout.view, self.source.store.namespace), count=1)
+            out.append(last[0][0] if last else b"")
+        return tuple(out)
+
+    def refresh(self) -> RefreshReport:
+        """Run the four steps of the module docstring; the first call builds the whole index."""
+        started = time.perf_counter()
+        layouts = self.source.side.layouts
+        # Step 1
+        per_view = [self.source.ids(layout) for layout in layouts]
+        present = sorted(set().union(*per_view))
+        catalog = set(present)
+        gone = [i for i in self._indexed if i not in catalog]
+        removed = self.index.remove(gone)
+        for item_id in gone:
+            del self._indexed[item_id]
+        # Step 2
+        newest = np.zeros(len(present), dtype=np.int64)
+        for layout in layouts:
+            np.maximum(newest, self.source.write_times(layout, present), out=newest)
+        recorded = np.fromiter(
+            (self._indexed.get(i, -1) for i in present), dtype=np.int64, count=len(present)
+        )
+        todo = np.flatnonzero(newest != recorded)
+        # Step 3
+        added = updated = 0
+        todo_ids = [present[j] for j in todo.tolist()]
+        write_ms = dict(zip(todo_ids, newest[todo].tolist(), strict=True))
+        for ids, matrix, found in self.source.vectors(todo_ids):
+            keep = np.flatnonzero(found)  # deleted between steps 1 and 3: the next refresh removes it
+            if not len(keep):
+                continue
+            items = matrix[keep] if self.item_columns is None else matrix[keep][:, self.item_columns]
+            kept = [ids[k] for k in keep.tolist()]
+            a, u = self.index.upsert(kept, self.model.embed_items(items))
+            added, updated = added + a, updated + u
+            # Step 4
+            self._indexed.update((i, write_ms[i]) for i in kept)
+        self.refreshes += 1
+        return RefreshReport(
+            self.version,
+            len(self.index),
+            added,
+            updated,
+            removed,
+            len(present) - len(todo),
+            round(time.perf_counter() - started, 3),
+        )
