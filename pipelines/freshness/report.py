@@ -36,6 +36,8 @@ class FreshnessTarget:
     view: str
     tier: str
     sla_s: float
+    version: str = ""
+    """The applied version of the view ("" when unknown)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ class ViewFreshness:
     log_start_ms: int | None
     age_series: list[tuple[int, float]] = field(repr=False)
     lag_series: list[tuple[int, float, float]] = field(repr=False)
+    version: str = ""
+    """The applied version of the view."""
+    written_version: str | None = None
+    """The version of the newest write the log holds (None: none logged one); another value than
+    ``version`` means the tier still runs an older definition of the view."""
 
     @property
     def lag_over_sla(self) -> bool:
@@ -157,6 +164,8 @@ def view_freshness(
         log_start_ms=min((e.write_ms for e in entries), default=None),
         age_series=progress.age_series(start, now_ms),
         lag_series=_lag_points(in_window),
+        version=spec.version,
+        written_version=next((e.version for e in reversed(entries) if e.version), None),
     )
 
 
@@ -195,7 +204,7 @@ def plan_views(state_dir: Path) -> list[FreshnessTarget]:
         except FileNotFoundError:
             continue
         found = True
-        specs.extend(FreshnessTarget(v.name, tier, v.freshness_sla_s) for v in plan.views)
+        specs.extend(FreshnessTarget(v.name, tier, v.freshness_sla_s, v.version) for v in plan.views)
     if not found:
         msg = (
             f"no applied plans under {state_dir / 'plans'}: run `headwater apply features/` first"

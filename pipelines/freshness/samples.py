@@ -36,6 +36,7 @@ class Entry:
         rows: rows written (new values); ``considered`` rows were in the call.
         progress_ms: greatest window boundary of the call's rows: the tier published up to it.
         samples: (event time B, rows) pairs summarising the written rows' event times.
+        version: the view version of the values written ("" for entries written before it was logged).
     """
 
     write_ms: int
@@ -43,6 +44,7 @@ class Entry:
     considered: int
     progress_ms: int
     samples: tuple[tuple[int, int], ...]
+    version: str = ""
 
 
 def parse_entry(fields: Mapping[bytes, bytes], where: str = "freshness entry") -> Entry:
@@ -52,10 +54,14 @@ def parse_entry(fields: Mapping[bytes, bytes], where: str = "freshness entry") -
             (int(b), int(count))
             for b, count in (part.split(b":") for part in fields[b"s"].split(b",") if part)
         )
-        return Entry(int(fields[b"w"]), int(fields[b"n"]), int(fields[b"r"]), int(fields[b"hi"]), samples)
+        version = fields.get(b"v", b"").decode("ascii")
+        return Entry(
+            int(fields[b"w"]), int(fields[b"n"]), int(fields[b"r"]), int(fields[b"hi"]), samples, version
+        )
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         msg = (
-            f"{where}: expected the fields w, n, r, lo, hi, s written by write.lua (s as 'B:count,...');"
+            f"{where}: expected the fields w, n, r, lo, hi, s (and v) written by write.lua"
+            f" (s as 'B:count,...');"
             f" got {dict(fields)!r} ({exc}). Was the stream written by another tool?"
         )
         raise SampleFormatError(msg) from exc

@@ -12,7 +12,7 @@ Byte layout (little-endian), format 1::
         24    8 expire_at_ms     absolute expiry in epoch ms (now + view TTL), 0 = none (int64)
         32    4 schema_hash      CRC32 of the ordered feature names (uint32)
         36    4 reserved         0
-        40   32 version          registry version id, ASCII, NUL padded
+        40   32 version          the view's version id, ASCII, NUL padded
         72  4*n payload          float32 features in layout order
 
 ``write.lua`` reads ``event_time_ms`` at offset 8 and ``expire_at_ms`` at offset 24: keep the

@@ -19,6 +19,7 @@
 --   hi  greatest event time of all rows of the call: the tier's progress (boundary published up to)
 --   s   event times of the written rows as "B:count,...": exact when at most 8 distinct B, otherwise
 --       8 quantile points of the sorted event times, the counts summing to n.
+--   v   the view version of the call's values (from the first record's header, offsets 3 and 40).
 -- Readers: headwater.pipelines.freshness.samples. Keep both in sync.
 --
 -- Common case in one call per key: SET ... PXAT ... GET stores the new value and returns the old one.
@@ -101,6 +102,7 @@ if ns then
   end
   redis.call('XADD', ns .. ':fresh:{' .. view .. '}', 'MAXLEN', '~', 20000, '*',
     'w', fmt('%.0f', unpack('<i8', blob, 17)), 'n', written, 'r', #KEYS,
-    'lo', fmt('%.0f', distinct[1] or 0), 'hi', fmt('%.0f', hi), 's', table.concat(parts, ','))
+    'lo', fmt('%.0f', distinct[1] or 0), 'hi', fmt('%.0f', hi), 's', table.concat(parts, ','),
+    'v', string.sub(blob, 41, 40 + string.byte(blob, 4)))
 end
 return table.concat(out)

@@ -35,9 +35,9 @@ def test_each_call_appends_rows_written_and_their_boundaries(store: OnlineStore,
         write_time_ms=T0 + 2500,
     )
     entries, last = read_entries(client, LAYOUT.view, store.namespace)
-    assert entries == [
-        Entry(T0 + 700, 5, 5, T0, ((T0 - 1000, 2), (T0, 3))),
-        Entry(T0 + 2500, 1, 5, T0 + 1000, ((T0 + 1000, 1),)),
+    assert entries == [  # each entry names the view version of its values (the layout's)
+        Entry(T0 + 700, 5, 5, T0, ((T0 - 1000, 2), (T0, 3)), "v1"),
+        Entry(T0 + 2500, 1, 5, T0 + 1000, ((T0 + 1000, 1),), "v1"),
     ]
     assert last is not None
     assert read_entries(client, LAYOUT.view, store.namespace, last) == ([], None)
@@ -76,7 +76,7 @@ def test_a_writer_calling_the_script_itself_is_logged_too(client: redis.Redis, n
     keys = [f"{namespace}:{{{LAYOUT.view}}}:x1", f"{namespace}:{{{LAYOUT.view}}}:x2"]
     assert client.eval(WRITE_SCRIPT, 2, *keys, 0, codec.record_size(2), rec) == b"11"
     entries, _ = read_entries(client, LAYOUT.view, namespace)
-    assert entries == [Entry(T0 + 900, 2, 2, T0, ((T0 - 2000, 1), (T0, 1)))]
+    assert entries == [Entry(T0 + 900, 2, 2, T0, ((T0 - 2000, 1), (T0, 1)), "v1")]
 
 
 def test_publish_progress_and_delete_view(store: OnlineStore, client: redis.Redis) -> None:

@@ -20,6 +20,7 @@ from headwater.pipelines.freshness.report import (
 from headwater.pipelines.freshness.samples import Entry
 from headwater.pipelines.freshness.text import fmt_s, render_text
 from headwater.registry.plans import build_plans, plan_path
+from headwater.registry.plans import plan_views as plan_views_of
 from headwater.registry.validate import check_repo
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -104,8 +105,13 @@ def test_plan_views_reads_every_tier_with_its_sla(tmp_path: Path) -> None:
         plan_path(tmp_path, tier).parent.mkdir(parents=True, exist_ok=True)
         plan_path(tmp_path, tier).write_text(plan.model_dump_json())
     specs = {s.view: s for s in plan_views(tmp_path)}
-    assert specs["user_session_realtime"] == FreshnessTarget("user_session_realtime", "realtime", 5.0)
-    assert specs["user_search_nearline"] == FreshnessTarget("user_search_nearline", "nearline", 300.0)
+    versions = {v.name: v.version for v in plan_views_of(result)}
+    assert specs["user_session_realtime"] == FreshnessTarget(
+        "user_session_realtime", "realtime", 5.0, versions["user_session_realtime"]
+    )
+    assert specs["user_search_nearline"] == FreshnessTarget(
+        "user_search_nearline", "nearline", 300.0, versions["user_search_nearline"]
+    )
     assert specs["item_popularity_offline"].sla_s == 86400.0
     assert len(specs) == len(result.views)
 

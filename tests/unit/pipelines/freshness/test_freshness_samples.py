@@ -10,6 +10,7 @@ from headwater.pipelines.freshness.samples import Entry, SampleFormatError, pars
 def test_parse_entry_reads_every_field() -> None:
     fields = {b"w": b"2000", b"n": b"5", b"r": b"7", b"lo": b"1000", b"hi": b"1500", b"s": b"1000:2,1500:3"}
     assert parse_entry(fields) == Entry(2000, 5, 7, 1500, ((1000, 2), (1500, 3)))
+    assert parse_entry({**fields, b"v": b"v0123456789abcdef"}).version == "v0123456789abcdef"
 
 
 def test_parse_entry_without_rows_has_no_samples() -> None:
