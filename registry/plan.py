@@ -54,6 +54,8 @@ class ViewChange:
     cost_after: float = 0.0
     sla_before: float | None = None
     sla_after: float | None = None
+    backfill: str | None = None
+    """How a new or changed view gets full windows before it serves (None: nothing to backfill)."""
 
     @property
     def cost_delta(self) -> float:
@@ -102,6 +104,7 @@ def diff_views(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -
                     version_after=after["version"],
                     cost_after=_charged(after),
                     sla_after=after["freshness_sla_s"],
+                    backfill=backfill_plan(after),
                 )
             )
         elif after is None and before is not None:
@@ -131,9 +134,29 @@ def diff_views(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -
                         _charged(after),
                         before["freshness_sla_s"],
                         after["freshness_sla_s"],
+                        backfill_plan(after) if restarts else None,
                     )
                 )
     return out
+
+
+def backfill_plan(view: dict[str, Any]) -> str:
+    """Say how a new (or new version of a) view gets full windows before it serves."""
+    longest = max((float(f["window_s"]) for f in view["features"]), default=0.0)
+    span = format_seconds(longest)
+    source = view["source"]
+    if view["tier"] == "offline":
+        return f"computed from bronze/{source} by the next `run offline` (each day's {span} window)"
+    if view["tier"] == "nearline":
+        return (
+            f"replayed from the retained Kafka history of source {source} over its longest window ({span})"
+            " plus the allowed lateness when `run nearline` restarts, then continued live; served"
+            " after the replay"
+        )
+    return (
+        f"the realtime job restores the other views' state; this view's windows ({span}) fill from the"
+        " live stream: values are partial until one longest window has passed"
+    )
 
 
 def _view_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -182,6 +205,8 @@ def format_plan(changes: list[ViewChange], applied_hash: str | None, new_hash: s
             f"({c.cost_delta:+.2f} CPU-h/day){sla}"
         )
         lines.append(f"      {_consequence(c)}")
+        if c.backfill:
+            lines.append(f"      backfill: {c.backfill}")
         lines.extend(f"      {line}" for line in c.changes)
     counts = {k: sum(1 for c in changes if c.kind == k) for k in marks}
     total = sum(c.cost_delta for c in changes)
@@ -200,12 +225,7 @@ def _consequence(c: ViewChange) -> str:
     if c.kind == "removed":
         return f"removed: version {c.version_before}'s state is dropped; its online keys expire"
     fresh = "new" if c.kind == "added" else f"{c.version_before} -> {c.version_after}, restarts"
-    if c.tier == "offline":
-        return f"version {fresh}: computed by the next `run offline` over the bronze history"
-    return (
-        f"version {fresh}: state starts empty (no backfill yet): values are partial until its "
-        "longest window has passed"
-    )
+    return f"version {fresh}: its state starts anew; the other views keep theirs"
 
 
 def _sla_text(c: ViewChange) -> str:

@@ -27,7 +27,12 @@ def test_plan_before_any_apply_adds_everything(repo: ScratchRepo, tmp_path: Path
     assert "registry (nothing applied yet)" in out.output
     assert "+ v1 [realtime] cost 0.00 -> 10.00 (+10.00 CPU-h/day), sla 10s" in out.output
     assert "1 to add, 0 to change (state restarts), 0 metadata only, 0 to remove" in out.output
-    assert "version new: state starts empty (no backfill yet)" in out.output
+    assert "version new: its state starts anew; the other views keep theirs" in out.output
+    assert "backfill: the realtime job restores the other views' state; this view's windows (30s)" in (
+        out.output
+    )
+        "backfill: the realtime job restores the other views' state; this view's windows (30s)" in out.output
+    )
 
 
 def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) -> None:
@@ -59,6 +64,8 @@ def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) ->
     assert "+ feature views_1m" in v1["changes"]
     assert any(c.startswith("~ feature clicks_30s: window 30s -> 1m") for c in v1["changes"])
     assert changes["v2"]["cost_delta"] == -10.0
+    assert changes["v2"]["backfill"] is None  # removed: nothing to fill
+    assert "(1m)" in v1["backfill"]  # changed: backfilled over its new longest window
     text = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)]).output
     assert "! v1 [realtime] cost 10.00 -> 12.00 (+2.00 CPU-h/day), sla 10s -> 20s" in text
     assert f"{v1['version_before']} -> {v1['version_after']}, restarts" in text
