@@ -31,8 +31,6 @@ def test_plan_before_any_apply_adds_everything(repo: ScratchRepo, tmp_path: Path
     assert "backfill: the realtime job restores the other views' state; this view's windows (30s)" in (
         out.output
     )
-        "backfill: the realtime job restores the other views' state; this view's windows (30s)" in out.output
-    )
 
 
 def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) -> None:
