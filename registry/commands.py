@@ -62,7 +62,13 @@ def check(repo: Path | None, fmt: str) -> None:
     """
     result = check_repo(features_dir(repo))
     if fmt == "json":
-        click.echo(json.dumps(check_json(result), indent=2))
+        from headwater.registry.costs_cli import cost_report
+
+        doc = check_json(result)
+        by_name = {v.name: v for v in result.views}
+        for row in doc["views"]:  # the estimate, its basis, the declared and the measured cost
+            row["cost"] = cost_report(by_name[row["name"]], result)
+        click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(check_text(result))
     sys.exit(0 if result.ok else 1)
@@ -154,9 +160,9 @@ def describe(view: str, repo: Path | None) -> None:
         f"  entity {found.entity} (key {found.join_key}), source {found.source}, tier {found.tier}, "
         f"freshness_sla {found.freshness_sla}, owner {found.owner}"
     )
-    click.echo(
-        f"  compute_cost {found.compute_cost:g} CPU-h/day declared, {found.estimated_cost:.2f} estimated"
-    )
+    from headwater.registry.costs_cli import describe_lines
+
+    click.echo("\n".join(describe_lines(found, result)))
     for f in found.features:
         extra = f" {f.field}" if f.field else ""
         extra += f" k={f.k}" if f.k else ""

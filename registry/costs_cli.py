@@ -1,0 +1,166 @@
+"""The cost report: per view, declared vs estimated vs measured CPU, and the state and memory estimates.
+
+``headwater costs`` prints one row per view; ``features describe VIEW`` and ``check --format json``
+show the same report for one view (:func:`cost_report`). The estimate carries its basis: the
+source's declared rate, the view's shape (aggregations, filters, panes, keys) and where the
+constants come from (``registry/calibration/<tier>.json``: machine, date, command).
+
+Measured CPU: no tier reports CPU per view yet (the nearline worker reports its process CPU, the
+realtime job its process group's, each for every view it runs together), so the measured figure
+is the calibration run's: that view run alone in its tier on the calibration stream
+(``bench/bench_calibrate.py``), scaled to the source's declared rate. It says so (``measured.how``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from headwater.registry.budget import view_footprint
+from headwater.registry.calibration import Calibration, load_calibration
+from headwater.registry.compiled import CheckResult, CompiledView
+from headwater.registry.cost import SECONDS_PER_DAY, estimate_view, format_bytes, view_shape
+from headwater.registry.tiers import TIERS
+
+NOT_REPORTED = "no tier reports CPU per view yet: the calibration run's figure for this view alone"
+
+
+def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> dict[str, Any] | None:
+    """Return the calibration run's CPU of ``view`` alone, in CPU-h/day at ``rate_per_s`` (None: not run)."""
+    got = cal.measured.get(view.name)
+    if not got:
+        return None
+    if "us_per_record" in got:
+        hours = got["us_per_record"] * rate_per_s * SECONDS_PER_DAY / 1e6 / 3600
+        hours += cal.scalar("fixed_cores") * 24
+        basis = f"{got['us_per_record']:g} us/record measured, x {rate_per_s:g} events/s + fixed cores"
+    elif got.get("cores") and got.get("rates"):
+        rates, cores = got["rates"], got["cores"]
+        if len(rates) >= 2 and rates[1] != rates[0]:
+            slope = (cores[1] - cores[0]) / (rates[1] - rates[0])
+            at_rate = max(0.0, cores[0] + slope * (rate_per_s - rates[0]))
+        else:
+            at_rate = cores[0]
+        hours = at_rate * 24
+        basis = f"job cores {cores} measured at {rates} events/s, at {rate_per_s:g} events/s: {at_rate:.3f}"
+    else:
+        return None
+    return {
+        "cpu_hours_per_day": round(hours, 4),
+        "basis": basis,
+        "how": NOT_REPORTED,
+        "measured_at": cal.measured_at,
+        "state_bytes": got.get("state_bytes"),
+        "online_bytes": got.get("online_bytes"),
+    }
+
+
+def cost_report(view: CompiledView, result: CheckResult) -> dict[str, Any]:
+    """Everything about the cost of one checked view (JSON-ready)."""
+    source = result.sources[view.source]
+    rate = source.spec.expected_rate_per_s
+    tier = TIERS[view.tier]
+    cal = load_calibration(view.tier)
+    entities = result.budget.entities.get(view.entity) if result.budget else None
+    rekeyed = view.join_key != source.spec.key
+    est = estimate_view(view.features, rate, tier, rekeyed, entities)
+    fp = view_footprint(view, result)
+    return {
+        "declared_cpu_hours_per_day": view.compute_cost,
+        "estimate": est.as_dict(),
+        "basis": {
+            "rate_per_s": rate,
+            "entities": entities,
+            "shape": view_shape(view.features, rekeyed).as_dict(),
+            "constants": cal.source_text(),
+            "constants_file": str(cal.path) if cal.path else None,
+            "measured_on": cal.machine,
+            "command": cal.command,
+        },
+        "footprint": fp.as_dict() if fp else None,
+        "measured": measured_cost(view, rate, cal),
+    }
+
+
+def describe_lines(view: CompiledView, result: CheckResult) -> list[str]:
+    """Return the cost lines of ``features describe``."""
+    rep = cost_report(view, result)
+    est, basis, fp, meas = rep["estimate"], rep["basis"], rep["footprint"], rep["measured"]
+    lines = [
+        f"  cost: declared {view.compute_cost:g}, estimated {est['cpu_hours_per_day']:.2f} CPU-h/day "
+        f"({basis['rate_per_s']:g} events/s x {est['us_per_event']:.2f} us/event"
+        + (f" + {est['fixed_cores']:g} cores fixed" if est["fixed_cores"] else "")
+        + ")",
+        f"        constants: {basis['constants']}",
+    ]
+    if basis["command"]:
+        lines.append(f"        measured by: {basis['command']}")
+    if meas:
+        lines.append(
+            f"        measured {meas['cpu_hours_per_day']:.2f} CPU-h/day ({meas['basis']}; {meas['how']})"
+        )
+    else:
+        lines.append(
+            "        measured: none (no tier reports CPU per view, and no calibration run of this view)"
+        )
+    if fp:
+        lines.append(f"  state {format_bytes(fp['state_bytes'])}: {_basis(view, result, 'state')}")
+        lines.append(f"  online memory {format_bytes(fp['online_bytes'])}: {_basis(view, result, 'online')}")
+    return lines
+
+
+def _basis(view: CompiledView, result: CheckResult, which: str) -> str:
+    fp = view_footprint(view, result)
+    if fp is None:
+        return ""
+    text = fp.state_basis if which == "state" else fp.online_basis
+    return text + ("" if fp.entities_declared else " (entities not declared in budget.yaml: an upper bound)")
+
+
+@click.command()
+@click.argument("repo", type=click.Path(path_type=Path), default=None, required=False)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def costs(repo: Path | None, fmt: str) -> None:
+    """Per view: declared vs estimated vs measured CPU-h/day, state and online memory estimates."""
+    from headwater.registry.config import features_dir
+    from headwater.registry.validate import check_repo
+
+    result = check_repo(features_dir(repo))
+    if not result.views:
+        click.echo("no view checked (run `headwater check` for the errors)", err=True)
+        sys.exit(1)
+    reports = {v.name: cost_report(v, result) for v in sorted(result.views, key=lambda v: (v.tier, v.name))}
+    if fmt == "json":
+        click.echo(json.dumps({"views": reports}, indent=2))
+        return
+    rows = [("view", "tier", "declared", "estimated", "measured", "state", "online", "constants")]
+    for name, rep in reports.items():
+        meas = rep["measured"]
+        fp = rep["footprint"] or {}
+        rows.append(
+            (
+                name,
+                next(v.tier for v in result.views if v.name == name),
+                f"{rep['declared_cpu_hours_per_day']:.2f}",
+                f"{rep['estimate']['cpu_hours_per_day']:.2f}",
+                f"{meas['cpu_hours_per_day']:.2f}" if meas else "-",
+                format_bytes(fp.get("state_bytes", 0)),
+                format_bytes(fp.get("online_bytes", 0)),
+                _short(rep["basis"]["constants"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    click.echo(
+        "CPU in CPU-h/day at each source's declared rate; measured: the calibration run of the view alone "
+        "(no tier reports CPU per view yet); state and online memory are estimates (budget.yaml entities)."
+    )
+
+
+def _short(text: str) -> str:
+    return text.split(" on ")[0] if " measured " in text else text.split(" (")[0]
