@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from headwater.registry.compiled import CheckResult, CompiledView
 from headwater.registry.cost import (
+    DEDUP_BUCKET_S,
     OVER_DECLARED_FACTOR,
     UNDER_DECLARED_FACTOR,
     CostEstimate,
@@ -24,6 +25,7 @@ from headwater.registry.cost import (
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.load import Located
 from headwater.registry.models import BudgetFile, ViewDefinition
+from headwater.registry.sources import resolve_timing
 
 TOP_CONSUMERS = 5
 
@@ -197,7 +199,11 @@ def view_footprint(view: CompiledView, result: CheckResult) -> Footprint | None:
     key_field = source.schema.fields.get(view.join_key)
     key_bytes = 8 if key_field is not None and key_field.kind in ("int", "long") else 12
     rate = source.spec.expected_rate_per_s
-    return estimate_footprint(view.features, rate, TIERS[view.tier], entities, key_bytes)
+    dedup_s = 0.0
+    if view.tier == "nearline" and source.spec.event_id:
+        timing = resolve_timing(source.spec)
+        dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
+    return estimate_footprint(view.features, rate, TIERS[view.tier], entities, key_bytes, None, dedup_s)
 
 
 def check_footprints(result: CheckResult, budget: Located[BudgetFile], diags: Diagnostics) -> None:

@@ -17,6 +17,8 @@ State (streaming tiers: RocksDB / Flink keyed state, one record per entity and s
       live entities = min(entities, rate x longest window)
       live slices   = min(longest window / shortest slide + 1, rate x longest window / live entities)
 
+      + event ids kept for de-duplication (nearline): rate x dedup window x state_dedup_id_bytes
+
 State (offline): the feature table, rows = entities x days kept (the longest window), each
 ``state_pane_bytes + slots x table_row_bytes``. Online memory (every tier, one Redis key per entity,
 layout :mod:`headwater.pipelines.store.codec`)::
@@ -47,6 +49,7 @@ OVER_DECLARED_FACTOR = 10.0
 HEADER_BYTES = 72  # pipelines/store/codec.py HEADER_BYTES: the packed value's fixed header
 REDIS_KEY_OVERHEAD = 64  # dictEntry + two SDS/robj headers + allocator rounding, per key (MEMORY USAGE)
 KEY_PREFIX_BYTES = 40  # "<namespace>:<view>:" before the entity id
+DEDUP_BUCKET_S = 60  # pipelines/nearline/state.py DEDUP_BUCKET_MS: ids expire a bucket at a time
 
 
 @dataclass(frozen=True)
@@ -236,8 +239,13 @@ def estimate_footprint(
     entities: float | None = None,
     key_bytes: int = 12,
     calibration: Calibration | None = None,
+    dedup_window_s: float = 0.0,
 ) -> Footprint:
-    """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown)."""
+    """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown).
+
+    ``dedup_window_s``: how long the tier keeps each event id for de-duplication (nearline: the
+    source's out-of-orderness + allowed lateness + one bucket); those ids are part of its state.
+    """
     cal = calibration or load_calibration(tier.name)
     shape = view_shape(features)
     live = live_entities(shape, rate_per_s, entities)
@@ -251,8 +259,11 @@ def estimate_footprint(
         pane = cal.scalar("state_pane_bytes") + sum(
             cal.per_agg("state_slot_bytes", k) for k, _, _ in shape.aggs
         )
-        state = live * slices * pane
+        ids = rate_per_s * dedup_window_s
+        state = live * slices * pane + ids * cal.scalar("state_dedup_id_bytes")
         state_basis = f"{live:,.0f} entities x {slices:,.1f} live slices x {pane:.0f} bytes/slice"
+        if ids and cal.scalar("state_dedup_id_bytes"):
+            state_basis += f" + {ids:,.0f} event ids x {cal.scalar('state_dedup_id_bytes'):.0f} bytes"
     per_key = HEADER_BYTES + 4 * shape.slots + KEY_PREFIX_BYTES + key_bytes + REDIS_KEY_OVERHEAD
     online = live * per_key
     online_basis = (

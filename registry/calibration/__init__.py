@@ -18,6 +18,7 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     fixed_cores       CPU cores the tier's job for the view burns whatever the rate (JVMs, polling)
     state_pane_bytes  state bytes of one (entity, slice) record besides its aggregations (key, header)
     state_slot_bytes  state bytes of one aggregation in one (entity, slice) record, by kind
+    state_dedup_id_bytes state bytes per event id kept for de-duplication (nearline)
     table_row_bytes   offline only: bytes of one row (entity, day) of a feature table per slot
 """
 
@@ -40,6 +41,7 @@ SCALARS = (
     "publish_us",
     "fixed_cores",
     "state_pane_bytes",
+    "state_dedup_id_bytes",
     "table_row_bytes",
 )
 
@@ -64,6 +66,7 @@ DEFAULTS: dict[str, Any] = {
         "top_k": 64.0,
     },
     "state_pane_bytes": 64.0,
+    "state_dedup_id_bytes": 0.0,
     "table_row_bytes": 8.0,
 }
 
