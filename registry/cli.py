@@ -24,7 +24,7 @@ from headwater.pipelines.store.cli import online
 from headwater.pipelines.topics import topics
 from headwater.registry.commands import apply, check, config, features, plan
 from headwater.registry.config import REPO_ENV, ConfigError, resolve, use_repo
-from headwater.registry.costs_cli import costs
+from headwater.registry.costs_cli import calibrate, costs
 from headwater.registry.init import init
 from headwater.registry.jars import setup
 from headwater.serving.cli import model, serve
@@ -92,3 +92,4 @@ main.add_command(freshness)
 main.add_command(rank)
 main.add_command(feedback)
 main.add_command(costs)  # declared vs estimated vs measured cost per view
+main.add_command(calibrate)  # bench/bench_calibrate.py: the cost model's constants

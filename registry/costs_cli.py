@@ -164,3 +164,22 @@ def costs(repo: Path | None, fmt: str) -> None:
 
 def _short(text: str) -> str:
     return text.split(" on ")[0] if " measured " in text else text.split(" (")[0]
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("bench_args", nargs=-1, type=click.UNPROCESSED)
+def calibrate(bench_args: tuple[str, ...]) -> None:
+    """Measure the cost model's constants: run bench/bench_calibrate.py (BENCH_ARGS passed on).
+
+    It runs each tier on a fixed generated stream for a set of view shapes (Kafka and Redis must be
+    up), fits registry/calibration/<tier>.json and checks every example view's estimate against a run
+    of it alone. Needs a source checkout (the benchmark is not shipped in the wheel).
+    """
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "bench_calibrate.py"
+    if not script.is_file():
+        raise click.ClickException(
+            f"no {script}: calibration runs from a headwater source checkout (bench/ is not in the wheel)"
+        )
+    sys.exit(subprocess.call([sys.executable, str(script), *bench_args], cwd=script.parents[1]))
