@@ -88,10 +88,9 @@ def freshness(
     that the online store's write script keeps per view. Exit status: 0 all views with data meet
     their SLA, 1 at least one breaches it, 2 the report could not be made.
     """
-    import redis
-
     from headwater.pipelines.freshness.report import NoPlansError, build_report, plan_views
     from headwater.pipelines.settings import Settings
+    from headwater.pipelines.store.connect import redis_client
     from headwater.pipelines.store.transport import StoreError
 
     window_s = _window_s(window)
@@ -101,7 +100,7 @@ def freshness(
     except (NoPlansError, ValueError) as exc:
         raise FreshnessCommandError(str(exc)) from exc
     url = redis_url or Settings.from_env().redis_url
-    client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=2.0)
+    client = redis_client(url, socket_timeout=5.0, socket_connect_timeout=2.0)
     if serve_metrics is not None:
         _serve(client, specs, window_s, namespace, serve_metrics)
         return

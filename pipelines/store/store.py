@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import redis
 from redis.exceptions import NoScriptError
 
 from headwater.pipelines.store import codec
+from headwater.pipelines.store.connect import redis_client
 from headwater.pipelines.store.layout import (
     DEFAULT_NAMESPACE,
     FRESHNESS_MAXLEN,
@@ -136,10 +136,13 @@ class OnlineStore:
 
     @classmethod
     def from_url(cls, url: str, namespace: str = DEFAULT_NAMESPACE, **client_kwargs: Any) -> OnlineStore:
-        """Connect to ``url`` (``redis://host:port/db``); ``client_kwargs`` go to ``redis.Redis.from_url``."""
+        """Connect to ``url``: ``redis://host:port/db`` or ``redis-cluster://host:port`` (any node).
+
+        ``client_kwargs`` go to the redis-py client (:func:`.connect.redis_client`).
+        """
         client_kwargs.setdefault("socket_timeout", 5.0)
         client_kwargs.setdefault("socket_connect_timeout", 2.0)
-        return cls(redis.Redis.from_url(url, **client_kwargs), namespace=namespace)
+        return cls(redis_client(url, **client_kwargs), namespace=namespace)
 
     def close(self) -> None:
         """Close the client's connections."""
