@@ -185,3 +185,25 @@ def test_incremental_refresh_upserts_changed_and_removes_deleted(trained: tuple[
     query = model.embed_users(user[None])[0]
     assert exact.search(query, 1)[0] == [loser]
     assert sorted(retriever.retrieve(user, 500)[0]) == ids
+
+
+def test_cli_trains_saves_and_keeps_the_rankers_latest_entries(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from headwater.serving.retrieval.cli import retrieval
+    from headwater.serving.trainset import write_parquet
+
+    world = make_world(REGISTRY, users=100, items=200, seed=3)
+    write_parquet(training_set(REGISTRY, world, slates=600, seed=3), tmp_path / "ts.parquet")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "latest.json").write_text('{"dcn": "dcn-x.pt", "linear": "linear-y.pt"}')
+    args = ["train", "--training-set", str(tmp_path / "ts.parquet"), "--out", str(tmp_path / "models")]
+    result = CliRunner().invoke(retrieval, [*args, "--epochs", "2", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "recall@100: two-tower" in result.output
+    latest = json.loads((tmp_path / "models" / "latest.json").read_text())
+    assert latest["dcn"] == "dcn-x.pt"
+    assert latest["linear"] == "linear-y.pt"
+    assert load_towers(tmp_path / "models").path.name == latest["two_tower"]
