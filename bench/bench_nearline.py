@@ -204,7 +204,6 @@ def cpu_breakdown(env: h.Env, records: int, batch: int = 20_000) -> dict[str, An
             PartitionStore(env.tmp / "cpu", tp.partition),
             source.views,
             source.timing,
-            "",
             codec,
         )
         for tp in tps
@@ -376,15 +375,13 @@ def restore(settings: Settings, keys: int) -> dict[str, Any]:
             rec = dumps([i + 1, 3, 1500.0, [42.5, 2], None, None, [1, 4]])
             key = pane_key(view.name, f"u{i // 10:07d}", base + (i % 10) * 60_000)
             producer.send(topic, key=key, value=rec)
-        meta = {"offset": keys, "max_t": base + 600_000, "registry": plan.registry_hash, "t_pub": {}}
+        meta = {"offset": keys, "max_t": base + 600_000, "versions": {view.name: view.version}, "t_pub": {}}
         producer.send(topic, key=META_KEY, value=dumps(meta))
         producer.flush()
         producer.close()
         produce_s = time.monotonic() - t0
         store = PartitionStore(tmp / "stores", 0)
-        task = PartitionTask(
-            0, store, source.views, source.timing, plan.registry_hash, EventCodec(source.source)
-        )
+        task = PartitionTask(0, store, source.views, source.timing, EventCodec(source.source))
         t1 = time.monotonic()
         replayed = restore_partition(settings, topic, 0, store, task)
         took = time.monotonic() - t1

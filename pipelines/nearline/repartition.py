@@ -120,7 +120,6 @@ class RepartitionedTask(PartitionTask):
         store: PartitionStore,
         views: Sequence[ViewSpec],
         timing: SourceTiming,
-        registry_hash: str,
         codec: EventCodec,
         upstream_partitions: int,
         refresh_all: bool = True,
@@ -130,7 +129,7 @@ class RepartitionedTask(PartitionTask):
         They set how long event ids are kept and whether there are any; ``upstream_partitions`` is
         the source topic's partition count (the watermark waits for a marker from each).
         """
-        super().__init__(partition, store, views, timing, registry_hash, codec, refresh_all)
+        super().__init__(partition, store, views, timing, codec, refresh_all)
         self.upstream_partitions = upstream_partitions
         self.wm_src: dict[int, int] = {}
         self.src_hw: dict[int, int] = {}
@@ -143,6 +142,25 @@ class RepartitionedTask(PartitionTask):
         self.wm_src = {int(p): int(w) for p, w in loaded.meta.get("wm_src", {}).items()}
         self.src_hw = {int(p): int(o) for p, o in loaded.meta.get("src_hw", {}).items()}
         self.idle = {int(p) for p in loaded.meta.get("idle", [])}
+
+    def helper(self, views: Sequence[str], forward_keys: Sequence[str] = ()) -> RepartitionedTask:
+        """Return an empty stage-B task of this partition for ``views`` only (see the base class)."""
+        return RepartitionedTask(
+            self.partition,
+            self.store,
+            [self.views[v].spec for v in views],
+            self.timing,
+            self.codec,
+            self.upstream_partitions,
+            self.refresh_all,
+        )
+
+    def finish_helper(self, helper: PartitionTask, now_ms: int) -> None:
+        """Give ``helper`` this task's per-source watermarks, then its boundaries (see the base class)."""
+        if isinstance(helper, RepartitionedTask):
+            helper.wm_src = dict(self.wm_src)
+            helper.idle = set(self.idle)
+        super().finish_helper(helper, now_ms)
 
     def _pre(self, records: Sequence[Any]) -> Sequence[Any]:
         kept = []

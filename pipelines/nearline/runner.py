@@ -54,6 +54,7 @@ from typing import Any
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 
 from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.nearline.backfill import backfill
 from headwater.pipelines.nearline.plan import NearlinePlan, SourcePlan, changelog_topic
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
@@ -218,7 +219,6 @@ class NearlineWorker:
                 store,
                 sp.views,
                 sp.timing,
-                self.plan.registry_hash,
                 self.codecs[sp.topic],
                 refresh_all=c.refresh_unchanged,
                 forward_keys=tuple(sp.repartitioned),
@@ -231,7 +231,6 @@ class NearlineWorker:
             store,
             sp.repartitioned[key],
             sp.timing,
-            self.plan.registry_hash,
             self.codecs[sp.topic],
             self._upstream(sp),
             refresh_all=c.refresh_unchanged,
@@ -252,6 +251,8 @@ class NearlineWorker:
             task, changelog = self._new_task(tp)
             self.tasks[tp] = task  # from now on closed by close_tasks, even if the restore fails
             replayed = restore_partition(self.config.settings, changelog, tp.partition, task.store, task)
+            self.changelogs[tp] = changelog
+            backfill(self, tp, task)  # drops stale view versions, backfills new ones (backfill.py)
             if task.next_offset is not None:
                 self.consumer.seek(tp, task.next_offset)
             else:

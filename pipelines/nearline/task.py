@@ -36,6 +36,7 @@ from headwater.pipelines.nearline.state import (
     dumps,
     pane_key,
 )
+from headwater.pipelines.nearline.versions import Restored, sort_state
 from headwater.pipelines.windows import PaneAggregator, Panes, ViewSpec
 from headwater.registry.plans import PlanSource
 
@@ -103,7 +104,6 @@ class PartitionTask:
         store: PartitionStore,
         views: Sequence[ViewSpec],
         timing: SourceTiming,
-        registry_hash: str,
         codec: EventCodec,
         refresh_all: bool = True,
         forward_keys: Sequence[str] = (),
@@ -121,7 +121,6 @@ class PartitionTask:
         self.store = store
         self.timing = timing
         self.codec = codec
-        self.registry_hash = registry_hash
         self.views = {v.name: ViewState(v) for v in views}
         self.filters: dict[str, Any] = {}
         """Every distinct filter of every view (key -> predicate), evaluated once per event."""
@@ -132,6 +131,12 @@ class PartitionTask:
         self.max_t: int | None = None
         self.next_offset: int | None = None
         self.pending_outbox: dict[str, Any] = {}
+        self.restored = Restored()
+        """What :meth:`load` kept, dropped and left to backfill (see :mod:`.versions`)."""
+        self.short: dict[str, int] = {}
+        """View -> the boundary from which its windows are full (its backfill found less history)."""
+        self.backfill_report: dict[str, Any] | None = None
+        """What the last backfill of this partition replayed (``backfill.py``), for the stats."""
         src = codec.source
         self.dedup = src.event_id is not None
         """Whether events are de-duplicated by the source's event-id field."""
@@ -146,27 +151,76 @@ class PartitionTask:
 
     # -- restore -------------------------------------------------------------------------------
     def load(self, loaded: Loaded) -> None:
-        """Rebuild the in-memory state from a store scan; the outbox becomes pending publishes."""
+        """Rebuild the in-memory state from a store scan; the outbox becomes pending publishes.
+
+        Only the state of a view whose stored version is the plan's is loaded; the state of a view
+        of another version (or written before versions, or removed from the plan) is dropped:
+        :attr:`restored` lists it with the store changes that delete it, and the views of the plan
+        left without state while the partition has a committed offset (to backfill).
+        """
         meta = loaded.meta
-        if meta and meta.get("registry") != self.registry_hash:
-            msg = (
-                f"nearline state of partition {self.partition} at {self.store.dir} was built from registry "
-                f"{meta.get('registry')}, the applied plan is {self.registry_hash}; delete that folder and "
-                "the changelog topic (or run with a new --group) to rebuild the state from the events"
-            )
-            raise RuntimeError(msg)
         self.next_offset = meta.get("offset")
         self.max_t = meta.get("max_t")
-        for name, vs in self.views.items():
+        plan = {name: vs.spec.version for name, vs in self.views.items()}
+        self.restored = sort_state(meta, loaded, plan, set(self.forward_keys))
+        kept = set(self.restored.kept)
+        for name in self.restored.kept:
+            vs = self.views[name]
             vs.t_pub = int(meta.get("t_pub", {}).get(name, 0))
             for entity, pane, rec in loaded.panes.get(name, []):
                 vs.entities.setdefault(entity, {})[pane] = vs.agg.load(rec)
                 vs.index.setdefault(pane, set()).add(entity)
+        self.short = {v: int(b) for v, b in meta.get("short", {}).items() if v in kept}
         for bucket, keys in loaded.dedup.items():
             for key, ids in keys.items():
                 self.seen.update(ids)
                 self.buckets.setdefault(bucket, {})[key] = list(ids)
-        self.pending_outbox = {v: o for v, o in loaded.outbox.items() if v in self.views}
+        self.pending_outbox = {v: o for v, o in loaded.outbox.items() if v in kept}
+
+    # -- backfill (see versions.py) ------------------------------------------------------------
+    def helper(self, views: Sequence[str], forward_keys: Sequence[str] = ()) -> PartitionTask:
+        """Return an empty task of this partition for ``views`` only, to fold a replay into.
+
+        It has its own de-duplication set and watermark (this task's have already seen the
+        replayed events); ``forward_keys``: join keys whose events it returns to forward.
+        """
+        return PartitionTask(
+            self.partition,
+            self.store,
+            [self.views[v].spec for v in views],
+            self.timing,
+            self.codec,
+            self.refresh_all,
+            forward_keys,
+        )
+
+    def finish_helper(self, helper: PartitionTask, now_ms: int) -> None:
+        """Bring ``helper`` (replayed up to this task's offset) to this task's watermark and boundaries."""
+        if self.max_t is not None and (helper.max_t is None or helper.max_t < self.max_t):
+            helper.max_t = self.max_t
+        helper.process([], now_ms)  # moves each view's boundary to the watermark and expires
+
+    def adopt(self, helper: PartitionTask, short: dict[str, int]) -> dict[bytes, bytes | None]:
+        """Take ``helper``'s views (backfilled up to this task's offset); return their store changes.
+
+        Every pane of the adopted views is written, and each is in the outbox as live (its values
+        are published at its boundary before the task reads on). ``short``: view -> the boundary
+        from which its windows are full, for views whose backfill found less history than that.
+        """
+        changes: dict[bytes, bytes | None] = {}
+        for name, vs in helper.views.items():
+            self.views[name] = vs
+            for entity, panes in vs.entities.items():
+                for start, rec in panes.items():
+                    changes[pane_key(name, entity, start)] = dumps(vs.agg.dump(rec))
+            self.pending_outbox[name] = {"live": True, "entities": []}
+        self.short.update(short)
+        changes[OUTBOX_KEY] = dumps(self.pending_outbox)
+        return changes
+
+    def meta_change(self) -> dict[bytes, bytes | None]:
+        """Return the meta record as a store change (committed after a restore that changed state)."""
+        return {META_KEY: dumps(self._meta())}
 
     def restored_publish(self) -> dict[str, tuple[int, list[str]]]:
         """Return what the outbox of the last committed batch said to publish (re-run after a crash).
@@ -264,11 +318,14 @@ class PartitionTask:
 
     def _meta(self) -> dict[str, Any]:
         """Return the meta record committed with every batch (``load`` reads it back)."""
+        self.short = {v: b for v, b in self.short.items() if v in self.views and self.views[v].t_pub < b}
         return {
             "offset": self.next_offset,
             "max_t": self.max_t,
-            "registry": self.registry_hash,
             "t_pub": {n: vs.t_pub for n, vs in self.views.items()},
+            "versions": {n: vs.spec.version for n, vs in self.views.items()},
+            "forward": sorted(self.forward_keys),
+            **({"short": dict(self.short)} if self.short else {}),
         }
 
     def watermark(self) -> int | None:
@@ -393,6 +450,13 @@ class PartitionTask:
             "offset": self.next_offset,
             "max_t": self.max_t,
             "t_pub": {n: vs.t_pub for n, vs in self.views.items()},
+            "versions": {n: vs.spec.version for n, vs in self.views.items()},
+            "short_history": dict(self.short),
+            "restored": {
+                "kept": self.restored.kept,
+                "dropped": self.restored.dropped,
+                "backfill": self.backfill_report,
+            },
         }
 
 

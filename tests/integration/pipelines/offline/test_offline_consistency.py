@@ -80,7 +80,7 @@ def publish_nearline(store: OnlineStore, events: list[dict[str, Any]], tmp: Path
     recs = [Rec(i, codec.encode(e), codec.headers()) for i, e in enumerate(events)]  # type: ignore[arg-type]
     spec = compile_view(NEARLINE)
     timing = SourceTiming(0, 24 * HOUR_MS, 5 * 60_000)  # in order, none late: the reference takes every event
-    task = PartitionTask(0, PartitionStore(tmp, 0), [spec], timing, REGISTRY, codec)
+    task = PartitionTask(0, PartitionStore(tmp, 0), [spec], timing, codec)
     dictionary = RedisDictionary(store.client, store.namespace)
     published: dict[str, int] = {}
     try:

@@ -52,7 +52,7 @@ def _spec() -> ViewSpec:
 
 
 def _task(tmp: Path, upstream: int = 3) -> RepartitionedTask:
-    return RepartitionedTask(0, PartitionStore(tmp, 0), [_spec()], TIMING, "x", EventCodec(), upstream)
+    return RepartitionedTask(0, PartitionStore(tmp, 0), [_spec()], TIMING, EventCodec(), upstream)
 
 
 def test_idle_source_leaves_the_minimum_until_its_next_marker(tmp_path: Path) -> None:

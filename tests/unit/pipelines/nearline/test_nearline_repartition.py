@@ -77,7 +77,7 @@ def test_item_view_behind_a_repartition_equals_reference_with_re_forwards(tmp_pa
     item_spec = compile_view(h.item_views()[0])
     stage_a = [
         PartitionTask(
-            p, PartitionStore(tmp_path / "a", p), user_specs, TIMING, "x", codec, forward_keys=["item_id"]
+            p, PartitionStore(tmp_path / "a", p), user_specs, TIMING, codec, forward_keys=["item_id"]
         )
         for p in (0, 1)
     ]
@@ -90,8 +90,7 @@ def test_item_view_behind_a_repartition_equals_reference_with_re_forwards(tmp_pa
             if s == 800:  # stage A crashed after step 1: the batch is forwarded a second time
                 _forward(out, p, topic)
     stage_b = [
-        RepartitionedTask(q, PartitionStore(tmp_path / "b", q), [item_spec], TIMING, "x", codec, 2)
-        for q in (0, 1)
+        RepartitionedTask(q, PartitionStore(tmp_path / "b", q), [item_spec], TIMING, codec, 2) for q in (0, 1)
     ]
     duplicates = 0
     for q, task in enumerate(stage_b):
@@ -107,7 +106,7 @@ def test_item_view_behind_a_repartition_equals_reference_with_re_forwards(tmp_pa
     assert len(ref) > 20
     empty = list(empty_values(item_spec).values())
     for q, task in enumerate(stage_b):
-        restored = RepartitionedTask(q, task.store, [item_spec], TIMING, "x", codec, 2)
+        restored = RepartitionedTask(q, task.store, [item_spec], TIMING, codec, 2)
         restored.load(task.store.load())
         for t in (task, restored):
             vs = t.views[item_spec.name]

@@ -125,7 +125,6 @@ def test_payments_event_time_in_micros_and_dedup_by_payment_id(tmp_path: Path) -
         PartitionStore(tmp_path, 0),
         [spec],
         SourceTiming.of(source),
-        "x",
         codec,
         forward_keys=["merchant_id"],
     )
@@ -157,7 +156,7 @@ def test_a_source_without_event_id_counts_every_delivery(tmp_path: Path) -> None
     source = h.PAYMENTS.model_copy(update={"event_id": None})
     codec = EventCodec(source)
     spec = compile_view(_account_view())
-    task = PartitionTask(0, PartitionStore(tmp_path, 0), [spec], SourceTiming.of(source), "x", codec)
+    task = PartitionTask(0, PartitionStore(tmp_path, 0), [spec], SourceTiming.of(source), codec)
     events = [_payment(i, "a0", (T0 + i * 1_000) * 1000) for i in range(10)]
     events.append(dict(events[5]))
     recs = [Rec(i, codec.encode(e), codec.headers(), partition=2) for i, e in enumerate(events)]
@@ -179,7 +178,7 @@ def _behaviour_events(n: int) -> list[dict[str, Any]]:
 def _count_task(tmp: Path) -> tuple[PartitionTask, EventCodec, Any]:
     codec = EventCodec(h.BEHAVIOUR)
     spec = compile_view(plan_view("counts", [plan_feature("events_10m", "count", 10, 1)]))
-    task = PartitionTask(0, PartitionStore(tmp, 0), [spec], SourceTiming.of(h.BEHAVIOUR), "x", codec)
+    task = PartitionTask(0, PartitionStore(tmp, 0), [spec], SourceTiming.of(h.BEHAVIOUR), codec)
     return task, codec, spec
 
 

@@ -40,7 +40,7 @@ def test_task_matches_reference_and_restores_from_its_store(tmp_path: Path) -> N
     timing = SourceTiming.of(h.BEHAVIOUR)
     assert (timing.max_out_of_orderness_ms, timing.allowed_lateness_ms) == (5_000, 60_000)
     now = max(e["event_time"] for e in events)  # the clock: no event is ahead of it
-    task = PartitionTask(0, PartitionStore(tmp_path, 0), specs, timing, "sha256:x", codec)
+    task = PartitionTask(0, PartitionStore(tmp_path, 0), specs, timing, codec)
     dead: list[Any] = []
     for s in range(0, len(recs), 700):
         out = task.process(recs[s : s + 700], now_ms=now)
@@ -49,7 +49,7 @@ def test_task_matches_reference_and_restores_from_its_store(tmp_path: Path) -> N
     accepted, late = split_late(events, 5_000, 60_000)
     assert sum(d.reason == "late" for d in dead) == len(late) > 0
     assert sum(d.reason != "late" for d in dead) == len(recs) - len(events) > 0
-    restored = PartitionTask(0, task.store, specs, timing, "sha256:x", codec)
+    restored = PartitionTask(0, task.store, specs, timing, codec)
     restored.load(task.store.load())
     for spec in specs:
         t_pub = task.views[spec.name].t_pub
