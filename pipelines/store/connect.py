@@ -26,7 +26,7 @@ def is_cluster_url(url: str) -> bool:
     return url.startswith(CLUSTER_SCHEME + "://")
 
 
-def redis_client(url: str, **client_kwargs: Any) -> redis.Redis | redis.RedisCluster:
+def redis_client(url: str, **client_kwargs: Any) -> redis.Redis[bytes] | redis.RedisCluster[bytes]:
     """Open a client for ``url``; ``client_kwargs`` (timeouts...) go to the redis-py constructor.
 
     Raises:

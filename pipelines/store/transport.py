@@ -2,9 +2,14 @@
 
 For a plain ``redis.Redis`` client the commands are packed by hiredis and written straight to
 one pooled connection: each chunk of a write is on the wire while the next is being packed, and
-the replies are read afterwards (a pipeline without buffering every command first). Any other
-client (``redis.RedisCluster``) goes through its own command routing, which keeps the same
-semantics because all keys of one command share a hash slot.
+the replies are read afterwards (a pipeline without buffering every command first).
+
+A ``redis.RedisCluster`` client gets the same fast path per node: all keys of one command share
+a hash slot (one view, one dictionary), so each command goes to the primary of its first key's
+slot, every node's commands are sent before any reply is read (the nodes work at once), and a
+reply that says the slot moved (``MOVED``/``ASK``: a failover or a resharding) refreshes the
+slot map and re-runs that command through redis-py's own routing. redis-py's cluster pipeline
+would hash every key of a 500-key ``MGET`` in Python to check what the hash tag already says.
 
 Errors are translated here: a connection or timeout error becomes :class:`StoreUnavailableError`
 (after one retry on a fresh connection), a server error reply becomes :class:`StoreError`, and so
@@ -31,6 +36,9 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, kept optional
 T = TypeVar("T")
 Command = tuple[str | bytes | int, ...]
 _MAX_IN_FLIGHT = 64
+_KEYED = frozenset({"MGET", "GET", "SET", "DEL", "UNLINK", "XADD", "XRANGE", "XREVRANGE", "HGET", "HMGET",
+                    "HSET", "PEXPIREAT", "PTTL", "EXISTS", "TYPE", "XLEN"})  # fmt: skip
+"""Commands whose first argument is their key (the store's own commands; others go through redis-py)."""
 
 
 class StoreError(RuntimeError):
@@ -55,11 +63,16 @@ class Transport:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.fast = type(client) is redis.Redis and _hiredis_pack is not None
+        self.cluster = isinstance(client, redis.RedisCluster) and _hiredis_pack is not None
         self.address = describe(client)
 
     def execute(self, commands: Sequence[Command], what: str) -> list[Any]:
         """Run ``commands`` in order in one round trip; replies in order, error replies as exceptions."""
-        run: Callable[[Sequence[Command]], list[Any]] = self._fast if self.fast else self._generic
+        run: Callable[[Sequence[Command]], list[Any]] = self._generic
+        if self.fast:
+            run = self._fast
+        elif self.cluster:
+            run = self._cluster
         return self._with_retry(lambda: run(commands), what)
 
     def _with_retry(self, call: Callable[[], T], what: str) -> T:
@@ -85,27 +98,50 @@ class Transport:
         raise AssertionError(msg)  # pragma: no cover
 
     def _fast(self, commands: Sequence[Command]) -> list[Any]:
-        pack = _hiredis_pack
-        if pack is None:  # pragma: no cover - self.fast is False without hiredis
-            return self._generic(commands)
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        replies: list[Any] = []
+        return _pipelined(self.client.connection_pool, commands)
+
+    def _cluster(self, commands: Sequence[Command]) -> list[Any]:
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i, cmd in enumerate(commands):
+            key = _first_key(cmd)
+            if key is None:  # a command without a key (SCRIPT LOAD...): redis-py routes it
+                return self._generic(commands)
+            node = self.client.get_node_from_key(key)
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(commands)
+        sent: list[tuple[Any, Any, list[int]]] = []
         try:
-            pending = 0
-            for cmd in commands:
-                conn.send_packed_command([pack(cmd)], check_health=False)
-                pending += 1
-                if pending >= _MAX_IN_FLIGHT:
-                    replies.extend(_read(conn, pending))
-                    pending = 0
-            replies.extend(_read(conn, pending))
-        except BaseException:
-            conn.disconnect()
+            for node, indexes in by_node.values():
+                pool = node.redis_connection.connection_pool
+                conn = pool.get_connection()
+                sent.append((pool, conn, indexes))
+                _send(conn, [commands[i] for i in indexes])
+            for _pool, conn, indexes in sent:
+                for i, reply in zip(indexes, _read(conn, len(indexes)), strict=True):
+                    replies[i] = reply
+        except BaseException as exc:
+            for _pool, conn, _ in sent:
+                conn.disconnect()
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+                # a node is gone (killed, failing over): ask the others for the slot map, so the
+                # next attempt goes to the replica that takes over
+                self._refresh_slots()
             raise
         finally:
-            pool.release(conn)
+            for pool, conn, _ in sent:
+                pool.release(conn)
+        moved = [i for i, r in enumerate(replies) if _redirected(r)]
+        if moved:  # a failover or a resharding: learn the new slot map, let redis-py route these
+            self._refresh_slots()
+            for i, reply in zip(moved, self._generic([commands[i] for i in moved]), strict=True):
+                replies[i] = reply
         return replies
+
+    def _refresh_slots(self) -> None:
+        try:
+            self.client.nodes_manager.initialize()
+        except RedisError:  # no node answers yet: the next attempt says unavailable
+            return
 
     def _generic(self, commands: Sequence[Command]) -> list[Any]:
         if len(commands) == 1:
@@ -117,6 +153,50 @@ class Transport:
         for cmd in commands:
             pipe.execute_command(*cmd)
         return list(pipe.execute(raise_on_error=False))
+
+
+def _pipelined(pool: Any, commands: Sequence[Command]) -> list[Any]:
+    """Send ``commands`` on one pooled connection, reading replies every ``_MAX_IN_FLIGHT`` commands."""
+    conn = pool.get_connection()
+    replies: list[Any] = []
+    try:
+        for start in range(0, len(commands), _MAX_IN_FLIGHT):
+            chunk = commands[start : start + _MAX_IN_FLIGHT]
+            _send(conn, chunk)
+            replies.extend(_read(conn, len(chunk)))
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    return replies
+
+
+def _send(conn: Any, commands: Sequence[Command]) -> None:
+    pack = _hiredis_pack
+    if pack is None:  # pragma: no cover - the fast paths are off without hiredis
+        msg = "hiredis is required for the pipelined paths"
+        raise RuntimeError(msg)
+    for cmd in commands:
+        conn.send_packed_command([pack(cmd)], check_health=False)
+
+
+def _first_key(cmd: Command) -> str | bytes | None:
+    """Return the key that decides a command's slot (all keys of a store command share its hash tag)."""
+    name = str(cmd[0]).upper() if not isinstance(cmd[0], bytes) else cmd[0].decode().upper()
+    if name in ("EVALSHA", "EVAL"):
+        if len(cmd) > 3 and int(cmd[2]) > 0:
+            key = cmd[3]
+            return key if isinstance(key, str | bytes) else None
+        return None
+    if name in _KEYED and len(cmd) > 1:
+        key = cmd[1]
+        return key if isinstance(key, str | bytes) else None
+    return None
+
+
+def _redirected(reply: Any) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).startswith(("MOVED ", "ASK "))
 
 
 def _read(conn: Any, count: int) -> list[Any]:
