@@ -9,7 +9,7 @@ HW := $(VENV)/bin/headwater
 SHELL := /bin/bash
 
 .DEFAULT_GOAL := help
-.PHONY: help setup grpc-code redis-server chromium services-up services-down cluster-up cluster-down demo test test-unit lint check bench wheel clean
+.PHONY: help setup grpc-code redis-server chromium services-up services-down cluster-up cluster-down test-cluster demo test test-unit lint check bench wheel clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -60,13 +60,18 @@ services-up: setup  ## Start Redis and Kafka on loopback and create the topics
 services-down:  ## Stop the services that headwater started
 	bash infra/services.sh down
 
-# The cluster profile (issue 19), on loopback: so far Redis Cluster (3 primaries, 3 replicas, ports
-# 7000-7005); point the store at it with HEADWATER_REDIS_URL=redis-cluster://127.0.0.1:7000.
-cluster-up: setup  ## Start the cluster profile (Redis Cluster) on loopback
-	bash infra/redis-cluster.sh start
+# The cluster profile (issue 19), on loopback (infra/cluster.sh): Redis Cluster (7000-7005), a 3-broker
+# KRaft Kafka (19092-19094), a Flink session cluster (REST 8281, 2 TaskManagers) and Spark standalone
+# (spark://127.0.0.1:7077, 1 worker). Point the tiers at it with HEADWATER_REDIS_URL=redis-cluster://
+# 127.0.0.1:7000, HEADWATER_KAFKA_BOOTSTRAP=127.0.0.1:19092,..., --jobmanager and --master.
+cluster-up: setup  ## Start the cluster profile (Redis Cluster, Kafka x3, Flink, Spark) on loopback
+	bash infra/cluster.sh up
 
 cluster-down:  ## Stop the cluster profile's processes that headwater started
-	bash infra/redis-cluster.sh stop
+	bash infra/cluster.sh down
+
+test-cluster: setup  ## The failure tests on the cluster profile (needs make cluster-up)
+	$(PY) -m pytest -m cluster tests/integration/cluster
 
 demo: setup  ## The end-to-end demo on the local default
 	bash infra/with-services.sh bash infra/demo.sh
