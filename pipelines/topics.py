@@ -9,6 +9,7 @@ broker.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -29,17 +30,30 @@ HEALTH_TOPIC = "__headwater_health"
 DLQ_RETENTION_MS = str(30 * 24 * 3600 * 1000)
 
 
-def ensure_topics(settings: Settings, topics: dict[str, dict[str, str]], partitions: int) -> list[str]:
+def replication_factor() -> int:
+    """Return the replication factor of new topics: ``HEADWATER_KAFKA_REPLICATION``, else 1 (one broker).
+
+    The cluster profile's 3 brokers (infra/cluster.sh) take 3; its brokers' min.insync.replicas 2
+    then lets one broker be down without a write with acks=all failing.
+    """
+    return int(os.environ.get("HEADWATER_KAFKA_REPLICATION", "1"))
+
+
+def ensure_topics(
+    settings: Settings, topics: dict[str, dict[str, str]], partitions: int, replication: int | None = None
+) -> list[str]:
     """Create the topics that do not exist yet; return the names that were created.
 
     Existing topics are left as they are (their partition count is never changed here: that
-    would move keys between partitions and break per-user ordering).
+    would move keys between partitions and break per-user ordering). ``replication`` defaults to
+    :func:`replication_factor`.
     """
+    factor = replication or replication_factor()
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="headwater-admin")
     try:
         existing = set(admin.list_topics())
         missing = [
-            NewTopic(name=name, num_partitions=partitions, replication_factor=1, topic_configs=configs)
+            NewTopic(name=name, num_partitions=partitions, replication_factor=factor, topic_configs=configs)
             for name, configs in topics.items()
             if name not in existing
         ]
@@ -106,12 +120,18 @@ def topics() -> None:
 @topics.command("create")
 @click.option("--partitions", type=int, default=None, help="Partitions per topic (default: settings).")
 @click.option(
+    "--replication-factor",
+    type=int,
+    default=None,
+    help="Replicas per new topic [default: $HEADWATER_KAFKA_REPLICATION, else 1; 3 on the cluster profile].",
+)
+@click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
     default=None,
     help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR, else headwater.yaml's].",
 )
-def create_command(partitions: int | None, state_dir: Path | None) -> None:
+def create_command(partitions: int | None, replication_factor: int | None, state_dir: Path | None) -> None:
     """Create the topic of every source of the applied plan, and the dead-letter topic, if missing.
 
     Before any `headwater apply`, the example repo's sources are used.
@@ -128,7 +148,7 @@ def create_command(partitions: int | None, state_dir: Path | None) -> None:
         click.echo(f"creating the example repo's source topics: {why}", err=True)
     wanted = platform_topics(settings, sources)
     try:
-        created = ensure_topics(settings, wanted, count)
+        created = ensure_topics(settings, wanted, count, replication_factor)
     except KafkaError as exc:
         msg = (
             f"cannot create topics on {settings.kafka_bootstrap} ({exc}); start Kafka with "
