@@ -41,6 +41,7 @@ from headwater.serving.schemas import (
     RankResponse,
     readable_errors,
 )
+from headwater.serving.skew import PredictionLog, prediction_record
 from headwater.serving.store import FeatureReader, ReadPool, now_ms
 from headwater.serving.telemetry import Telemetry
 
@@ -171,13 +172,15 @@ def create_app(
     max_reads_in_flight: int | None = None,
     arm_loaded: Mapping[str, LoadedModels] | None = None,
     recorder: Recorder | None = None,
+    predictions: PredictionLog | None = None,
 ) -> FastAPI:
     """Build the app; the batcher, the engine and the feedback producer start with its lifespan.
 
     ``max_reads_in_flight`` bounds the store reads running or queued on the ``io_threads``
     (default :func:`~headwater.serving.store.default_reads_in_flight`); past it a request falls back.
     ``arm_loaded``: the models of the experiment's arms that name one (``config.experiment``);
-    ``recorder``: where a sample of the requests is recorded, with their answers.
+    ``recorder``: where a sample of the requests is recorded, with their answers;
+    ``predictions``: where a sample of the answers goes with their model inputs (``headwater skew``).
     """
     telemetry = Telemetry()
     io = ReadPool(config.io_threads, max_reads_in_flight)
@@ -259,6 +262,8 @@ def create_app(
     if recorder is not None:
         app.state.servers.append(recorder)
         recorder.register_metrics(telemetry.registry)
+    if predictions is not None:
+        app.state.servers.append(predictions)
     app.state.business = business
 
     @app.exception_handler(StarletteHTTPException)
@@ -370,6 +375,12 @@ def create_app(
         if recording and recorder is not None:
             sent = body.model_dump(mode="json", exclude_unset=True)
             recorder.offer(arrived_ms, sent, 200, ranked.latency_ms, answer)
+        used = ranked.features
+        if predictions is not None and used is not None and used.user is not None and predictions.sampled():
+            predictions.offer(
+                prediction_record(request_id, arrived_ms, body.user_id, answer, body.candidates, used.user,
+                                  used.items, used.items_found, used.user_event_ms)
+            )  # fmt: skip
         return answer
 
     app.state.rank = answer_rank

@@ -192,7 +192,21 @@ def serve(
         f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
         f" admission={'on' if config.admission.enabled else 'off'}"
     )
-    app = create_app(config, registry, reader, loaded, feedback, arm_loaded=arm_loaded, recorder=recorder)
+    predictions = None
+    if config.predictions.enabled:
+        from headwater.serving.skew import PredictionLog, kafka_connect
+
+        predictions = PredictionLog(config.predictions, kafka_connect(bootstrap or settings.kafka_bootstrap))
+    app = create_app(
+        config,
+        registry,
+        reader,
+        loaded,
+        feedback,
+        arm_loaded=arm_loaded,
+        recorder=recorder,
+        predictions=predictions,
+    )
     if grpc_port is not None:
         from headwater.serving.grpc_server import GrpcEdge
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from headwater.serving.experiments import ExperimentConfig
 from headwater.serving.recording import RecordingConfig
+from headwater.serving.skew import PredictionLogConfig
 
 DEFAULT_POPULARITY = "item_popularity_offline.item_clicks_1d"
 CPU_BATCH_ROWS = 1024
@@ -133,6 +134,8 @@ class ServingConfig(BaseModel):
     """Users split into arms by a stable hash, each scored by its arm (serving/experiments.py)."""
     recording: RecordingConfig = RecordingConfig()
     """A sample of the ranking requests and answers to JSON Lines, for `headwater replay`."""
+    predictions: PredictionLogConfig = PredictionLogConfig()
+    """A sample of the answers with their model inputs and scores to Kafka, for `headwater skew`."""
     admission: AdmissionConfig = AdmissionConfig()
     default_deadline_ms: float = Field(default=100.0, gt=0.0)
     max_deadline_ms: float = Field(default=10_000.0, gt=0.0)

@@ -64,6 +64,8 @@ class Ranked:
     latency_ms: float
     user_event_ms: dict[str, int]
     """Event time (window boundary, ms) of each user view read for this answer."""
+    features: RequestFeatures | None = None
+    """The model inputs when a model answered (what the prediction log records); else None."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class RankingEngine:
             ages,
             round(latency * 1000.0, 3),
             feats.user_event_ms if feats is not None else {},
+            feats if version is not None else None,
         )
 
     async def _features(self, query: RankQuery, deadline: float) -> tuple[RequestFeatures | None, str | None]:
