@@ -30,6 +30,9 @@ import click
 
 from headwater.serving.recording import Recorded, RecordFileError, read_records
 
+BEHIND_TOLERANCE_MS = 10.0
+"""A send later than its due time by more than this counts as behind schedule."""
+
 if TYPE_CHECKING:
     import httpx
 
@@ -65,6 +68,8 @@ class ReplayReport:
     behind_schedule: int
     max_behind_ms: float
     recorded_fallbacks: dict[str, int] = field(default_factory=dict)
+    recorded_server_latency_ms: dict[str, float | None] = field(default_factory=dict)
+    """The service's own latency in the recording (``latency_ms``: from the engine, no network)."""
 
     @property
     def error_count(self) -> int:
@@ -90,6 +95,7 @@ class ReplayReport:
             "error_count": self.error_count,
             "fallbacks": self.fallbacks,
             "recorded_fallbacks": self.recorded_fallbacks,
+            "recorded_server_latency_ms": self.recorded_server_latency_ms,
             "compared": self.compared,
             "changed": self.changed,
             "changed_share": None if self.changed_share is None else round(self.changed_share, 6),
@@ -99,7 +105,7 @@ class ReplayReport:
 
     def text(self) -> str:
         """Return the report as a few lines for a terminal."""
-        lat = self.latency_ms
+        lat, served = self.latency_ms, self.recorded_server_latency_ms
         share = self.changed_share
         changed = "n/a" if share is None else f"{share:.2%} ({self.changed} of {self.compared})"
         errors = ", ".join(f"{k} {v}" for k, v in sorted(self.errors.items())) or "none"
@@ -114,7 +120,10 @@ class ReplayReport:
                 f"errors: {self.error_count} ({errors})",
                 f"fallbacks: {fallbacks} (recorded: {recorded})",
                 f"answers changed against the recording: {changed}",
-                f"sent behind schedule: {self.behind_schedule} (max {self.max_behind_ms:.1f} ms)",
+                f"sent more than {BEHIND_TOLERANCE_MS:g} ms behind schedule: {self.behind_schedule}"
+                f" (max {self.max_behind_ms:.1f} ms)",
+                f"recorded server-side latency ms: p50 {_ms(served.get('p50'))}"
+                f"  p99 {_ms(served.get('p99'))} (the service's own, without the network)",
             ]
         )
 
@@ -149,7 +158,7 @@ def summarise(
     fallbacks = Counter(o.fallback or "none" for o in ok)
     recorded = Counter(r.fallback or "none" for r in records if r.items is not None)
     compared = [o.changed for o in outcomes if o.changed is not None]
-    behind = [o.behind_ms for o in outcomes if o.behind_ms > 0.0]
+    behind = [o.behind_ms for o in outcomes if o.behind_ms > BEHIND_TOLERANCE_MS]
     return ReplayReport(
         url=url,
         speed=speed,
@@ -164,6 +173,7 @@ def summarise(
         behind_schedule=len(behind),
         max_behind_ms=max(behind, default=0.0),
         recorded_fallbacks=dict(recorded),
+        recorded_server_latency_ms=percentiles([r.latency_ms for r in records if r.latency_ms is not None]),
     )
 
 
