@@ -1,0 +1,107 @@
+"""Everything the funnel's retrieval stage holds, loaded in one call and refreshed in the background.
+
+:func:`load_retrieval` loads the two-tower artifact, binds it to the applied registry (the same
+slot check as the ranker's, :func:`headwater.serving.artifact.check_binding`: same slots in any
+order, another order mapped), builds the item index from the online store (the first refresh)
+and returns a :class:`RetrievalRuntime`; :meth:`RetrievalRuntime.start` refreshes it every
+``interval_s`` seconds on a daemon thread until :meth:`RetrievalRuntime.stop`. A refresh that
+fails (the store is down) is logged and counted and the index keeps serving what it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis.exceptions import RedisError
+
+from headwater.pipelines.store import OnlineStore, StoreError
+from headwater.serving.artifact import check_binding
+from headwater.serving.registry import BoundRegistry
+from headwater.serving.retrieval.artifact import TowerArtifact, load_towers
+from headwater.serving.retrieval.index import ItemIndex
+from headwater.serving.retrieval.refresh import IndexRefresher, RefreshReport, StoreItemSource
+from headwater.serving.retrieval.retriever import TwoTowerRetriever
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetrievalRuntime:
+    """The loaded model, its index, the refresher and the retriever; an optional refresh thread."""
+
+    artifact: TowerArtifact
+    index: ItemIndex
+    refresher: IndexRefresher
+    retriever: TwoTowerRetriever
+    last: RefreshReport
+    failures: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def version(self) -> str:
+        """The index version: ``<two-tower model version>.<refresh number>``."""
+        return self.refresher.version
+
+    def refresh_once(self) -> RefreshReport | None:
+        """Refresh now; on a store failure log it, count it and keep the index as it is."""
+        try:
+            self.last = self.refresher.refresh()
+        except (StoreError, RedisError, OSError) as exc:  # the scan and header reads use redis-py directly
+            self.failures += 1
+            log.warning(
+                "retrieval index refresh failed (%s: %s); serving index %s as it is",
+                type(exc).__name__,
+                exc,
+                self.version,
+            )
+            return None
+        return self.last
+
+    def start(self, interval_s: float) -> None:
+        """Refresh every ``interval_s`` seconds on a daemon thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                self.refresh_once()
+
+        self._thread = threading.Thread(target=loop, name="headwater-retrieval-refresh", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the refresh thread (a refresh in progress finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+
+def load_retrieval(
+    model_path: Path, registry: BoundRegistry, store: OnlineStore, batch: int = 2000, threads: int = 0
+) -> RetrievalRuntime:
+    """Load the two-tower artifact (file or models folder), bind it, build its index from ``store``.
+
+    Raises:
+        ArtifactError: no artifact, a modified one, or one trained on other slots than the registry's.
+    """
+    artifact = load_towers(model_path)
+    binding = check_binding(artifact.metadata, registry)
+    if binding.warning:
+        log.warning("%s", binding.warning)
+    model = artifact.model
+    index = ItemIndex(model.embed_dim, threads=threads)
+    refresher = IndexRefresher(
+        StoreItemSource(store, registry.item, batch), model, index, artifact.version, binding.item_columns
+    )
+    first = refresher.refresh()
+    log.info(
+        "retrieval index %s: %d items embedded in %.1f s", refresher.version, first.catalog, first.seconds
+    )
+    retriever = TwoTowerRetriever(model, index, binding.user_columns)
+    return RetrievalRuntime(artifact, index, refresher, retriever, first)

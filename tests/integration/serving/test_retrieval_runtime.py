@@ -1,0 +1,83 @@
+"""The retrieval runtime against a real Redis of its own: loaded and bound in one call, refreshed in the
+background, and still serving its index while the store is down."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headwater.pipelines.store import OnlineStore
+from headwater.pipelines.store.testing import OwnRedis
+from headwater.serving.artifact import ArtifactError
+from headwater.serving.config import ServingConfig
+from headwater.serving.registry import BoundRegistry, registry_from_repo
+from headwater.serving.retrieval import TowerOptions, load_retrieval, save_towers, train_two_tower
+from headwater.serving.store import OnlineStoreReader, now_ms
+from headwater.serving.synthetic import make_world, small_registry, training_set, write_world
+
+REGISTRY: BoundRegistry = registry_from_repo(
+    Path(__file__).resolve().parents[3] / "features", ServingConfig().popularity
+)
+
+
+def wait_for(predicate: object, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_runtime_refreshes_in_the_background_and_survives_an_outage(
+    own_redis: OwnRedis, tmp_path: Path
+) -> None:
+    world = make_world(REGISTRY, users=200, items=2_000, seed=31)
+    ts = training_set(REGISTRY, world, slates=2_000, seed=31)
+    save_towers(tmp_path, train_two_tower(ts, TowerOptions(epochs=3, threads=1)), ts)
+    store = OnlineStore.from_url(own_redis.url)
+    write_world(OnlineStoreReader(store), REGISTRY, world, now_ms())
+
+    runtime = load_retrieval(tmp_path, REGISTRY, store, threads=1)
+    assert runtime.last.added == 2_000
+    assert runtime.version.endswith(".1")
+    user = world.users[0]
+    ranked, scores = runtime.retriever.retrieve(user, 2_000)
+    assert len(ranked) == 2_000
+    assert np.all(np.diff(scores) <= 1e-6)
+
+    # A new item with the best item's vector appears after a background refresh.
+    best = world.item_ids.index(ranked[0])
+    for j, layout in enumerate(REGISTRY.item.layouts):
+        lo, hi = REGISTRY.item.offsets[j], REGISTRY.item.offsets[j + 1]
+        store.write_batch(layout, ["fresh"], world.items[best : best + 1, lo:hi], now_ms())
+    runtime.start(interval_s=0.2)
+    try:
+        assert wait_for(lambda: "fresh" in runtime.index)
+        assert runtime.last.added == 1
+        assert "fresh" in runtime.retriever.retrieve(user, 2)[0]
+        # The store goes away: refreshes fail and are counted, the index keeps answering.
+        own_redis.stop()
+        assert wait_for(lambda: runtime.failures >= 2)
+        assert runtime.retriever.retrieve(user, 5, exclude={"fresh"})[0][0] == ranked[0]
+        own_redis.start()
+        before = runtime.refresher.refreshes
+        assert wait_for(lambda: runtime.refresher.refreshes > before)
+    finally:
+        runtime.stop()
+    assert len(runtime.index) == 2_001
+    store.close()
+
+
+def test_an_artifact_of_other_slots_is_refused_with_the_slots(own_redis: OwnRedis, tmp_path: Path) -> None:
+    other = small_registry({"u_a": ["c1", "c2"]}, {"i_a": ["x1", "x2", "p:avg"]}, "i_a.x1")
+    world = make_world(other, users=100, items=200, seed=1)
+    ts = training_set(other, world, slates=600, seed=1)
+    save_towers(tmp_path, train_two_tower(ts, TowerOptions(epochs=1, threads=1)), ts)
+    store = OnlineStore.from_url(own_redis.url)
+    with pytest.raises(ArtifactError, match="slots the model needs but the registry lacks"):
+        load_retrieval(tmp_path, REGISTRY, store)
+    store.close()
