@@ -23,6 +23,7 @@ asked for, and counted by class in ``headwater_admission_requests_total``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import math
@@ -185,7 +186,7 @@ class Admission:
             for result in ("admitted", "throttled"):
                 self.requests.labels(name, result)
         for priority in PRIORITIES:
-            self.waiting.labels(priority).set_function(lambda p=priority: float(self.gate.waiting(p)))
+            self.waiting.labels(priority).set_function(functools.partial(_waiting, self.gate, priority))
 
     def classify(self, header: str | None, body: str | None) -> str:
         """Return the request's class: the header's, else the body's, if listed; else the default class."""
@@ -206,7 +207,7 @@ class Admission:
             self.requests.labels(user_class, "throttled").inc()
             raise Throttled(user_class, quota.rate_per_s, wait)
         self.requests.labels(user_class, "admitted").inc()
-        priority = quota.priority
+        priority: str = quota.priority
         if asked is not None and PRIORITIES.index(asked) > PRIORITIES.index(priority):
             priority = asked  # lower than the class's: allowed
         return Admitted(user_class, priority)
@@ -219,3 +220,7 @@ class Admission:
             return
         async with self.gate.slot(admitted.priority):
             yield
+
+
+def _waiting(gate: PriorityGate, priority: str) -> float:
+    return float(gate.waiting(priority))
