@@ -17,14 +17,15 @@ worker of the process add up (one dict, handed from worker to worker).
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
+from headwater.pipelines.retry import Backoff
+
 log = logging.getLogger("headwater.nearline")
+__all__ = ["ERROR_KINDS", "Backoff", "Worker", "error_kind", "supervise_worker"]
 
 ERROR_KINDS = ("redis", "kafka", "commit", "setup", "other")
 
@@ -37,23 +38,6 @@ class Worker(Protocol):
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> None:
         """Poll and commit until ``stop`` is set or idle; raise on a failure (after closing)."""
         ...
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential back-off: ``initial_s * factor**n`` capped at ``max_s``, the upper half jittered."""
-
-    initial_s: float = 0.5
-    factor: float = 2.0
-    max_s: float = 30.0
-    reset_after_s: float = 60.0
-    """A worker that ran this long before failing restarts after ``initial_s`` again."""
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before restart number ``attempt`` (0-based) of a failing streak."""
-        step = min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
-        # half fixed, half random: workers of one group failing together do not restart in step
-        return step / 2 + (rng or random).uniform(0.0, step / 2)
 
 
 def error_kind(exc: BaseException) -> str:

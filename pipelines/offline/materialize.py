@@ -4,10 +4,16 @@ For each view, the newest ``date`` partition of its feature table is exported by
 Parquet, read back by pyarrow file by file, packed column-wise into online vectors and written
 with :meth:`OnlineStore.write_batch` (idempotent: a key holding a newer boundary keeps it).
 The event time of each value is its boundary T, so freshness is ``now - T``.
+
+Redis outages: a chunk (dictionary ids, then the write) that fails because Redis is unreachable is
+retried with back-off (:func:`~headwater.pipelines.retry.retry_call`) for up to ``REDIS_PATIENCE_S``
+before the run fails. Both steps are idempotent (an id is assigned once; a write of the same
+boundary and value is a no-op), so a retried chunk lands its values once. Retries are counted.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,18 +23,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
 from headwater.pipelines.offline.lake import FEATURE_TIME, feature_path, is_delta_table
 from headwater.pipelines.offline.vectors import pack
+from headwater.pipelines.retry import retry_call
 from headwater.pipelines.store import OnlineStore
-from headwater.pipelines.windows import RedisDictionary, compile_view, view_layout
+from headwater.pipelines.store.layout import ViewLayout
+from headwater.pipelines.store.transport import StoreUnavailableError
+from headwater.pipelines.windows import RedisDictionary, ViewSpec, compile_view, view_layout
 from headwater.registry.plans import PlanView
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 CHUNK_ROWS = 50_000
+REDIS_PATIENCE_S = 300.0
+"""How long a chunk is retried while Redis is unreachable before materialize fails."""
+REDIS_DOWN = (StoreUnavailableError, RedisConnectionError, RedisTimeoutError)
 
 
 class MaterializeError(RuntimeError):
@@ -44,6 +58,8 @@ class Materialized:
     rows: int
     written: int
     seconds: float
+    retries: int = 0
+    """Chunk writes retried because Redis was unreachable."""
 
     @property
     def rows_per_s(self) -> float:
@@ -78,18 +94,35 @@ def export_latest(spark: SparkSession, view: PlanView, lake: Path) -> tuple[Data
     return rows, day
 
 
-def write_table(store: OnlineStore, view: PlanView, table: pa.Table, dictionary: RedisDictionary) -> int:
-    """Pack and write Arrow rows (``__entity``, ``event_time_ms``, features); return rows written."""
+def write_table(
+    store: OnlineStore,
+    view: PlanView,
+    table: pa.Table,
+    dictionary: RedisDictionary,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> int:
+    """Pack and write Arrow rows (``__entity``, ``event_time_ms``, features); return rows written.
+
+    A chunk is retried while Redis is unreachable (module docstring); ``on_retry`` hears each retry.
+    """
     spec = compile_view(view)
     layout = view_layout(spec)
     written = 0
     for s in range(0, table.num_rows, CHUNK_ROWS):
         chunk = table.slice(s, CHUNK_ROWS)
-        vectors = pack(spec, chunk, dictionary.ids)
-        times = np.asarray(chunk.column("event_time_ms").to_numpy(), dtype=np.int64)
-        entities = chunk.column("__entity").cast(pa.string()).to_numpy(zero_copy_only=False).tolist()
-        written += store.write_batch(layout, entities, vectors, times).written
+        write = functools.partial(_write_chunk, store, layout, spec, chunk, dictionary)
+        what = f"view {view.name}: writing rows {s}..{s + chunk.num_rows} to the online store"
+        written += retry_call(write, REDIS_DOWN, what, give_up_after_s=REDIS_PATIENCE_S, on_retry=on_retry)
     return written
+
+
+def _write_chunk(
+    store: OnlineStore, layout: ViewLayout, spec: ViewSpec, chunk: pa.Table, dictionary: RedisDictionary
+) -> int:
+    vectors = pack(spec, chunk, dictionary.ids)
+    times = np.asarray(chunk.column("event_time_ms").to_numpy(), dtype=np.int64)
+    entities = chunk.column("__entity").cast(pa.string()).to_numpy(zero_copy_only=False).tolist()
+    return store.write_batch(layout, entities, vectors, times).written
 
 
 def materialize_view(spark: SparkSession, store: OnlineStore, view: PlanView, lake: Path) -> Materialized:
@@ -98,13 +131,14 @@ def materialize_view(spark: SparkSession, store: OnlineStore, view: PlanView, la
     frame, day = export_latest(spark, view, lake)
     rows = written = 0
     seconds = 0.0
+    retries: list[BaseException] = []
     with staging_dir(lake / "_staging") as folder:
         for part in spark_batches(frame, folder):
             started = time.monotonic()
-            written += write_table(store, view, part, dictionary)
+            written += write_table(store, view, part, dictionary, lambda exc, _: retries.append(exc))
             seconds += time.monotonic() - started
             rows += part.num_rows
-    return Materialized(view.name, day, rows, written, seconds)
+    return Materialized(view.name, day, rows, written, seconds, len(retries))
 
 
 def materialize(
