@@ -8,7 +8,10 @@ Keys (bytes, ``\\x1f``-separated) and values (JSON, written with orjson):
 - ``o``: the outbox, ``{view: {"live": bool, "entities": [...]}}``: values to (re)publish at the
   view's boundary (live: also every entity with a pane before it);
 - ``m``: meta, ``{"offset": next source offset, "max_t": max event time, "t_pub": {view: B},
-  "registry": hash}``;
+  "versions": {view: version}, "forward": [join keys], "short": {view: B}}``: the version of each
+  view its panes were built from (a restore keeps a view's state only when its version is the
+  plan's, see ``versions.py``), the join keys its events were forwarded by (stage A), and the views
+  whose backfill found less history than their windows (full from boundary B on);
 - ``c`` (local only, never on the changelog): the changelog offset this store reflects.
 
 Every key but ``c`` is mirrored on the compacted changelog topic, partition = source partition,
