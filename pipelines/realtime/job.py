@@ -7,24 +7,45 @@ attached to its routed table through the gateway (``RealtimeGraph.attach``: a ke
 and a Redis sink per group of the source's :mod:`.program`), then the dead-letter inserts, and one
 ``execute_async``.
 
-Checkpoints (operator state and Kafka offsets) go to ``<checkpoint_dir>/<version>/<job id>/chk-N``,
-one folder per registry version, since a job compiled from other definitions cannot restore
-another's state. On start the newest complete checkpoint of the version (one with a
-``_metadata`` file) is restored, so a job killed with ``kill -9`` goes on where its last
-checkpoint was; the sink flushes before every checkpoint barrier, and writes between that
-checkpoint and the kill are replayed and rewrite the same bytes (the store keeps the newer event
-time, and an equal value is a no-op), so the result equals a clean run
-(tests/integration/pipelines/realtime/test_realtime_restore.py kills the job's process group
-with SIGKILL mid-stream and checks this; Flink numbers the restored job's checkpoints after the
-one it loaded).
+Checkpoints (operator state and Kafka offsets) go to ``<checkpoint_dir>/<job id>/chk-N``: one folder
+for the job, whatever the registry version, so a registry edit does not start the windows empty. On
+start the newest complete checkpoint (one with a ``_metadata`` file) is restored, also into a job
+compiled from another plan (issue 14):
+
+- operators are matched by uid: per source the Kafka scan (``hw-kafka-<source>``, set by
+  ``RealtimeGraph.pinSourceUid``, since the table planner gives it none), and per group of views
+  (``<join key>@<slide>``) its window operator and sink (``hw-views-<source>-<group>``...). The offsets
+  of a source restore whatever its views' columns; a group that is gone (its last view removed, or
+  moved to another slide or key) is state nobody claims, dropped at restore
+  (``execution.state-recovery.ignore-unclaimed-state``). A source that is new starts from
+  ``scan.startup.mode``; the stateless SQL operators between (decode, rules, projection) need no uid.
+- inside a group the keyed state is indexed by its views' ``name@version`` (the serializer's snapshot
+  records them, ``KeyStateSerializer`` format 2): when the job opens, every entity's state is adopted
+  into the new program (``Aggregator.adopt``): a view whose version is unchanged keeps its panes and
+  goes on exactly, a new or changed view starts empty, a removed view's panes are dropped at once
+  (they are in no later checkpoint). An edit of a description, owner, cost or SLA changes no version
+  and so keeps every window.
+
+So a job killed with ``kill -9`` goes on where its last checkpoint was; the sink flushes before
+every checkpoint barrier, and writes between that checkpoint and the kill are replayed and rewrite
+the same bytes (the store keeps the newer event time, and an equal value is a no-op), so the result
+equals a clean run (tests/integration/pipelines/realtime/test_realtime_restore.py kills the job's
+process group with SIGKILL mid-stream and checks this, test_realtime_versions.py restarts it on an
+edited plan; Flink numbers the restored job's checkpoints after the one it loaded).
+
+Before one folder per job, checkpoints went to ``<checkpoint_dir>/<short registry version>/``; when
+the job folder has none, the legacy folder of this very registry version is restored (its key state,
+format 1, was written by a job compiled from the same plan, so its layout is this one). Legacy folders
+of other versions are not read (their layout is unknown): the job starts empty, as it did then.
 
 Configuration keys are the Flink 2.x names (FLIP-406), checked against the
 ``CheckpointingOptions`` / ``StateRecoveryOptions`` classes of the bundled flink-dist 2.2.1:
 ``execution.checkpointing.dir`` (was ``state.checkpoints.dir``),
 ``execution.checkpointing.externalized-checkpoint-retention``,
 ``execution.checkpointing.num-retained`` and ``execution.state-recovery.path`` (was
-``execution.savepoint.path``). A checkpoint of one registry version taken by a headwater
-release that compiled a different job may not restore; start with ``--no-restore`` then.
+``execution.savepoint.path``), ``execution.state-recovery.ignore-unclaimed-state`` (was
+``execution.savepoint.ignore-unclaimed-state``). A checkpoint taken by a headwater release whose job
+had other uids or another key-state format may not restore; start with ``--no-restore`` then.
 """
 
 from __future__ import annotations
@@ -69,16 +90,34 @@ class RunOptions:
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    """Return the newest complete checkpoint (``chk-N`` with ``_metadata``) under ``folder``, or None."""
+    """Return the newest complete checkpoint (``<job id>/chk-N``, with ``_metadata``) in ``folder``."""
     if not folder.is_dir():
         return None
     found = [p.parent for p in folder.glob("*/chk-*/_metadata")]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
-def version_dir(run: RunOptions, plan: TierPlan) -> Path:
-    """Return the checkpoint folder of this registry version."""
-    return run.checkpoint_dir / str(short_version(plan.registry_hash))
+def legacy_dir(run: RunOptions, plan: TierPlan) -> Path:
+    """Return the per-registry-version folder older releases checkpointed this plan's job to."""
+    return run.checkpoint_dir / short_version(plan.registry_hash)
+
+
+def checkpoint_to_restore(run: RunOptions, plan: TierPlan) -> Path | None:
+    """Return the checkpoint to restore: the job folder's newest, else this registry version's legacy one."""
+    folder = run.checkpoint_dir.resolve()
+    chk = latest_checkpoint(folder)
+    if chk is None:
+        chk = latest_checkpoint(legacy_dir(run, plan).resolve())
+        if chk is not None:
+            log.info("no checkpoint in %s; restoring the legacy one of this registry version", folder)
+        elif any(folder.glob("*/*/chk-*/_metadata")):
+            log.warning(
+                "%s holds checkpoints of other registry versions in the old per-version layout; they "
+                "cannot be restored into this plan (their key state has no view versions): the windows "
+                "start empty. Remove those folders once this job has checkpointed.",
+                folder,
+            )
+    return chk
 
 
 def job_jars() -> list[Path]:
@@ -88,7 +127,7 @@ def job_jars() -> list[Path]:
 
 def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
     """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target)."""
-    folder = version_dir(run, plan).resolve()
+    folder = run.checkpoint_dir.resolve()
     conf = {
         "pipeline.name": f"headwater-realtime-{short_version(plan.registry_hash)}",
         "parallelism.default": str(run.parallelism),
@@ -110,9 +149,11 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
         "pipeline.object-reuse": "true",
     }
     if run.restore:
-        chk = latest_checkpoint(folder)
+        chk = checkpoint_to_restore(run, plan)
         if chk is not None:
             conf["execution.state-recovery.path"] = chk.as_uri()
+            # the state of a group (or source) the new plan no longer has is dropped, not an error
+            conf["execution.state-recovery.ignore-unclaimed-state"] = "true"
             log.info("restoring from checkpoint %s", chk)
     if run.jobmanager:
         host, _, port = run.jobmanager.rpartition(":")

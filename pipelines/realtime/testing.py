@@ -55,3 +55,28 @@ features:
     slide: 5s
 """
 """An item view (another join key) with a 5 s slide."""
+
+CLICKS_VIEW = """\
+feature_view: rt_clicks
+entity: user
+source: events
+tier: realtime
+freshness_sla: PT10S
+compute_cost: 2
+owner: feed-ranking
+description: user clicks and spend, in the same group as rt_all (user, 1 s slide)
+features:
+  - {name: clicks_15s, agg: count, where: "event_type = 'click'", window: 15s}
+  - {name: spend_15s, agg: sum, field: price, window: 15s}
+"""
+"""A second user view with a 1 s slide: it shares rt_all's window operator (group ``user_id@1000``), so a
+change of one view's version inside a group is tested (issue 14: restore keeps the other's panes)."""
+
+
+def edit_metadata(text: str) -> str:
+    """Return a view's YAML with its description and owner changed: its version must not change."""
+    lines = [
+        "description: edited, nothing that defines a value" if line.startswith("description:") else line
+        for line in text.splitlines()
+    ]
+    return "\n".join("owner: another-team" if line.startswith("owner:") else line for line in lines) + "\n"

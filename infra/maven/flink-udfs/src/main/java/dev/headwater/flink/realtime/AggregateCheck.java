@@ -12,6 +12,11 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
+import org.apache.flink.api.common.typeutils.TypeSerializer;
+import org.apache.flink.api.common.typeutils.TypeSerializerSchemaCompatibility;
+import org.apache.flink.api.common.typeutils.TypeSerializerSnapshot;
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 import org.apache.flink.types.Row;
 
 /**
@@ -23,8 +28,16 @@ import org.apache.flink.types.Row;
  * columns, or {@code {"clock": T}} to move the clock. The clock is the greatest event time seen (as in
  * {@link ViewOperator} without the wall-clock cap); after each line every entity whose next change
  * boundary the clock has passed is fired, entity by entity in order of that boundary.
+ * A line {@code {"restart": PROGRAM}} stands for a job restored from a checkpoint into a job compiled
+ * from another plan: every entity's state goes through the checkpoint path (the group's
+ * {@link KeyStateSerializer} and its versioned snapshot, written and read back as bytes; the new
+ * serializer's compatibility with the old snapshot; the old snapshot's restore serializer), groups are
+ * matched by id (a group the new program lacks is dropped, as the job's ignore-unclaimed-state does),
+ * and each state is adopted by the new group's {@link Aggregator}; the lines after it are rows of
+ * the new program. The clock is kept (the restored job's clock comes back with the replayed events).
  * Output: one JSON object per emitted value: group, view, entity, event_time, slots (as text: NaN),
- * dict; then a last line {"outcomes": {...}} with the count of each {@link Aggregator.Outcome}.
+ * dict; a line {"restored": {group: entities}} per restart; then a last line {"outcomes": {...}}
+ * with the count of each {@link Aggregator.Outcome}.
  */
 public final class AggregateCheck {
     private AggregateCheck() {}
@@ -45,6 +58,29 @@ public final class AggregateCheck {
         long clock = Long.MIN_VALUE;
         for (String line = in.readLine(); line != null; line = in.readLine()) {
             JsonNode node = json.readTree(line);
+            if (node.isObject() && node.has("restart")) {
+                Program next = Program.parse(node.get("restart").asText());
+                Aggregator[] nextAggs = new Aggregator[next.groups.size()];
+                java.util.List<Map<String, KeyState>> nextStates = new java.util.ArrayList<>();
+                ObjectNode restored = json.createObjectNode();
+                for (Program.Group g : next.groups) {
+                    nextAggs[g.index] = new Aggregator(g);
+                    Map<String, KeyState> mine = new HashMap<>();
+                    for (Program.Group old : program.groups) {
+                        if (old.id.equals(g.id)) {
+                            mine = checkpoint(aggs[old.index], states.get(old.index), nextAggs[g.index]);
+                        }
+                    }
+                    restored.put(g.id, mine.size());
+                    nextStates.add(mine);
+                }
+                program = next;
+                aggs = nextAggs;
+                states = nextStates;
+                out.append(json.writeValueAsString(json.createObjectNode().set("restored", restored)))
+                    .append('\n');
+                continue;
+            }
             if (node.isObject()) {
                 clock = Math.max(clock, node.get("clock").asLong());
             } else {
@@ -77,6 +113,45 @@ public final class AggregateCheck {
         outcomes.forEach(counts::put);
         out.append(json.writeValueAsString(last)).append('\n');
         System.out.print(out);
+    }
+
+    /**
+     * One group's states through a checkpoint and a restore into {@code into}'s layout, as the job does:
+     * written by the old serializer, its snapshot written and read back, compatibility resolved by the
+     * new serializer's snapshot, read by the restored snapshot's serializer, then adopted.
+     */
+    private static Map<String, KeyState> checkpoint(Aggregator from, Map<String, KeyState> states, Aggregator into)
+            throws IOException {
+        KeyStateSerializer old = new KeyStateSerializer(from.layout);
+        DataOutputSerializer snap = new DataOutputSerializer(256);
+        TypeSerializerSnapshot.writeVersionedSnapshot(snap, old.snapshotConfiguration());
+        Map<String, byte[]> bytes = new HashMap<>();
+        for (Map.Entry<String, KeyState> e : states.entrySet()) {
+            DataOutputSerializer o = new DataOutputSerializer(256);
+            old.serialize(e.getValue(), o);
+            bytes.put(e.getKey(), o.getCopyOfBuffer());
+        }
+        TypeSerializerSnapshot<KeyState> restored = TypeSerializerSnapshot.readVersionedSnapshot(
+            new DataInputDeserializer(snap.getCopyOfBuffer()), AggregateCheck.class.getClassLoader());
+        KeyStateSerializer current = new KeyStateSerializer(into.layout);
+        TypeSerializerSchemaCompatibility<KeyState> compat =
+            current.snapshotConfiguration().resolveSchemaCompatibility(restored);
+        if (compat.isIncompatible() || compat.isCompatibleAsIs() != from.layout.equals(into.layout)) {
+            throw new IllegalStateException("compatibility " + compat + " of [" + into.layout + "] with ["
+                + from.layout + "]");
+        }
+        TypeSerializer<KeyState> reader = restored.restoreSerializer();
+        Map<String, KeyState> out = new HashMap<>();
+        for (Map.Entry<String, byte[]> e : bytes.entrySet()) {
+            KeyState st = reader.deserialize(new DataInputDeserializer(e.getValue()));
+            if (into.adopt(st)) {
+                st.scheduled = KeyState.NONE;
+            }
+            DataOutputSerializer again = new DataOutputSerializer(256);
+            current.serialize(st, again);  // the next checkpoint: refused unless adopted
+            out.put(e.getKey(), st);
+        }
+        return out;
     }
 
     private static void fireAll(ObjectMapper json, StringBuilder out, Program program, Aggregator[] aggs,

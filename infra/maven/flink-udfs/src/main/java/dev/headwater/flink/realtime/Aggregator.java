@@ -30,6 +30,8 @@ final class Aggregator {
     }
 
     final Program.Group group;
+    /** The views (name and version) the states this aggregator makes and reads are indexed by. */
+    final Layout layout;
     final long slide;
     final Agg[] aggs;
     final long[] windows;
@@ -42,6 +44,7 @@ final class Aggregator {
 
     Aggregator(Program.Group group) {
         this.group = group;
+        this.layout = Layout.of(group);
         this.slide = group.slideMs;
         List<Program.Feature> fs = group.features;
         aggs = new Agg[fs.size()];
@@ -77,7 +80,49 @@ final class Aggregator {
         for (int v = 0; v < st.views.length; v++) {
             st.views[v] = new KeyState.ViewValue();
         }
+        st.layout = layout;
         return st;
+    }
+
+    /**
+     * Bring a restored state into this group's layout: the partials, running accumulators and last
+     * values of every view whose name and version the layout still has are kept as they are (so their
+     * windows go on exactly); a new or changed view starts empty (no partial in any slice, a fresh
+     * accumulator, no value yet: its first computation is written); a dropped view's partials go.
+     * Slices, their event ids and the boundary belong to the entity and are kept: an event seen before
+     * is still a duplicate for every view.
+     *
+     * @return true when the state's arrays were rebuilt (its next change boundary must be recomputed)
+     */
+    boolean adopt(KeyState st) {
+        if (st.layout == layout) {
+            return false;
+        }
+        if (st.layout == null || st.layout.equals(layout)) {
+            st.layout = layout;  // format 1 (restored from its own registry version's folder) or unchanged
+            return false;
+        }
+        int[] features = layout.featureMap(st.layout);
+        int[] views = layout.viewMap(st.layout);
+        Object[] running = new Object[aggs.length];
+        for (int i = 0; i < aggs.length; i++) {
+            running[i] = features[i] >= 0 ? st.running[features[i]] : aggs[i].newRunning();
+        }
+        st.running = running;
+        for (KeyState.Slice slice : st.slices.values()) {
+            Object[] partials = new Object[aggs.length];
+            for (int i = 0; i < aggs.length; i++) {
+                partials[i] = features[i] >= 0 ? slice.partials[features[i]] : null;
+            }
+            slice.partials = partials;
+        }
+        KeyState.ViewValue[] values = new KeyState.ViewValue[views.length];
+        for (int v = 0; v < views.length; v++) {
+            values[v] = views[v] >= 0 ? st.views[views[v]] : new KeyState.ViewValue();
+        }
+        st.views = values;
+        st.layout = layout;
+        return true;
     }
 
     long sliceOf(long t) {

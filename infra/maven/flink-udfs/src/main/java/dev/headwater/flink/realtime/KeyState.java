@@ -14,7 +14,11 @@ import java.util.TreeMap;
  *       feature i's window {@code [B - W_i, B)};</li>
  *   <li>{@link #scheduled}: the next boundary at which a slice enters or leaves a window (the
  *       operator's queue holds it), {@link #NONE} when nothing is queued;</li>
- *   <li>{@link #views}: per view, the value last computed and the boundary at which it last changed.</li>
+ *   <li>{@link #views}: per view, the value last computed and the boundary at which it last changed;</li>
+ *   <li>{@link #layout}: the views (name and version) the arrays above are indexed by, in memory only
+ *       (the serializer's snapshot holds it once); the operator adopts a restored state into the
+ *       current program's layout ({@link Aggregator#adopt}). {@code null}: read from a format-1
+ *       checkpoint, written before the layout was recorded.</li>
  * </ul>
  */
 final class KeyState {
@@ -25,12 +29,13 @@ final class KeyState {
     final TreeMap<Long, Slice> slices = new TreeMap<>();
     Object[] running;
     ViewValue[] views;
+    Layout layout;
 
     /** One slice: its event-id hashes and a partial per feature (null: no event of that feature). */
     static final class Slice {
         long[] ids;
         int size;
-        final Object[] partials;
+        Object[] partials;
 
         Slice(int features) {
             ids = new long[2];

@@ -1,10 +1,16 @@
 package dev.headwater.flink.realtime;
 
+import java.util.ArrayList;
+import java.util.List;
+
 import org.apache.flink.api.common.functions.FilterFunction;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.api.common.typeinfo.Types;
+import org.apache.flink.api.dag.Transformation;
 import org.apache.flink.api.java.functions.KeySelector;
 import org.apache.flink.streaming.api.datastream.DataStream;
+import org.apache.flink.streaming.api.transformations.LegacySourceTransformation;
+import org.apache.flink.streaming.api.transformations.SourceTransformation;
 import org.apache.flink.table.api.bridge.java.StreamTableEnvironment;
 import org.apache.flink.types.Row;
 
@@ -31,6 +37,7 @@ public final class RealtimeGraph {
         Program program = Program.parse(programJson);
         String src = program.source;
         DataStream<Row> all = tEnv.toDataStream(tEnv.from(table));
+        pinSourceUid(all, src);
         DataStream<Row> rejected = all.filter(new Rejected(reasonColumn, true))
             .name("hw-rejected " + src).uid("hw-rejected-" + src);
         tEnv.createTemporaryView(dlqView, tEnv.fromDataStream(rejected));
@@ -45,6 +52,33 @@ public final class RealtimeGraph {
                 .uid("hw-views-" + id)
                 .sinkTo(new RedisSink(programJson, g.index)).name("hw-store " + id).uid("hw-store-" + id);
         }
+    }
+
+    /**
+     * Give the source's Kafka table scan the uid {@code hw-kafka-<source>}, so its offsets restore into a
+     * job compiled from another plan.
+     *
+     * <p>The table planner sets no uid (Flink 2.x {@code table.exec.uid.generation} is PLAN_ONLY: uids
+     * only for a compiled plan, and its {@code table.exec.uid.format} {@code <id>_<transformation>}
+     * numbers exec nodes in planning order anyway), so the scan would get a hash of its place in the
+     * graph, which moves when a view adds a filter column or a source is added. The table has been
+     * translated by {@code toDataStream} at this point: its one source transformation is among the
+     * stream's predecessors, and its uid can still be set before the job graph is built. The operators
+     * between the scan and here (projection, decode, rules) hold no state.
+     */
+    static void pinSourceUid(DataStream<Row> stream, String source) {
+        List<Transformation<?>> scans = new ArrayList<>();
+        for (Transformation<?> t : stream.getTransformation().getTransitivePredecessors()) {
+            if (t instanceof SourceTransformation || t instanceof LegacySourceTransformation) {
+                scans.add(t);
+            }
+        }
+        if (scans.size() != 1) {
+            throw new IllegalStateException("source " + source + ": expected one Kafka scan upstream of its"
+                + " routed table, found " + scans.size() + " (" + scans + "); the realtime SQL half changed"
+                + " shape (pipelines/realtime/sql.py)");
+        }
+        scans.get(0).setUid("hw-kafka-" + source);
     }
 
     /** Rows with a reason (rejected: {@code want} true) or without one (good events). */

@@ -16,6 +16,8 @@ import org.apache.flink.streaming.api.operators.OneInputStreamOperator;
 import org.apache.flink.streaming.api.watermark.Watermark;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 import org.apache.flink.types.Row;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The realtime tier's keyed window operator: every view of one (join key, slide) group, per entity.
@@ -39,6 +41,7 @@ import org.apache.flink.types.Row;
 public final class ViewOperator extends AbstractStreamOperator<Update>
         implements OneInputStreamOperator<Row, Update>, ProcessingTimeCallback {
     private static final long serialVersionUID = 1L;
+    private static final Logger LOG = LoggerFactory.getLogger(ViewOperator.class);
     static final String STATE = "hw-entities";
     /** The clock advances with the wall clock on an idle stream only when it is this close to it. */
     static final long LIVE_HORIZON_MS = 10 * 60 * 1000L;
@@ -88,7 +91,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         program = Program.parse(programJson);
         group = program.groups.get(groupIndex);
         agg = new Aggregator(group);
-        state = getPartitionedState(new ValueStateDescriptor<>(STATE, new KeyStateSerializer()));
+        state = getPartitionedState(new ValueStateDescriptor<>(STATE, new KeyStateSerializer(agg.layout)));
         queue = new PriorityQueue<>((a, b) -> Long.compare(a.at, b.at));
         maxEventTime = Long.MIN_VALUE;
         watermarkClock = Long.MIN_VALUE;
@@ -112,18 +115,48 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         getProcessingTimeService().registerTimer(now() + TICK_MS, this);
     }
 
-    /** After a restore, queue every entity with a scheduled change (the queue is not checkpointed). */
+    /**
+     * After a restore, bring every entity's state into this program's layout and queue every entity
+     * with a scheduled change (the queue is not checkpointed).
+     *
+     * <p>A restored state may come from a job compiled from another plan (one checkpoint folder for
+     * the job, whatever the registry version): {@link Aggregator#adopt} keeps the views whose name and
+     * version are still in the group and drops the others, here, for every key, before the first event;
+     * so a dropped view's partials do not outlive the restore (they are in no later checkpoint). A
+     * group that is gone altogether is state no operator claims, which the job drops at restore
+     * ({@code execution.state-recovery.ignore-unclaimed-state}).
+     */
     private void restoreQueue() throws Exception {
         List<Object> keys = new ArrayList<>();
         try (Stream<Object> s = getKeyedStateBackend().getKeys(STATE, VoidNamespace.INSTANCE)) {
             s.forEach(keys::add);
         }
+        Layout from = null;
+        long adopted = 0;
         for (Object key : keys) {
             setCurrentKey(key);
             KeyState st = state.value();
-            if (st != null && st.scheduled != KeyState.NONE) {
+            if (st == null) {
+                continue;
+            }
+            Layout was = st.layout;
+            if (agg.adopt(st)) {
+                from = was;
+                adopted++;
+                st.scheduled = KeyState.NONE;  // the windows changed: so may the next change boundary
+                schedule(st, key);
+                state.update(st);
+            } else if (st.scheduled != KeyState.NONE) {
                 queue.add(new Due(st.scheduled, key));
             }
+        }
+        if (adopted > 0) {
+            LOG.info("source {} group {}: restored {} entities into views [{}] from views [{}]; dropped [{}],"
+                + " started empty [{}]", program.source, group.id, adopted, agg.layout, from,
+                String.join(", ", agg.layout.dropped(from)), String.join(", ", from.dropped(agg.layout)));
+        } else if (!keys.isEmpty()) {
+            LOG.info("source {} group {}: restored {} entities, views [{}] unchanged", program.source, group.id,
+                keys.size(), agg.layout);
         }
     }
 
