@@ -96,7 +96,7 @@ flink_conf() {  # flink_conf NAME: write NAME's conf dir (config.yaml + log4j) a
   mkdir -p "$dir/conf" "$dir/log" "$dir/lib"
   opts="$(sed -n 's/^ *all: //p' "$FLINK_DIST/conf/config.yaml" | head -1)"
   sed -e "s#@HOST@#$HOST#g" -e "s#@JM_RPC_PORT@#$FLINK_RPC#g" -e "s#@REST_PORT@#$FLINK_REST#g" \
-      -e "s#@DIR@#$dir#g" -e "s#@JAVA_OPTS_ALL@#$opts#g" "$TEMPLATES/flink-config.yaml" > "$dir/conf/config.yaml"
+      -e "s#@DIR@#$dir#g" -e "s#@NAME@#$1#g" -e "s#@JAVA_OPTS_ALL@#$opts#g" "$TEMPLATES/flink-config.yaml" > "$dir/conf/config.yaml"
   cp "$FLINK_DIST"/conf/log4j*.properties "$dir/conf/"
   # The distribution's lib/ plus flink-python from opt/ (Python UDFs run on the TaskManagers).
   ln -sfn "$FLINK_DIST"/lib/*.jar "$dir/lib/"

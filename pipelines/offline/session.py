@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from headwater.pipelines.jvm import spark_session
@@ -11,7 +13,13 @@ if TYPE_CHECKING:
 
 
 def offline_session(app_name: str, master: str | None = None) -> SparkSession:
-    """Return a Spark session with Delta; the Delta log is read with few tasks (local runs have 2 cores)."""
+    """Return a Spark session with Delta; the Delta log is read with few tasks (local runs have 2 cores).
+
+    ``master`` (``spark://HOST:PORT``) sends the jobs to a standalone cluster; its executors start
+    Python UDF workers with this interpreter (PySpark's default is ``python3`` from the PATH, which
+    has no headwater outside an activated venv) unless ``PYSPARK_PYTHON`` says otherwise.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = spark_session(app_name, master)
     spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")
     spark.sparkContext.setLogLevel("ERROR")
