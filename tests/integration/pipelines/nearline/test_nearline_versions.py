@@ -264,3 +264,42 @@ def _rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def test_repartitioned_view_added_then_changed(env: h.Env) -> None:
+    """A view keyed by item (behind a repartition) added to a running plan: stage A forwards the
+    history by the new key once, stage B computes it from the start; then a window change of that
+    view restarts only its stage-B state, backfilled from the repartition topic."""
+    activity = h.nearline_views()[0]
+    item = h.item_views()[0]
+    write(env, [activity])
+    h.produce(env.settings, 3_000, seed=48)
+    run(env)
+    before = snapshot(env, activity)
+    write(env, [activity, item])
+    second = run(env)
+    stage_a = [t["restored"] for t in second["tasks"] if "wm_src" not in t]
+    stage_b = [t["restored"] for t in second["tasks"] if "wm_src" in t]
+    assert len(stage_a) == len(stage_b) == env.partitions
+    for r in stage_a:
+        assert r["kept"] == ["nl_activity"]
+        assert (r["backfill"]["views"], r["backfill"]["reforward"]) == ([], ["item_id"])
+    for r in stage_b:  # a new topic: every stage-B task starts with its stream, nothing to backfill
+        assert (r["kept"], r["backfill"]) == (["nl_item"], None)
+    assert_same(before, snapshot(env, activity))
+    assert h.compare_items(env, h.expected(env.settings)) > 40
+    wider = item.model_copy(
+        update={"features": [f.model_copy(update={"window": "60m", "window_s": 3600}) for f in item.features]}
+    )
+    write(env, [activity, wider])
+    third = run(env)
+    for t in third["tasks"]:
+        r = t["restored"]
+        if "wm_src" in t:
+            assert list(r["dropped"]) == ["nl_item"]
+            assert r["backfill"]["views"] == ["nl_item"]
+            assert r["backfill"]["records"] > 0
+        else:
+            assert (r["kept"], r["dropped"], r["backfill"]) == (["nl_activity"], {}, None)
+    assert_same(before, snapshot(env, activity))
+    assert check(env, [wider]) > 40
