@@ -4,7 +4,7 @@ The item vectors come from the registry's item views in Redis, exactly as the ra
 (one key per (view, item), :mod:`headwater.pipelines.store`). A refresh never re-embeds what did
 not change; its steps (:meth:`IndexRefresher.refresh`):
 
-1. List each item view's keys (``SCAN MATCH <prefix>*``, keys only). An item is in the catalog
+1. List the item views' keys (one ``SCAN`` of the namespace, keys only). An item is in the catalog
    while any item view holds a key for it; ids indexed before and now in no view (deleted, or
    expired by the view's TTL) are removed from the index.
 2. Read each present item's write time, the header field every tier stamps on each write
@@ -81,6 +81,21 @@ class StoreItemSource:
             for key in self.store.client.scan_iter(match=pattern, count=self.batch * 5)
         }
 
+    def catalog(self) -> set[str]:
+        """Return every entity id with a key in any of the side's views: one ``SCAN`` of the namespace.
+
+        One pass over the keyspace for all views instead of one per view (``SCAN MATCH`` walks every
+        key of the database whatever the pattern).
+        """
+        ns = self.store.namespace.replace("{", "\\{").replace("}", "\\}").replace("*", "\\*")
+        prefixes = {key_prefix(lay.view, self.store.namespace).encode("utf-8") for lay in self.side.layouts}
+        out: set[str] = set()
+        for key in self.store.client.scan_iter(match=ns + ":\\{*", count=self.batch * 5):
+            cut = key.find(b"}:") + 2
+            if cut > 1 and key[:cut] in prefixes:
+                out.add(key[cut:].decode("utf-8"))
+        return out
+
     def write_times(self, layout: ViewLayout, ids: list[str]) -> npt.NDArray[np.int64]:
         """Write time (ms) of each id's key in ``layout``'s view; 0 where it has none (gone since)."""
         out = np.zeros(len(ids), dtype=np.int64)
@@ -147,8 +162,7 @@ class IndexRefresher:
         started = time.perf_counter()
         layouts = self.source.side.layouts
         # Step 1
-        per_view = [self.source.ids(layout) for layout in layouts]
-        present = sorted(set().union(*per_view))
+        present = sorted(self.source.catalog())
         catalog = set(present)
         gone = [i for i in self._indexed if i not in catalog]
         removed = self.index.remove(gone)

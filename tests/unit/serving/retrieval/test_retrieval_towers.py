@@ -129,6 +129,9 @@ class FakeSource:
     def ids(self, layout: ViewLayout) -> set[str]:
         return set(self.rows[layout.view])
 
+    def catalog(self) -> set[str]:
+        return set().union(*self.rows.values())
+
     def write_times(self, layout: ViewLayout, ids: list[str]) -> np.ndarray:
         rows = self.rows[layout.view]
         return np.array([rows[i][0] if i in rows else 0 for i in ids], dtype=np.int64)
