@@ -212,6 +212,108 @@ def worker(backend: str, data: Path, threads: int) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- retrieval end to end
+
+
+def retrieval(n_items: int, n_queries: int) -> dict[str, Any]:
+    """Measure the chosen index behind the two-tower model, fed from a private Redis through the store.
+
+    Item vectors of the example registry's item views are written through the online store into a
+    redis-server of this run only; the refresher builds the index from them, then refreshes it after
+    1% of the items change (one view's slots) and 0.1% are deleted. Recall@100 is measured against
+    exact search over the same embeddings; retrieve() latency includes the user tower.
+    """
+    import torch
+
+    from headwater.pipelines.store import OnlineStore
+    from headwater.pipelines.store.testing import OwnRedis
+    from headwater.serving.config import ServingConfig
+    from headwater.serving.registry import registry_from_repo
+    from headwater.serving.retrieval import (
+        ExactIndex,
+        IndexRefresher,
+        ItemIndex,
+        StoreItemSource,
+        TowerOptions,
+        TwoTowerRetriever,
+        recall_at_k,
+        train_two_tower,
+    )
+    from headwater.serving.store import OnlineStoreReader, now_ms
+    from headwater.serving.synthetic import make_world, training_set, write_world
+
+    registry = registry_from_repo(
+        Path(__file__).resolve().parents[1] / "features", ServingConfig().popularity
+    )
+    world = make_world(registry, users=2_000, items=n_items, seed=21)
+    started = time.perf_counter()
+    model = train_two_tower(
+        training_set(registry, world, slates=5_000, seed=21), TowerOptions(threads=1)
+    ).model
+    out: dict[str, Any] = {"items": n_items, "train_s": round(time.perf_counter() - started, 1)}
+    with tempfile.TemporaryDirectory(prefix="bench_ret_") as tmp:
+        server = OwnRedis(Path(tmp))
+        server.start()
+        try:
+            import redis
+
+            store = OnlineStore(redis.Redis(port=server.port, socket_timeout=60))
+            started = time.perf_counter()
+            write_world(OnlineStoreReader(store), registry, world, now_ms())
+            out["write_s"] = round(time.perf_counter() - started, 1)
+            index = ItemIndex(model.embed_dim)
+            refresher = IndexRefresher(StoreItemSource(store, registry.item), model, index, "bench")
+            rss0 = rss_mb()
+            full = refresher.refresh()
+            out["full_build"] = {
+                "seconds": full.seconds,
+                "added": full.added,
+                "rss_growth_mb": round(rss_mb() - rss0, 1),
+            }
+            out["index_memory_mb"] = round(index.memory_bytes / 2**20, 1)
+            exact = ExactIndex(model.embed_dim)
+            exact.upsert(world.item_ids, model.embed_items(world.items))
+            users = world.users[np.random.default_rng(3).integers(0, len(world.users), n_queries)]
+            out["recall_at_100"] = round(recall_at_k(index, exact, model.embed_users(users), 100), 4)
+            retriever = TwoTowerRetriever(model, index)
+            torch.set_num_threads(1)  # single-threaded queries, as the ANN runs
+            lat, cpu = [], []
+            for u in users:
+                t, c = time.perf_counter_ns(), time.thread_time_ns()
+                retriever.retrieve(u, 100)
+                lat.append((time.perf_counter_ns() - t) / 1000.0)
+                cpu.append((time.thread_time_ns() - c) / 1000.0)
+            out["retrieve_100_us"] = {
+                "p50": round(float(np.percentile(lat, 50)), 1),
+                "p99": round(float(np.percentile(lat, 99)), 1),
+            }
+            out["retrieve_100_cpu_us"] = {
+                "p50": round(float(np.percentile(cpu, 50)), 1),
+                "p99": round(float(np.percentile(cpu, 99)), 1),
+            }
+            rng = np.random.default_rng(4)
+            changed = rng.choice(n_items, n_items // 100, replace=False)
+            deleted = rng.choice(np.setdiff1d(np.arange(n_items), changed), n_items // 1000, replace=False)
+            layout = registry.item.layouts[-1]
+            lo, hi = registry.item.offsets[-2], registry.item.offsets[-1]
+            ids = [world.item_ids[j] for j in changed.tolist()]
+            store.write_batch(layout, ids, world.items[changed][:, lo:hi] * 1.5, now_ms() + 1000)
+            for lay in registry.item.layouts:
+                gone = [f"{store.namespace}:{{{lay.view}}}:{world.item_ids[j]}" for j in deleted.tolist()]
+                store.client.delete(*gone)
+            step = refresher.refresh()
+            out["incremental"] = {
+                "seconds": step.seconds,
+                "updated": step.updated,
+                "removed": step.removed,
+                "unchanged": step.unchanged,
+            }
+            store.close()
+        finally:
+            server.stop()
+    return out
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -237,10 +339,12 @@ def run(
 ) -> dict[str, Any]:
     """Measure every (size, dim, backend); with ``append``, keep the JSON's runs of other combinations."""
     earlier: list[dict[str, Any]] = []
+    kept: dict[str, Any] = {}
     if append and RESULTS.exists():
         wanted = {(n, d, b) for n in sizes for d in dims for b in backends}
-        runs = json.loads(RESULTS.read_text(encoding="utf-8")).get("runs", [])
-        earlier = [r for r in runs if (r["n"], r["dim"], r["backend"]) not in wanted]
+        old = json.loads(RESULTS.read_text(encoding="utf-8"))
+        earlier = [r for r in old.get("runs", []) if (r["n"], r["dim"], r["backend"]) not in wanted]
+        kept = {k: old[k] for k in ("retrieval", "choice") if k in old}
     report: dict[str, Any] = {
         "benchmark": "ann",
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -250,6 +354,7 @@ def run(
         "data": f"{CLUSTERS} Zipf-sized clusters on an anisotropic basis, unit vectors, inner product",
         "queries": n_queries,
         "runs": earlier,
+        **kept,
     }
     for n in sizes:
         for d in dims:
@@ -295,6 +400,7 @@ def print_row(e: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    global RESULTS  # --out: one switch for the whole run
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--dims", default="32,64")
@@ -302,9 +408,22 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--append", action="store_true", help="keep the JSON's runs of other sizes/dims")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON to write [default: %(default)s]")
+    parser.add_argument(
+        "--retrieval", type=int, metavar="N", help="only the end-to-end retrieval run, N items"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    RESULTS = args.out
+    if args.retrieval:
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        result = {"load_avg_before": load, **retrieval(args.retrieval, 500)}
+        print(json.dumps(result, indent=2))
+        report = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {"runs": []}
+        report.setdefault("retrieval", {})[str(args.retrieval)] = result
+        RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, Path(args.data), args.build_threads)))
         return
