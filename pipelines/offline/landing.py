@@ -10,6 +10,10 @@ committed twice is skipped by Delta itself), and a restart resumes from the last
 crash before the commit lands nothing and the batch is read again; a crash after it resumes
 past it. Each row also keeps its ``kafka_partition``/``kafka_offset``.
 
+Kafka outages: a run that loses the broker (a timed-out offset request, flush or dead-letter ack,
+or no broker when it reconnects) closes its clients and starts again from the table's checkpoint
+after a back-off, for up to ``kafka_patience_s`` (``LandingStats.retries`` counts the attempts).
+
 One lander per table: :class:`~.landing_lock.LandingLock` (an ``flock`` in the table's folder,
 released by the kernel even after kill -9) makes a second landing process of the same source
 refuse with a message naming the first, instead of landing rows twice.
@@ -45,6 +49,7 @@ from headwater.pipelines.offline.landing_lock import LandingLock
 from headwater.pipelines.offline.landing_state import (
     CHUNK_RECORDS,
     MARKER,
+    BrokerUnavailableError,
     Checkpoint,
     LandingConfig,
     LandingError,
@@ -52,6 +57,7 @@ from headwater.pipelines.offline.landing_state import (
     read_checkpoint,
 )
 from headwater.pipelines.offline.source_columns import BRONZE_WRITE_OPTIONS, with_date
+from headwater.pipelines.retry import retry_call
 
 __all__ = [
     "MARKER", "Checkpoint", "Lander", "LandingConfig", "LandingError", "LandingStats", "land_sources",
@@ -94,18 +100,35 @@ class Lander:
             LandingError: another landing process lands this table (:mod:`.landing_lock`), or the
                 broker, a topic or the table is not usable.
         """
+        from kafka.errors import KafkaError
+
+        stats = LandingStats()
+        started = time.monotonic()
+
+        def again(exc: BaseException, wait_s: float) -> None:
+            stats.retries += 1
+
+        def land() -> LandingStats:
+            return self._land(stats, started, follow, max_batches, progress, stop)
+
         with LandingLock(self.config.table, self.config.source.name):
-            return self._land(follow, max_batches, progress, stop)
+            # A broker outage mid-run: the batch in flight is not committed; the next attempt resumes
+            # from the table's checkpoint, so a retry lands nothing twice (dead letters: at least once).
+            what = f"source {self.config.source.name!r}: landing {self.config.topic!r}"
+            retry_on = (KafkaError, BrokerUnavailableError)
+            return retry_call(
+                land, retry_on, what, give_up_after_s=self.config.kafka_patience_s, on_retry=again
+            )
 
     def _land(
         self,
+        stats: LandingStats,
+        started: float,
         follow: bool,
         max_batches: int | None,
         progress: Callable[[LandingStats], None] | None,
         stop: threading.Event | None,
     ) -> LandingStats:
-        stats = LandingStats()
-        started = time.monotonic()
         checkpoint = read_checkpoint(self.spark, self.config)
         consumer, producer = self._open()
         pending: Future[None] | None = None
@@ -252,7 +275,7 @@ class Lander:
             )  # fmt: skip
         except KafkaError:
             msg = f"no Kafka broker at {cfg.bootstrap}; start it with `make services-up`"
-            raise LandingError(msg) from None
+            raise BrokerUnavailableError(msg) from None
         return consumer, producer
 
     def _assign(self, consumer: KafkaConsumer, checkpoint: Checkpoint) -> list[Any]:

@@ -23,6 +23,10 @@ class LandingError(RuntimeError):
     """Landing cannot go on (broker, topic or table problem); the message says what to do."""
 
 
+class BrokerUnavailableError(LandingError):
+    """No Kafka broker answered; the lander retries for ``kafka_patience_s`` before raising it."""
+
+
 @dataclass(frozen=True)
 class LandingConfig:
     """Where to read (the source's topic, from the plan), where to write, and how big a batch is.
@@ -39,6 +43,8 @@ class LandingConfig:
     workers: int = 1
     """Reader processes (each consumes and decodes its share of the partitions); 1 reads in-process."""
     poll_timeout_ms: int = 500
+    kafka_patience_s: float = 120.0
+    """How long a run retries while Kafka is unreachable (from the first failure) before it fails."""
 
     @property
     def topic(self) -> str:
@@ -96,6 +102,8 @@ class LandingStats:
     malformed: int = 0
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+    """Runs started again after a Kafka failure (each resumes from the table's checkpoint)."""
 
     def count_reasons(self) -> None:
         """Set ``late``, ``future`` and ``malformed`` from the dead-letter ``reasons``."""
