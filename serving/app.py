@@ -23,15 +23,20 @@ from headwater.serving.business import BusinessMetrics
 from headwater.serving.config import ServingConfig
 from headwater.serving.engine import NO_AGES, Job, Models, Ranked, RankingEngine, RankQuery
 from headwater.serving.experiments import ArmEngines, with_arm
-from headwater.serving.feedback import FeedbackProducer, feedback_event, impression_events, new_request_id
+from headwater.serving.feedback import (
+    FeedbackProducer,
+    FeedbackRefused,
+    IdempotencyKeys,
+    impression_events,
+    new_request_id,
+    receive_feedback,
+)
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.model import gpu_memory_used_percent
 from headwater.serving.recording import Recorder
 from headwater.serving.registry import BoundRegistry
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.schemas import (
-    MAX_FEEDBACK_AGE_S,
-    MAX_FEEDBACK_SKEW_S,
     ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
@@ -193,6 +198,7 @@ def create_app(
     fetcher = FeatureFetcher(reader, registry, cache, io, (binding.user_columns, binding.item_columns))
     state: dict[str, RankingEngine] = {}
     admission = Admission(config.admission, telemetry.registry)
+    keys = IdempotencyKeys()
     business = BusinessMetrics(telemetry.registry)
 
     def new_batcher(models: LoadedModels) -> MicroBatcher[Job, npt.NDArray[np.float32]] | None:
@@ -391,29 +397,32 @@ def create_app(
         status_code=202,
         responses=REFUSED,
     )
-    async def post_feedback(body: FeedbackRequest) -> Response:
-        """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka, never a 5xx."""
-        now = now_ms()
-        at = body.event_time_ms if body.event_time_ms is not None else now
-        problem = _feedback_time_problem(at, now)
-        if problem is None:
-            event_id = body.event_id or f"fb-{new_request_id()}"
-            session = body.session_id or body.request_id or f"fb-{body.user_id}"
-            try:
-                event = feedback_event(
-                    event_id, body.user_id, body.item_id, body.event_type, at, session, body.device,
-                    position=body.position, category=body.category, price=body.price, dwell_ms=body.dwell_ms,
-                )  # fmt: skip
-            except ValueError as exc:
-                problem = str(exc)
-        if problem is not None:
+    async def post_feedback(
+        body: FeedbackRequest,
+        idempotency_key: Annotated[
+            str | None, Header(alias="Idempotency-Key", description="Same as the idempotency_key field.")
+        ] = None,
+    ) -> Response:
+        """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka, never a 5xx.
+
+        A retry with the same idempotency key produces the same event (``headwater.serving.feedback``).
+        """
+        try:
+            got = receive_feedback(body, idempotency_key, keys, now_ms())
+        except FeedbackRefused as exc:
             telemetry.rejected.labels("invalid").inc()
-            return FastJSON({"detail": f"invalid feedback: {problem}", "errors": []}, status_code=422)
+            errors = [{"field": exc.field, "message": exc.message}]
+            return FastJSON({"detail": f"invalid feedback: {exc}", "errors": errors}, status_code=422)
         arm = arms.arm_of(body.user_id)
-        queued = feedback.offer(with_arm([event], arm)) == 1 if feedback is not None else False
-        if body.event_type == "click":
+        queued = False
+        if feedback is not None and got.send:
+            queued = feedback.offer(with_arm([got.event], arm)) == 1
+        if body.event_type == "click" and not got.replayed:
             business.clicked(body.request_id, body.session_id, arm)
-        return FastJSON({"event_id": event_id, "event_time_ms": at, "queued": queued}, status_code=202)
+        event = got.event
+        answer = {"event_id": event["event_id"], "event_time_ms": event["event_time"], "queued": queued,
+                  "replayed": got.replayed}  # fmt: skip
+        return FastJSON(answer, status_code=202)
 
     @app.get("/health", response_model=HealthResponse)
     async def health() -> HealthResponse:
@@ -464,21 +473,6 @@ REFUSED: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "The request is not valid; one entry per field"},
 }
 """The refusals documented on every POST route."""
-
-
-def _feedback_time_problem(at_ms: int, now: int) -> str | None:
-    """Return what is wrong with a feedback event time, or None (the tiers DLQ late events)."""
-    if at_ms < now - MAX_FEEDBACK_AGE_S * 1000:
-        return (
-            f"event_time_ms: {at_ms} is {(now - at_ms) / 1000:.1f} s old; at most {MAX_FEEDBACK_AGE_S:g} s"
-            " (omit it to use the time of the post)"
-        )
-    if at_ms > now + MAX_FEEDBACK_SKEW_S * 1000:
-        return (
-            f"event_time_ms: {at_ms} is {(at_ms - now) / 1000:.1f} s in the future; at most"
-            f" {MAX_FEEDBACK_SKEW_S:g} s (check the client's clock)"
-        )
-    return None
 
 
 def _feedback_stats(feedback: FeedbackProducer | None) -> FeedbackStats | None:
