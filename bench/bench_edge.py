@@ -10,12 +10,13 @@ One command: ``.venv/bin/python bench/bench_edge.py`` (``--quick`` for a smoke r
    interleaved, ``--runs`` times; reports request and response payload bytes (JSON body vs
    protobuf message; REST's HTTP/1.1 head is counted apart), p50/p99, QPS and the service's CPU
    milliseconds per request, per-level medians;
-3. starts ``headwater serve --admission`` (the default quotas: vip 50/s, regular 20/s, new 5/s)
-   and offers an open-loop load above the regular quota (default vip 30/s, regular 40/s, new
-   10/s, arrivals evenly spaced, each request on its own task), then the same load to a service
-   with admission off; reports per class p50/p99 of the answered requests and the throttled
-   share;
-4. prints both tables with the load average and writes ``bench/results/bench_edge.json``.
+3. offers an open-loop load above the regular quota (default vip 30/s, regular 40/s, new
+   10/s, arrivals evenly spaced, each request on its own task, the class in ``X-User-Class``) to
+   a service with admission off, on (the default quotas vip 50/s, regular 20/s, new 5/s and the
+   default gate), and on with other gates (``--gates``), ``--class-runs`` times in rotating
+   order; reports per class p50/p99 of the answered requests and the throttled share;
+4. prints both tables with the load average and writes ``bench/results/bench_edge.json``
+   (``--parts classes`` reruns one part and keeps the other's figures from the file).
 
 Other processes share the CPUs: read the figures next to the load average printed with them.
 """
@@ -55,7 +56,7 @@ from bench_serve import (  # same folder: the serving benchmark's set-up helpers
 
 from headwater.client.transport import RANK_METHOD
 from headwater.pipelines.settings import Settings
-from headwater.serving.config import DEFAULT_POPULARITY
+from headwater.serving.config import DEFAULT_POPULARITY, ServingConfig
 from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader
@@ -78,7 +79,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--class-seconds", type=float, default=15.0)
     ap.add_argument("--class-candidates", type=int, default=500)
     ap.add_argument("--class-runs", type=int, default=2, help="Runs of each admission scenario.")
-    ap.add_argument("--gate", type=int, default=8, help="max_in_flight of the small-gate scenario.")
+    ap.add_argument("--gates", default="8,64", help="Other max_in_flight values to run admission with.")
+    ap.add_argument(
+        "--parts", default="protocols,classes",
+        help="Parts to run; a part not run keeps its figures from the existing --out file.",
+    )  # fmt: skip
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--redis-url", default=Settings.from_env().redis_url)
     ap.add_argument("--seed", type=int, default=11)
@@ -288,19 +293,30 @@ async def offered_load(
     opened: list[asyncio.StreamWriter] = []
 
     async def one(user_class: str, request: bytes) -> None:
-        if idle:
-            reader, writer = idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            opened.append(writer)
         began = time.perf_counter()
-        writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        match = _LENGTH.search(head)
-        await reader.readexactly(int(match.group(1)) if match else 0)
+        code = 0
+        for attempt in range(2):  # a pooled connection the server closed (keep-alive timeout): a new one
+            fresh = attempt == 1 or not idle
+            if fresh:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                opened.append(writer)
+            else:
+                reader, writer = idle.pop()
+            try:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                match = _LENGTH.search(head)
+                await reader.readexactly(int(match.group(1)) if match else 0)
+            except (OSError, asyncio.IncompleteReadError):
+                writer.close()
+                if fresh:
+                    break
+                began = time.perf_counter()
+                continue
+            idle.append((reader, writer))
+            code = int(head[9:12])
+            break
         took = (time.perf_counter() - began) * 1000.0
-        idle.append((reader, writer))
-        code = int(head[9:12])
         kind = "ok" if code == 200 else "throttled" if code == 429 else "other"
         seen[user_class][kind].append(took)
 
@@ -342,19 +358,18 @@ def with_class(request: bytes, user_class: str) -> bytes:
 def part_classes(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """Offer the same load to each admission scenario, ``args.class_runs`` times in rotating order.
 
-    Scenarios: admission off; on with the default quotas and gate (64 in flight); on with a
-    gate of ``args.gate`` in flight, so that waiting happens at the gate, where VIP goes first.
+    Scenarios: admission off; on with the default quotas and gate; on with each other gate of
+    ``args.gates`` in flight (waiting happens at the gate, where VIP goes first).
     Returns per scenario and class the summed counts and the median p50/p99 over the runs.
     """
     rates = {k: float(v) for k, v in (pair.split("=") for pair in args.rates.split(","))}
     bodies = request_bodies(args, args.class_candidates, args.seed + 7)
-    gate_config = ctx["work"] / "gate.yaml"
-    gate_config.write_text(f"admission:\n  enabled: true\n  max_in_flight: {args.gate}\n")
-    scenarios = {
-        "off": ["--no-admission"],
-        "on": ["--admission"],
-        f"on, gate {args.gate}": ["--config", str(gate_config)],
-    }
+    default_gate = ServingConfig().admission.max_in_flight
+    scenarios = {"off": ["--no-admission"], f"on, gate {default_gate} (default)": ["--admission"]}
+    for gate in (int(g) for g in args.gates.split(",") if g):
+        gate_config = ctx["work"] / f"gate{gate}.yaml"
+        gate_config.write_text(f"admission:\n  enabled: true\n  max_in_flight: {gate}\n")
+        scenarios[f"on, gate {gate}"] = ["--config", str(gate_config)]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in scenarios}
     names = list(scenarios)
     for run in range(args.class_runs):
@@ -415,9 +430,11 @@ def main() -> None:
     print(f"writing {args.users} users and {args.items} items under namespace {namespace} ...", flush=True)
     write_features(reader, registry, args.users, args.items, args.seed)
     ctx = {"model": model, "namespace": namespace, "state": state, "work": work}
+    parts = set(args.parts.split(","))
+    before = json.loads(args.out.read_text()) if args.out.exists() else {}
     try:
-        protocols = part_protocols(args, ctx)
-        classes = part_classes(args, ctx)
+        protocols = part_protocols(args, ctx) if "protocols" in parts else before.get("protocols", [])
+        classes = part_classes(args, ctx) if "classes" in parts else before.get("classes", [])
     finally:
         drop_namespace(args.redis_url, namespace)
         reader.close()
@@ -454,6 +471,8 @@ def report(args: argparse.Namespace, protocols: list[dict[str, Any]], classes: l
         "class_candidates": args.class_candidates,
         "class_seconds": args.class_seconds,
         "class_rates_offered": args.rates,
+        "parts_run": args.parts,
+        "load_note": "2 shared cores; load_avg_1m beside each figure (other agents' jobs)",
         "classes": classes,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
