@@ -234,6 +234,7 @@ class Recorded:
     items: list[str] | None
     """The ranked item ids of the recorded answer (None: no answer was recorded)."""
     fallback: str | None
+    """``<fallback> (<reason>)`` of the recorded answer, None when the DCN answered."""
     source: str
     """``file:line`` of the record."""
 
@@ -329,4 +330,6 @@ def _parse_line(raw: bytes, where: str) -> Recorded:
         if fallback is not None and not isinstance(fallback, str):
             msg = f"{where}: answer.fallback must be a string or null"
             raise RecordFileError(msg)
+        if fallback is not None:
+            fallback = f"{fallback} ({answer.get('fallback_reason') or 'unknown'})"
     return Recorded(at, request, status, None if latency is None else float(latency), items, fallback, where)

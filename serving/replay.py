@@ -46,6 +46,7 @@ class Outcome:
     """None: no HTTP answer (the error says why)."""
     error: str | None
     fallback: str | None
+    """``<fallback> (<reason>)``, or None when the DCN answered."""
     changed: bool | None
     """Whether the ranked ids differ from the recording; None when not comparable."""
     behind_ms: float
@@ -245,6 +246,8 @@ async def _send(
         answer = response.json()
         items = [x["item_id"] for x in answer["items"]]
         fallback = answer.get("fallback")
+        if fallback is not None:
+            fallback = f"{fallback} ({answer.get('fallback_reason') or 'unknown'})"
     except (ValueError, KeyError, TypeError):
         outcomes[index] = Outcome(latency, response.status_code, "bad_answer", None, None, behind_ms)
         return

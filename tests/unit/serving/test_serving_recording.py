@@ -55,8 +55,8 @@ def test_recorded_lines_read_back_in_arrival_order(tmp_path: Path) -> None:
     recorder.stop_thread()
     records = read_records([path])
     assert [(r.at_ms, r.request["user_id"], r.items, r.fallback) for r in records] == [
-        (1_000, "u1", ["a", "b"], "popularity"),
-        (2_000, "u2", ["b"], "popularity"),
+        (1_000, "u1", ["a", "b"], "popularity (unknown)"),
+        (2_000, "u2", ["b"], "popularity (unknown)"),
     ]
     assert records[0].source == f"{path}:2"
     assert json.loads(path.read_text().splitlines()[0])["v"] == RECORD_VERSION
@@ -106,7 +106,7 @@ def test_the_service_records_a_sample_with_the_answer(tmp_path: Path) -> None:
     (record,) = read_records([path])
     assert record.request == body  # only the fields the client set
     assert record.items == ["i2", "i1"] == [x["item_id"] for x in got["items"]]
-    assert record.fallback == "popularity"
+    assert record.fallback == "popularity (missing_user_features)"
     assert before <= record.at_ms <= now_ms()
     assert 'headwater_recorded_requests{result="recorded"}' in metrics
 
@@ -178,22 +178,26 @@ def test_summary_counts_changes_errors_and_fallbacks(tmp_path: Path) -> None:
     lines = [
         {**GOOD, "at_ms": 0, "answer": {"items": ["a", "b"]}},
         {**GOOD, "at_ms": 1_000, "answer": {"items": ["a", "b"]}},
-        {**GOOD, "at_ms": 2_000, "answer": {"items": ["a", "b"], "fallback": "linear"}},
+        {
+            **GOOD,
+            "at_ms": 2_000,
+            "answer": {"items": ["a", "b"], "fallback": "linear", "fallback_reason": "deadline"},
+        },
         {**GOOD, "at_ms": 3_000, "answer": None},
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     records = read_records([path])
     outcomes = [
         Outcome(1.0, 200, None, None, False, 0.0),
-        Outcome(2.0, 200, None, "popularity", True, 0.0),
+        Outcome(2.0, 200, None, "popularity (store_error)", True, 0.0),
         Outcome(3.0, 503, "http_503", None, None, 40.0),
         Outcome(4.0, 200, None, None, None, 0.0),
     ]
     report = summarise(records, outcomes, "http://x", 2.0, 1.5)
     assert (report.compared, report.changed, report.changed_share) == (2, 1, 0.5)
     assert report.errors == {"http_503": 1}
-    assert report.fallbacks == {"none": 2, "popularity": 1}
-    assert report.recorded_fallbacks == {"none": 2, "linear": 1}
+    assert report.fallbacks == {"none": 2, "popularity (store_error)": 1}
+    assert report.recorded_fallbacks == {"none": 2, "linear (deadline)": 1}
     assert report.recorded_span_s == 3.0
     assert report.latency_ms["p50"] == 2.0
     assert (report.behind_schedule, report.max_behind_ms) == (1, 40.0)  # over the 10 ms tolerance
