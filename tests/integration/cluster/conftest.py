@@ -73,8 +73,12 @@ def flink_taskmanagers() -> list[str]:
     return sorted(tm["id"] for tm in get_json(f"{FLINK_REST}/taskmanagers")["taskmanagers"])
 
 
-def spark_alive_workers() -> int:
-    return int(get_json(f"{SPARK_UI}/json/")["aliveworkers"])
+def spark_alive_workers(ids: bool = False) -> Any:
+    """The number of ALIVE Spark workers (``ids``: their ids; a killed one stays ALIVE until its timeout)."""
+    got = get_json(f"{SPARK_UI}/json/")
+    if ids:
+        return [w["id"] for w in got["workers"] if w["state"] == "ALIVE"]
+    return int(got["aliveworkers"])
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str, log: Path | None = None) -> float:
