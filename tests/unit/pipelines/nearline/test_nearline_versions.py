@@ -169,3 +169,18 @@ def test_backfill_from_mid_stream_equals_the_view_run_from_the_start(
             assert _panes(new, view) == _panes(full, view), view
         new.store.close()
         full.store.close()
+
+
+def test_short_history_is_kept_in_the_meta_until_the_windows_are_full(tmp_path: Path) -> None:
+    recs, _, last = _stream(9, 600, [0])
+    task = PartitionTask(0, PartitionStore(tmp_path, 0), [ACTIVITY, SHORT], TIMING, EventCodec())
+    _run(task, recs[:300], last + 1)
+    full_at = task.views["nl_short"].t_pub + 4 * SHORT.tick_ms
+    task.adopt(task.helper(["nl_short"]), {"nl_short": full_at})
+    assert task.meta_change()  # written with the switch
+    assert task._meta()["short"] == {"nl_short": full_at}
+    assert task.stats()["short_history"] == {"nl_short": full_at}
+    _run(task, recs[300:], last + 1)
+    assert task.views["nl_short"].t_pub >= full_at
+    assert "short" not in task._meta()
+    assert task.stats()["short_history"] == {}
