@@ -339,7 +339,9 @@ def create_app(
             raise
         query = RankQuery(body.user_id, body.candidates, body.k, admitted.priority, body.deadline_ms)
         request_id = new_request_id()
-        arrived_ms, recording = now_ms(), recorder is not None and recorder.sampled()  # the record's at_ms
+        # Recorded: a sample of what users see (log_impressions); replays and benchmarks send false.
+        arrived_ms = now_ms()  # the record's at_ms
+        recording = recorder is not None and body.log_impressions and recorder.sampled()
         routed = arms.route(body.user_id, state["engine"])
         engine = routed.engine
         async with admission.slot(admitted):

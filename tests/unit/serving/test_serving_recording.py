@@ -102,6 +102,7 @@ def test_the_service_records_a_sample_with_the_answer(tmp_path: Path) -> None:
         before = now_ms()
         got = c.post("/v1/rank", json=body).json()
         c.post("/v1/rank", json={"user_id": "u1", "candidates": ["x"], "k": 5})  # invalid: not recorded
+        c.post("/v1/rank", json={**body, "log_impressions": False})  # a replay's: not recorded
         metrics = c.get("/metrics").text
     (record,) = read_records([path])
     assert record.request == body  # only the fields the client set
