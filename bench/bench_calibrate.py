@@ -1,0 +1,735 @@
+"""Calibrate the cost model from measured CPU, then check every example view's estimate against a real run.
+
+What runs (nearline; see ``--tiers``): one fixed generated stream of the behaviour source (the
+event generator, seed 17, ``--events`` records at ``--sim-rate`` events/s of event time, with its
+late, duplicate and malformed records) and of the payments source is produced once. Then, for
+each view *shape* (one aggregation kind x 4 features, filters, many panes, another join key than
+the topic's, ...) and for each example view of the tier, the real worker (``python -m
+headwater.pipelines.nearline.cli``, one process, a fresh consumer group, store folder and Redis
+namespace) consumes the whole stream alone and exits when idle.
+
+How the tier's CPU is isolated: the worker writes ``time.process_time()`` of its own process
+(user + system CPU of the worker, not wall time, so other agents' load counts little) into its
+stats file; a run of an empty topic gives the start-up and idle cost, which is subtracted. What is
+left, divided by the records consumed, is the view's CPU per event (decode, rules, dedup, state,
+changelog, Redis writes, Kafka polling, commits: everything the worker does for that view).
+
+The fit: the per-shape figures are solved by least squares (numpy) for the constants of
+:mod:`headwater.registry.cost` (``event_us``, ``agg_us`` per kind, ``where_us``, ``pane_us``,
+``rekey_us``); the filter selectivity is the measured share of events the calibration filter keeps;
+state bytes per slot and per entity come from the RocksDB folder's size after each run. The
+constants are written to ``registry/calibration/<tier>.json`` (with ``/proc/cpuinfo``'s model name,
+the cores, the date and this command), and the figures to ``bench/results/bench_calibrate.json``.
+
+Accuracy: each example view of the tier, run alone on the same stream at the declared rate of its
+source and at a second rate (``--second-rate``, the events' time spacing: it moves the boundaries
+and so the writes), is estimated with the new constants; the estimate, the measured CPU per event
+and the error are printed (target +/-30%), with the state (RocksDB folder) and online memory (Redis
+``MEMORY USAGE`` of the view's keys) against their estimates. A benchmark, not a test: nothing asserts.
+
+The realtime and offline tiers are not run by this script yet (``--tiers`` accepts only nearline);
+their calibration files hold constants derived from bench/results/realtime.json and offline.json,
+and say so.
+
+Usage: python bench/bench_calibrate.py [--events 40000] [--sim-rate 2000] [--second-rate 500] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headwater.pipelines.settings import Settings
+from headwater.registry.calibration import AGG_KINDS, calibration_path, parse_calibration
+from headwater.registry.cost import DEDUP_BUCKET_S, estimate_footprint, estimate_view, view_shape
+from headwater.registry.plans import TierPlan, build_plans, registry_hash
+from headwater.registry.sources import resolve_timing
+from headwater.registry.tiers import TIERS
+from headwater.registry.validate import check_repo
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests/integration/pipelines/nearline"))
+import harness as h  # noqa: E402  (the integration tests' helpers: topics, producers, worker start)
+
+FEATURES = ROOT / "features"
+SEED = 17
+USERS = 5_000
+CLICK_FILTER = "event_type = 'click'"
+
+
+def shape_views() -> dict[str, str]:
+    """Return the calibration views (YAML), each a shape that isolates one constant."""
+
+    def view(name: str, feats: list[str], entity: str = "user") -> str:
+        body = "".join(f"  - {f}\n" for f in feats)
+        return (
+            f"feature_view: {name}\nentity: {entity}\nsource: events\ntier: nearline\nfreshness_sla: PT10M\n"
+            f"compute_cost: 1000\nowner: calibration\ndescription: calibration shape\nfeatures:\n{body}"
+        )
+
+    def four(kind: str, extra: str = "", window: str = "1h", slide: str = "") -> list[str]:
+        s = f", slide: {slide}" if slide else ""
+        return [f"{{name: f{i}, agg: {kind}, window: {window}{s}{extra}}}" for i in range(4)]
+
+    return {
+        "cal_base": view("cal_base", ["{name: f0, agg: count, window: 1h}"]),
+        "cal_count4": view("cal_count4", four("count")),
+        "cal_sum4": view("cal_sum4", four("sum", ", field: dwell_ms")),
+        "cal_avg4": view("cal_avg4", four("avg", ", field: dwell_ms")),
+        "cal_max4": view("cal_max4", four("max", ", field: position")),
+        "cal_last4": view("cal_last4", four("last", ", field: item_id")),
+        "cal_distinct4": view("cal_distinct4", four("distinct_count", ", field: session_id")),
+        "cal_topk4": view("cal_topk4", four("top_k", ", field: category, k: 5")),
+        "cal_where4": view("cal_where4", four("count", f', where: "{CLICK_FILTER}"')),
+        "cal_panes4": view("cal_panes4", four("count", window="24h", slide="1m")),
+        "cal_rekey": view("cal_rekey", ["{name: f0, agg: count, window: 1h}"], entity="item"),
+    }
+
+
+def make_repo(tmp: Path, views: dict[str, str]) -> Path:
+    """Write a feature repo: the example's entities, sources and schemas, and ``views`` (name -> YAML)."""
+    repo = tmp / "features"
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+    for name in ("entities.yaml", "sources.yaml"):
+        shutil.copy(FEATURES / name, repo / name)
+    shutil.copytree(FEATURES / "schemas", repo / "schemas")
+    (repo / "budget.yaml").write_text("tiers: {realtime: 100000, nearline: 100000, offline: 100000}\n")
+    for name, text in views.items():
+        (repo / f"{name}.yaml").write_text(text, encoding="utf-8")
+    return repo
+
+
+def plan_of(repo: Path, topics: dict[str, str]) -> tuple[TierPlan, Any]:
+    """Return the nearline plan of ``repo`` (topics renamed to ``topics``) and the check result."""
+    result = check_repo(repo)
+    errors = [f"{d.file}:{d.line}: {d.message}" for d in result.diagnostics.errors]
+    if errors:
+        raise SystemExit("calibration repo does not check:\n" + "\n".join(errors))
+    plan = build_plans(result, registry_hash(result))["nearline"]
+    sources = [s.model_copy(update={"topic": topics[s.name]}) for s in plan.sources]
+    return plan.model_copy(update={"sources": sources}), result
+
+
+def machine() -> dict[str, Any]:
+    """Return the CPU model (``/proc/cpuinfo``), cores and Python of this machine."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"model": model, "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+class Stream:
+    """The fixed stream: behaviour topics at two event-time rates, payments, an empty topic."""
+
+    def __init__(self, settings: Settings, tmp: Path, events: int, rates: tuple[float, float]) -> None:
+        self.env = h.Env(settings=settings, tmp=tmp)
+        suffix = uuid.uuid4().hex[:8]
+        self.topics = {
+            "events": f"cal-events-{suffix}",
+            "events_b": f"cal-events-b-{suffix}",
+            "payments": f"cal-payments-{suffix}",
+            "empty": f"cal-empty-{suffix}",
+        }
+        self.env.topics = dict(self.topics)
+        self.env.settings = h.dataclasses.replace(
+            settings, events_topic=self.topics["events"], dlq_topic=f"cal-dlq-{suffix}", partitions=4
+        )
+        wanted: dict[str, dict[str, str]] = {t: {} for t in self.topics.values()}
+        h.ensure_topics(self.env.settings, {**wanted, self.env.settings.dlq_topic: {}}, 4)
+        self.records: dict[str, int] = {}
+        for key, rate in (("events", rates[0]), ("events_b", rates[1])):
+            s = h.dataclasses.replace(self.env.settings, events_topic=self.topics[key])
+            h.produce(s, events, seed=SEED, rate=rate, users=USERS)
+            self.records[key] = self.end_offset(self.topics[key])
+        h.produce_payments(self.env.settings, self.topics["payments"], max(2_000, events // 4), seed=SEED)
+        self.records["payments"] = self.end_offset(self.topics["payments"])
+        self.records["empty"] = 0
+
+    def end_offset(self, topic: str) -> int:
+        """Return the records in ``topic``."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.env.settings.kafka_bootstrap)
+        try:
+            return sum(consumer.end_offsets([TopicPartition(topic, p) for p in range(4)]).values())
+        finally:
+            consumer.close()
+
+    def cleanup(self) -> None:
+        """Delete the topics and the Redis keys of every run."""
+        self.env.cleanup()
+
+
+def run_worker(
+    stream: Stream, plan: TierPlan, topic_key: str, view: str | None, idle_exit_s: float = 5.0
+) -> dict[str, Any]:
+    """Run the nearline worker alone on one topic until it has committed every record; its figures."""
+    from redis import Redis
+
+    env = stream.env
+    env.group = f"cal-{uuid.uuid4().hex[:10]}"
+    env.namespace = f"c{uuid.uuid4().hex[:8]}"
+    shutil.rmtree(env.store_dir, ignore_errors=True)
+    h._write(env.tmp, plan)
+    topic = stream.topics[topic_key]
+    records = stream.records[topic_key]
+    proc = env.start(idle_exit_s, 5_000, 1)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if records and env.committed(topic) >= records:
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    proc.wait(timeout=300)
+    stats = [json.loads(p.read_text()) for p in sorted(env.store_dir.glob("stats-*.json"))]
+    c = stats[0]["counters"]
+    state = sum(sum(s["state_bytes"].values()) for s in stats)
+    redis = Redis.from_url(env.settings.redis_url)
+    keys = list(redis.scan_iter(match=f"{env.namespace}:{{{view}}}:*", count=1000)) if view else []
+    memory = sum(int(redis.memory_usage(k) or 0) for k in keys)
+    for k in redis.scan_iter(match=f"{env.namespace}:*", count=1000):
+        redis.unlink(k)
+    redis.close()
+    return {
+        "records": records,
+        "events": int(c["events"]),
+        "cpu_s": float(c["cpu_s"]),
+        "written": int(c.get("written", 0)),
+        "state_bytes": state,
+        "entities": sum(sum(t["entities"].values()) for t in stats[0]["tasks"]),
+        "pane_records": sum(sum(t["panes"].values()) for t in stats[0]["tasks"]),
+        "dedup_ids": sum(t["dedup_ids"] for t in stats[0]["tasks"]),
+        "redis_keys": len(keys),
+        "redis_bytes": memory,
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+class Reference:
+    """The reference run (cal_base) that every measurement is paired with, so machine load cancels.
+
+    Other agents share the 2 CPUs: under load a run's CPU time grows (shared caches and cores), by
+    up to 1.5x here. Each measurement runs right after a reference run; its figure is the ratio of the
+    two, times the reference's least CPU seen in the whole calibration (the least-loaded moment).
+    """
+
+    def __init__(self, stream: Stream, plan: TierPlan, idle: dict[str, Any]) -> None:
+        self.stream, self.plan, self.idle = stream, plan, idle
+        self.seen: list[float] = []
+
+    def run(self) -> float:
+        """Run the reference once; return its CPU per record."""
+        r = run_worker(self.stream, self.plan, "events", "cal_base")
+        us = (r["cpu_s"] - self.idle["cpu_s"]) / max(1, r["records"]) * 1e6
+        self.seen.append(us)
+        return us
+
+    @property
+    def quiet_us(self) -> float:
+        """The reference's CPU per record at the least-loaded moment seen."""
+        return min(self.seen)
+
+
+def measure(
+    stream: Stream, plan: TierPlan, topic_key: str, view: str, idle: dict[str, Any], ref: Reference
+) -> dict[str, Any]:
+    """Run the reference then ``view``; the view's CPU per record relative to the reference's.
+
+    ``ratio``: view / reference of the pair; ``us_per_record`` is filled in later (``ratio`` x the
+    reference's quiet figure); ``state_net``: the store folder less the idle run's (RocksDB's files).
+    """
+    ref_us = ref.run()
+    r = run_worker(stream, plan, topic_key, view)
+    r["raw_us"] = round((r["cpu_s"] - idle["cpu_s"]) / max(1, r["records"]) * 1e6, 2)
+    r["ref_us"] = round(ref_us, 2)
+    r["ratio"] = r["raw_us"] / ref_us if ref_us > 0 else 1.0
+    r["state_net"] = max(0, r["state_bytes"] - idle["state_bytes"])
+    return r
+
+
+def design_row(shape: Any, selectivity: float) -> list[float]:
+    """Return the model's terms of a shape: event, rekey, where, pane, one per aggregation kind."""
+    row = [1.0, float(shape.rekeyed), float(shape.filters), 0.0] + [0.0] * len(AGG_KINDS)
+    for kind, filtered, panes in shape.aggs:
+        s = selectivity if filtered else 1.0
+        row[3] += s * (panes - 1)
+        row[4 + AGG_KINDS.index(kind)] += s
+    return row
+
+
+def fit(rows: list[list[float]], us: list[float]) -> dict[str, Any]:
+    """Least squares of the per-shape CPU per event on the model's terms (negative terms pinned at 0)."""
+    a, b = np.asarray(rows), np.asarray(us)
+    keep = [j for j in range(a.shape[1]) if a[:, j].any()]
+    # count is in every shape with event_us: pin count to the base shape's difference (identifiable)
+    coef = np.zeros(a.shape[1])
+    for _ in range(5):
+        sol, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        coef[:] = 0
+        coef[keep] = sol
+        negative = [j for j in keep if coef[j] < 0 and j != 0]
+        if not negative:
+            break
+        keep = [j for j in keep if j not in negative]
+        coef[negative] = 0
+    names = ["event_us", "rekey_us", "where_us", "pane_us"]
+    out: dict[str, Any] = {n: round(float(coef[i]), 4) for i, n in enumerate(names)}
+    out["agg_us"] = {k: round(float(coef[4 + i]), 4) for i, k in enumerate(AGG_KINDS) if a[:, 4 + i].any()}
+    return out
+
+
+def click_share(stream_events: int, rate: float) -> float:
+    """Return the share of generated events the calibration filter keeps (the generator's own stream)."""
+    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+
+    gen = EventGenerator(GeneratorConfig(seed=SEED, rate=rate, users=USERS))
+    ems = [em for em in gen.take(min(stream_events, 20_000)) if em.event is not None]
+    return sum(em.event["event_type"] == "click" for em in ems) / max(1, len(ems))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=60_000)
+    ap.add_argument("--sim-rate", type=float, default=200.0, help="events/s of event time (nearline stream)")
+    ap.add_argument("--second-rate", type=float, default=50.0)
+    ap.add_argument("--rt-rates", default="2000,6000", help="realtime: the two offered rates (events/s)")
+    ap.add_argument("--rt-phase-s", type=float, default=30.0)
+    ap.add_argument("--tiers", default="nearline,realtime")
+    ap.add_argument(
+        "--rt-examples-only",
+        action="store_true",
+        help="realtime: keep the file's constants, run the example views",
+    )
+    ap.add_argument("--no-write", action="store_true", help="print, do not write the calibration files")
+    ap.add_argument("--quick", action="store_true", help="10k events, 20 s phases (development)")
+    ap.add_argument(
+        "--table-only", action="store_true", help="recompute and print the nearline accuracy table"
+    )
+    args = ap.parse_args()
+    if args.table_only:
+        recompute_table()
+        return
+    if args.quick:
+        args.events, args.rt_phase_s = 10_000, 20.0
+    tiers = args.tiers.split(",")
+    if not set(tiers) <= {"nearline", "realtime"}:
+        raise SystemExit("--tiers: nearline and/or realtime (offline is not measured yet, see the docstring)")
+    command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
+    out = ROOT / "bench/results/bench_calibrate.json"
+    previous = json.loads(out.read_text()) if out.is_file() else {}
+    results: dict[str, Any] = {"benchmark": "calibrate", "tiers": previous.get("tiers", {})}
+    for tier in tiers:
+        section = (
+            calibrate_nearline(args, command) if tier == "nearline" else calibrate_realtime(args, command)
+        )
+        results["tiers"][tier] = section
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {out.relative_to(ROOT)} ({tier}: {section.get('seconds')} s)")
+
+
+def write_calibration(tier: str, data: dict[str, Any], args: argparse.Namespace) -> None:
+    """Write ``registry/calibration/<tier>.json`` unless ``--no-write``."""
+    if args.no_write:
+        return
+    path = calibration_path(tier)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+def calibrate_nearline(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Calibrate the nearline tier and check its example views; return the figures."""
+    settings = Settings.from_env()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cal-"))
+    started, load0 = time.monotonic(), os.getloadavg()
+    stream = Stream(settings, tmp, args.events, (args.sim_rate, args.second_rate))
+    print(f"stream: {stream.records} records; produced in {time.monotonic() - started:.0f} s")
+    results: dict[str, Any] = {"command": command}
+    try:
+        shapes = shape_views()
+        plan0, _ = plan_of(make_repo(tmp, {"cal_base": shapes["cal_base"]}), {
+            "events": stream.topics["empty"], "payments": stream.topics["empty"]})  # fmt: skip
+        idles = [run_worker(stream, plan0, "empty", None) for _ in range(2)]
+        idle = min(idles, key=lambda r: r["cpu_s"])
+        idle_long = run_worker(stream, plan0, "empty", None, idle_exit_s=15.0)
+        fixed_cores = max(0.0, (idle_long["cpu_s"] - idle["cpu_s"]) / 10.0)
+        print(
+            f"idle worker (start-up + 5 s idle): {[round(r['cpu_s'], 2) for r in idles]} CPU s, "
+            f"idle polling {fixed_cores:.4f} cores"
+        )
+        sel = click_share(args.events, args.sim_rate)
+        rows, us, per_shape = [], [], {}
+        topics = {"events": stream.topics["events"], "payments": stream.topics["empty"]}
+        ref_plan, _ = plan_of(make_repo(tmp, {"cal_base": shapes["cal_base"]}), topics)
+        ref = Reference(stream, ref_plan, idle)
+        runs = [(name, text, "events") for name, text in shapes.items() if name != "cal_base"]
+        runs.append(("cal_base_slow", shapes["cal_base"], "events_b"))  # fewer ids kept: the dedup term
+        base = run_worker(stream, ref_plan, "events", "cal_base")
+        base.update(raw_us=0.0, ratio=1.0, state_net=max(0, base["state_bytes"] - idle["state_bytes"]))
+        per_shape["cal_base"] = base
+        for name, text, topic_key in runs:
+            view_name = "cal_base" if name == "cal_base_slow" else name
+            plan, _ = plan_of(
+                make_repo(tmp, {view_name: text}), {**topics, "events": stream.topics[topic_key]}
+            )
+            run = measure(stream, plan, topic_key, view_name, idle, ref)
+            per_shape[name] = run
+            print(
+                f"  {name}: {run['raw_us']} us/record (reference {run['ref_us']}: x{run['ratio']:.3f}), "
+                f"state {run['state_net']:,} B net, {run['pane_records']} slices, {run['dedup_ids']} ids, "
+                f"load {run['load_1m']}"
+            )
+        print(f"reference cal_base: least {ref.quiet_us:.1f} us/record of {[round(x, 1) for x in ref.seen]}")
+        for name, run in per_shape.items():
+            run["us_per_record"] = round(run["ratio"] * ref.quiet_us, 2)
+            view_name = "cal_base" if name == "cal_base_slow" else name
+            (view,) = check_repo(make_repo(tmp / "shape", {view_name: shapes[view_name]})).views
+            rows.append(design_row(view_shape(view.features, rekeyed=view.join_key != "user_id"), sel))
+            us.append(run["us_per_record"])
+        constants = fit(rows, us)
+        constants["selectivity"] = round(sel, 4)
+        constants["fixed_cores"] = round(fixed_cores, 4)
+        predicted = np.asarray(rows) @ np.asarray(
+            [constants["event_us"], constants["rekey_us"], constants["where_us"], constants["pane_us"]]
+            + [constants["agg_us"].get(k, 0.0) for k in AGG_KINDS]
+        )
+        for run, p in zip(per_shape.values(), predicted, strict=True):
+            run["fitted_us"] = round(float(p), 2)
+        constants.update(state_constants(per_shape, result_shapes(tmp, shapes)))
+        cal_data = {
+            "tier": "nearline",
+            "model": "registry/cost.py",
+            "constants": constants,
+            "machine": machine(),
+            "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
+            "command": command,
+            "isolation": "the nearline worker's own process CPU (time.process_time in its stats file), "
+            "minus an idle run's (start-up + idle exit), per record consumed",
+            "stream": {"events": args.events, "sim_rate": args.sim_rate, "users": USERS, "seed": SEED},
+        }
+        cal = parse_calibration("nearline", cal_data, calibration_path("nearline"))
+        accuracy = check_examples(stream, tmp, idle, cal, args, ref)
+        cal_data["measured"] = {
+            v: {"us_per_record": r["rates"][0]["measured_us"], "state_bytes": r["rates"][0]["state_bytes"],
+                "online_bytes": r["rates"][0]["redis_bytes"], "rate_per_s": r["rates"][0]["rate"]}
+            for v, r in accuracy.items()
+        }  # fmt: skip
+        results.update(
+            constants=constants,
+            idle=idle,
+            idle_long=idle_long,
+            stream_records={"events": stream.records["events"], "payments": stream.records["payments"]},
+            shapes=per_shape,
+            accuracy=accuracy,
+            machine=machine(),
+            load_average_start=[round(x, 2) for x in load0],
+            load_average_end=[round(x, 2) for x in os.getloadavg()],
+            seconds=round(time.monotonic() - started),
+            measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        print_table(accuracy)
+        write_calibration("nearline", cal_data, args)
+        return results
+    finally:
+        stream.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def calibrate_realtime(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Calibrate the realtime tier (one job per shape, two rates) and check its example views."""
+    import calibrate_realtime as rt
+
+    started, load0 = time.monotonic(), os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cal-rt-"))
+    r1, r2 = (float(r) for r in args.rt_rates.split(","))
+    tier = TIERS["realtime"]
+    shapes: dict[str, Any] = {}
+    try:
+        if args.rt_examples_only:  # keep the constants of the file; measure the example views only
+            kept = json.loads(calibration_path("realtime").read_text(encoding="utf-8"))
+            constants = kept["constants"]
+        else:
+            for name, feats in rt.SHAPES.items():
+                repo = make_repo(tmp / name, {name: rt.shape_yaml(name, feats)})
+                shapes[name] = rt.run_job(repo, tmp / name, (r1, r2), args.rt_phase_s)
+                print(f"  {name}: {shapes[name]}")
+            if any("error" in s for s in shapes.values()):
+                return {"command": command, "shapes": shapes, "error": "a shape's job failed"}
+            constants = rt.fit_realtime(shapes)
+            constants.update(realtime_state_constants(shapes, r2))
+        cal_data = {
+            "tier": "realtime",
+            "model": "registry/cost.py",
+            "constants": constants,
+            "machine": machine(),
+            "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
+            "command": command,
+            "isolation": "the Flink job's process group CPU (mini-cluster JVM + PyFlink Python workers, "
+            "/proc utime+stime) per wall second of each phase; two rates give fixed cores and us/event",
+            "stream": {"rates": [r1, r2], "phase_s": args.rt_phase_s, "users": 5000, "items": 2000},
+        }
+        if args.rt_examples_only:
+            cal_data = {**kept, "accuracy_command": command}
+        cal = parse_calibration("realtime", cal_data, calibration_path("realtime"))
+        example = check_repo(FEATURES)
+        accuracy: dict[str, Any] = {}
+        for view in sorted((v for v in example.views if v.tier == "realtime"), key=lambda v: v.name):
+            if view.source != "events":
+                accuracy[view.name] = {
+                    "source": view.source,
+                    "skipped": "bench_realtime.py sends behaviour events only",
+                }
+                continue
+            text = Path(ROOT / view.file).read_text(encoding="utf-8")
+            run = rt.run_job(
+                make_repo(tmp / view.name, {view.name: text}), tmp / view.name, (r1, r2), args.rt_phase_s
+            )
+            row: dict[str, Any] = {"source": view.source, "run": run, "rates": []}
+            for phase in [] if "error" in run else run.get("phases", []):
+                rate = phase["rate"]
+                est = estimate_view(view.features, rate, tier, False, 5000, cal)
+                est_cores = est.cpu_hours_per_day / 24
+                cores = phase["job_cpu_cores"]
+                row["rates"].append({
+                    "rate": rate, "estimated_cores": round(est_cores, 4), "measured_cores": cores,
+                    "cpu_error": round(est_cores / cores - 1, 3) if cores else None,
+                })  # fmt: skip
+            if run.get("phases") and "error" not in run:
+                fp = estimate_footprint(view.features, r2, tier, 5000, 12, cal)
+                row["state_estimate"] = round(fp.state_bytes)
+                row["checkpoint_bytes"] = run["checkpoint_bytes"]
+                row["state_error"] = (
+                    round(fp.state_bytes / run["checkpoint_bytes"] - 1, 3)
+                    if run["checkpoint_bytes"]
+                    else None
+                )
+            print(
+                f"  {view.name}: {row['rates']} state {row.get('state_estimate')} "
+                f"vs {row.get('checkpoint_bytes')}"
+            )
+            accuracy[view.name] = row
+        cal_data["measured"] = {
+            v: {"cores": [p["measured_cores"] for p in r["rates"]], "rates": [p["rate"] for p in r["rates"]],
+                "state_bytes": r.get("checkpoint_bytes")}
+            for v, r in accuracy.items() if "rates" in r
+        }  # fmt: skip
+        write_calibration("realtime", cal_data, args)
+        return {
+            "command": command,
+            "constants": constants,
+            "shapes": shapes,
+            "accuracy": accuracy,
+            "machine": machine(),
+            "load_average_start": [round(x, 2) for x in load0],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "seconds": round(time.monotonic() - started),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def realtime_state_constants(shapes: dict[str, Any], rate: float) -> dict[str, Any]:
+    """Bytes per (entity, slice) record from the checkpoints of rt_base (1 count) and rt_wide (8 features)."""
+    from headwater.registry.cost import Shape, live_entities, live_slices
+
+    def records(window_s: float) -> float:
+        shape = Shape(
+            aggs=(), filters=0, slots=0, rekeyed=False, shortest_slide_s=1, longest_window_s=window_s
+        )
+        live = live_entities(shape, rate, 5000)
+        return live * live_slices(shape, rate, live)
+
+    base = shapes["rt_base"]["checkpoint_bytes"] / records(60)
+    wide = shapes["rt_wide"]["checkpoint_bytes"] / records(300)
+    slot = max(0.0, (wide - base) / 7)
+    return {
+        "state_pane_bytes": round(max(0.0, base - slot), 1),
+        "state_slot_bytes": dict.fromkeys(AGG_KINDS, round(slot, 2)),
+    }
+
+
+def state_constants(per_shape: dict[str, dict[str, Any]], kinds: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Least squares of each run's net store size on its slices, slices x aggregations by kind, and ids.
+
+    ``kinds``: per shape, the aggregations of each kind in its view. Negative terms are pinned at 0.
+    """
+    names = list(per_shape)
+    cols = ["pane", *AGG_KINDS, "ids"]
+    a = np.zeros((len(names), len(cols)))
+    for i, name in enumerate(names):
+        run = per_shape[name]
+        a[i, 0] = run["pane_records"]
+        for kind, n in kinds[name].items():
+            a[i, 1 + AGG_KINDS.index(kind)] = run["pane_records"] * n
+        a[i, -1] = run["dedup_ids"]
+    b = np.asarray([per_shape[n]["state_net"] for n in names], dtype=float)
+    keep = [j for j in range(len(cols)) if a[:, j].any()]
+    coef = np.zeros(len(cols))
+    for _ in range(len(cols)):
+        sol, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        coef[:] = 0
+        coef[keep] = sol
+        negative = [j for j in keep if coef[j] < 0]
+        if not negative:
+            break
+        keep = [j for j in keep if j not in negative]
+    slots = {k: round(float(coef[1 + i]), 2) for i, k in enumerate(AGG_KINDS)}
+    slots["min"] = slots["max"]
+    return {
+        "state_pane_bytes": round(float(coef[0]), 1),
+        "state_slot_bytes": slots,
+        "state_dedup_id_bytes": round(float(coef[-1]), 1),
+    }
+
+
+def result_shapes(tmp: Path, shapes: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Return the aggregations by kind of each calibration shape (and of cal_base_slow)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, text in shapes.items():
+        (view,) = check_repo(make_repo(tmp / "kinds", {name: text})).views
+        counts: dict[str, int] = {}
+        for kind, _, _ in view_shape(view.features).aggs:
+            counts[kind] = counts.get(kind, 0) + 1
+        out[name] = counts
+    out["cal_base_slow"] = out["cal_base"]
+    return out
+
+
+def check_examples(
+    stream: Stream, tmp: Path, idle: dict[str, Any], cal: Any, args: argparse.Namespace, ref: Reference
+) -> dict[str, Any]:
+    """Each example nearline view alone, at the declared rate and the second rate: estimate vs measured."""
+    example = check_repo(FEATURES)
+    out: dict[str, Any] = {}
+    tier = TIERS["nearline"]
+    for view in sorted((v for v in example.views if v.tier == "nearline"), key=lambda v: v.name):
+        source = example.sources[view.source]
+        text = Path(ROOT / view.file).read_text(encoding="utf-8")
+        rates: list[tuple[str, float]] = (
+            [("events", args.sim_rate), ("events_b", args.second_rate)]
+            if view.source == "events"
+            else [("payments", 5.0)]
+        )
+        row: dict[str, Any] = {
+            "source": view.source,
+            "declared_rate": source.spec.expected_rate_per_s,
+            "rates": [],
+        }
+        for key, stream_rate in rates:
+            topics = {"events": stream.topics[key], "payments": stream.topics["empty"]}
+            if view.source == "payments":
+                topics = {"events": stream.topics["empty"], "payments": stream.topics["payments"]}
+            plan, _ = plan_of(make_repo(tmp, {view.name: text}), topics)
+            run = measure(
+                stream, plan, "payments" if view.source == "payments" else key, view.name, idle, ref
+            )
+            measured = run["ratio"] * ref.quiet_us  # the quiet figure as of the calibration's constants
+            run["state_bytes"] = run["state_net"]
+            rekeyed = view.join_key != source.spec.key
+            est = estimate_view(view.features, stream_rate, tier, rekeyed, None, cal)
+            timing = resolve_timing(source.spec)
+            dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
+            span_s = run["records"] / stream_rate  # the stream's event time: windows are not full yet
+            fp = estimate_footprint(
+                capped(view.features, span_s), stream_rate, tier, run["entities"] or None, 12, cal, dedup_s
+            )
+            row["rates"].append({
+                "rate": stream_rate, "measured_us": round(measured, 2),
+                "estimated_us": round(est.us_per_event, 2),
+                "cpu_error": round(est.us_per_event / measured - 1, 3) if measured > 0 else None,
+                "state_bytes": run["state_bytes"], "state_estimate": round(fp.state_bytes),
+                "state_error": round(fp.state_bytes / run["state_bytes"] - 1, 3)
+                if run["state_bytes"] else None,
+                "redis_bytes": run["redis_bytes"], "redis_keys": run["redis_keys"],
+                "online_estimate": round(fp.online_bytes * run["redis_keys"] / max(1, fp.entities)),
+                "entities": run["entities"], "load_1m": run["load_1m"],
+            })  # fmt: skip
+            r = row["rates"][-1]
+            r["online_error"] = (
+                round(r["online_estimate"] / r["redis_bytes"] - 1, 3) if r["redis_bytes"] else None
+            )
+            print(f"  {view.name} @ {stream_rate:g}/s: {r}")
+        out[view.name] = row
+    return out
+
+
+def capped(features: tuple[Any, ...], span_s: float) -> tuple[Any, ...]:
+    """Return ``features`` with windows no longer than ``span_s``: the state a stream that short can hold.
+
+    The estimate is of the steady state (every window full); the calibration stream spans minutes of
+    event time, so its state is compared with the estimate of windows as long as the stream.
+    """
+    import dataclasses
+
+    from headwater.registry.durations import parse_duration
+
+    out = []
+    for f in features:
+        if f.window.seconds > span_s:
+            window = parse_duration(f"{max(int(span_s), int(f.slide.seconds))}s")
+            f = dataclasses.replace(f, window=window)
+        out.append(f)
+    return tuple(out)
+
+
+def recompute_table() -> None:
+    """Recompute the nearline accuracy rows' state estimates from bench/results/bench_calibrate.json."""
+    out = ROOT / "bench/results/bench_calibrate.json"
+    doc = json.loads(out.read_text())
+    section = doc["tiers"]["nearline"]
+    cal = parse_calibration("nearline", {"constants": section["constants"]}, calibration_path("nearline"))
+    example = check_repo(FEATURES)
+    tier = TIERS["nearline"]
+    for name, row in section["accuracy"].items():
+        view = next(v for v in example.views if v.name == name)
+        source = example.sources[view.source]
+        timing = resolve_timing(source.spec)
+        dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
+        for r in row["rates"]:
+            span_s = r.get("records", section["stream_records"][view.source]) / r["rate"]
+            fp = estimate_footprint(
+                capped(view.features, span_s), r["rate"], tier, r["entities"] or None, 12, cal, dedup_s
+            )
+            r["state_estimate"] = round(fp.state_bytes)
+            r["state_error"] = round(fp.state_bytes / r["state_bytes"] - 1, 3) if r["state_bytes"] else None
+            r["stream_span_s"] = round(span_s)
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print_table(section["accuracy"])
+
+
+def print_table(accuracy: dict[str, Any]) -> None:
+    """Estimate vs measured per example view and rate: CPU per event, state, online memory."""
+    print(f"\n{'view':<34} {'rate/s':>7} {'est us':>7} {'meas us':>8} {'err':>6}  {'state est':>10} "
+          f"{'state meas':>10} {'err':>6}  {'redis est':>9} {'redis meas':>10} {'err':>6}")  # fmt: skip
+    for name, row in accuracy.items():
+        for r in row["rates"]:
+
+            def pct(x: float | None) -> str:
+                return "   n/a" if x is None else f"{x:+.0%}"
+
+            print(f"{name:<34} {r['rate']:>7g} {r['estimated_us']:>7.1f} {r['measured_us']:>8.1f} "
+                  f"{pct(r['cpu_error']):>6}  {r['state_estimate']:>10,} {r['state_bytes']:>10,} "
+                  f"{pct(r['state_error']):>6}  {r['online_estimate']:>9,} {r['redis_bytes']:>10,} "
+                  f"{pct(r['online_error']):>6}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

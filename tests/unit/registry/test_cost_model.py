@@ -1,0 +1,184 @@
+"""The calibrated cost model: its terms, its constants as data, and the shape of a view."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headwater.registry.calibration import DEFAULTS, load_calibration, parse_calibration
+from headwater.registry.compiled import CompiledFeature, Operand
+from headwater.registry.cost import (
+    HEADER_BYTES,
+    SECONDS_PER_DAY,
+    estimate_footprint,
+    estimate_view,
+    us_per_event,
+    view_shape,
+)
+from headwater.registry.durations import parse_duration
+from headwater.registry.expr import parse
+from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo
+from headwater.registry.tiers import TIERS
+
+CAL = parse_calibration(
+    "nearline",
+    {
+        "constants": {
+            "event_us": 20.0,
+            "agg_us": {"count": 1.0, "top_k": 8.0},
+            "where_us": 0.5,
+            "pane_us": 0.01,
+            "selectivity": 0.25,
+            "rekey_us": 30.0,
+            "fixed_cores": 0.01,
+            "state_pane_bytes": 40.0,
+            "state_slot_bytes": {"count": 4.0},
+        },
+        "machine": {"model": "Test CPU", "cores": 2},
+        "measured_at": "2026-12-01",
+        "command": "python bench/bench_calibrate.py",
+    },
+    Path("registry/calibration/nearline.json"),
+)
+
+
+def feature(
+    name: str = "f",
+    agg: str = "count",
+    window: str = "1h",
+    slide: str = "1m",
+    where: str | None = None,
+    **kw: object,
+) -> CompiledFeature:
+    return CompiledFeature(
+        name=name,
+        agg=agg,
+        window=parse_duration(window),
+        slide=parse_duration(slide),
+        dtype="int64",
+        where=parse(where) if where else None,
+        where_text=where,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_us_per_event_adds_each_term() -> None:
+    plain = view_shape((feature(),))
+    assert us_per_event(plain, CAL) == pytest.approx(20.0 + 1.0 + 0.01 * 59)
+    filtered = view_shape((feature(where="event_type = 'click'"),))
+    assert us_per_event(filtered, CAL) == pytest.approx(20.0 + 0.5 + 0.25 * (1.0 + 0.01 * 59))
+    rekeyed = view_shape((feature(),), rekeyed=True)
+    assert us_per_event(rekeyed, CAL) - us_per_event(plain, CAL) == pytest.approx(30.0)
+    topk = view_shape((feature(agg="top_k", k=3),))
+    assert topk.slots == 6
+    assert us_per_event(topk, CAL) == pytest.approx(20.0 + 8.0 + 0.01 * 59)
+
+
+def test_a_ratio_counts_both_operands_and_their_own_filters() -> None:
+    click = parse("event_type = 'click'")
+    ratio = feature(
+        agg="ratio",
+        numerator=Operand("count", None, click, "event_type = 'click'"),
+        denominator=Operand("count", None, None, None),
+    )
+    shape = view_shape((ratio,))
+    assert shape.aggs == (("count", True, 60), ("count", False, 60))
+    assert shape.filters == 1
+    assert shape.slots == 1
+
+
+def test_cpu_hours_follow_rate_and_fixed_cores() -> None:
+    est = estimate_view((feature(),), 2000, TIERS["nearline"], calibration=CAL)
+    per_event = 20.0 + 1.0 + 0.01 * 59
+    assert est.cpu_hours_per_day == pytest.approx(2000 * SECONDS_PER_DAY * per_event / 3.6e9 + 0.01 * 24)
+    assert "measured 2026-12-01 on Test CPU x2" in est.explain()
+    double = estimate_view((feature(),), 4000, TIERS["nearline"], calibration=CAL)
+    assert double.cpu_hours_per_day - est.cpu_hours_per_day == pytest.approx(
+        2000 * SECONDS_PER_DAY * per_event / 3.6e9
+    )
+
+
+def test_missing_constants_take_the_defaults_and_say_so() -> None:
+    cal = parse_calibration("realtime", {"constants": {"event_us": 3}, "measured_at": "2026-12-01"})
+    assert cal.scalar("event_us") == 3.0
+    assert cal.scalar("where_us") == DEFAULTS["where_us"]
+    assert "event_us" not in cal.defaulted
+    assert "where_us" in cal.defaulted
+    never = parse_calibration("offline", {})
+    assert "never calibrated" in never.source_text()
+
+
+def test_a_bad_constant_names_the_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "nearline.json"
+    with pytest.raises(ValueError, match=r"nearline.json: constants.agg_us must map"):
+        parse_calibration("nearline", {"constants": {"agg_us": 3}}, path)
+    with pytest.raises(ValueError, match=r"constants.event_us must be a number, got 'fast'"):
+        parse_calibration("nearline", {"constants": {"event_us": "fast"}}, path)
+
+
+def test_every_tier_has_a_calibration_file_with_its_provenance() -> None:
+    for tier in TIERS:
+        cal = load_calibration(tier)
+        assert cal.path is not None
+        assert cal.path.name == f"{tier}.json"
+        if cal.measured_at:
+            assert cal.command
+            assert cal.machine.get("model")
+            assert cal.machine.get("cores")
+        else:
+            assert "NOT MEASURED" in cal.source_text()
+
+
+def test_check_reads_the_calibration(repo: ScratchRepo) -> None:
+    repo.write("v1.yaml", MINIMAL_VIEW)
+    (view,) = repo.check().views
+    expected = estimate_view(view.features, 2000, TIERS["realtime"])
+    assert view.estimated_cost == pytest.approx(expected.cpu_hours_per_day)
+    assert expected.calibration == load_calibration("realtime").source_text()
+
+
+def test_state_counts_live_entities_and_slices() -> None:
+    fp = estimate_footprint((feature(window="1h", slide="1m"),), 10, TIERS["nearline"], 100, 12, CAL)
+    # 10 events/s x 3600 s over 100 entities = 360 events each: every one of the 61 slices is live
+    assert fp.entities == 100
+    assert fp.state_bytes == pytest.approx(100 * 61 * (40 + 4))
+    sparse = estimate_footprint((feature(window="1h", slide="1m"),), 0.01, TIERS["nearline"], 100, 12, CAL)
+    # 36 events an hour: 36 live entities with one slice each
+    assert sparse.entities == pytest.approx(36)
+    assert sparse.state_bytes == pytest.approx(36 * 1 * 44)
+
+
+def test_online_memory_is_header_slots_and_key_per_entity() -> None:
+    fp = estimate_footprint((feature(agg="top_k", k=2),), 100, TIERS["realtime"], 1000, 12, CAL)
+    per_key = fp.online_bytes / 1000
+    assert per_key > HEADER_BYTES + 4 * 4
+    assert "72 header + 4 x 4 slots" in fp.online_basis
+
+
+@given(
+    rate=st.floats(0.001, 1e6),
+    entities=st.one_of(st.none(), st.integers(1, 10**9)),
+    window_s=st.integers(1, 90 * 86400),
+    slide_div=st.integers(1, 1000),
+)
+def test_estimates_are_finite_non_negative_and_monotone_in_rate(
+    rate: float, entities: int | None, window_s: int, slide_div: int
+) -> None:
+    slide_s = max(1, window_s // slide_div)
+    f = feature(window=f"{window_s}s", slide=f"{slide_s}s")
+    for tier in TIERS.values():
+        one = estimate_view((f,), rate, tier, entities=entities, calibration=CAL)
+        two = estimate_view((f,), rate * 2, tier, entities=entities, calibration=CAL)
+        assert math.isfinite(one.cpu_hours_per_day)
+        assert one.cpu_hours_per_day >= 0
+        assert two.cpu_hours_per_day >= one.cpu_hours_per_day
+        fp = estimate_footprint((f,), rate, tier, entities, 12, CAL)
+        assert math.isfinite(fp.state_bytes)
+        assert fp.state_bytes >= 0
+        assert fp.online_bytes >= 0
+        if entities is not None:
+            assert fp.entities <= entities
