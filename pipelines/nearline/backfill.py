@@ -146,6 +146,8 @@ def backfill(worker: NearlineWorker, tp: TopicPartition, task: PartitionTask) ->
     pos = worker._send({tp: out})
     task.store.commit(out.changes, pos[tp])
     task.backfill_report = report.as_dict()
+    if report.views or report.reforward:
+        worker.write_stats()  # the status shows the backfill (and a short history) at once
     return report
 
 
