@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
 from headwater.registry.compiled import CheckResult
-from headwater.registry.config import ConfigError, features_dir, resolve
+from headwater.registry.config import ConfigError, features_dir, resolve, state_dir
 from headwater.registry.durations import format_seconds
 from headwater.registry.plan import default_state_dir, diff_views, format_plan, read_snapshot
 from headwater.registry.plans import plan_views, registry_hash
@@ -163,6 +164,8 @@ def describe(view: str, repo: Path | None) -> None:
     from headwater.registry.costs_cli import describe_lines
 
     click.echo("\n".join(describe_lines(found, result)))
+    if found.tier == "nearline":
+        click.echo(_history_line(found.name))
     for f in found.features:
         extra = f" {f.field}" if f.field else ""
         extra += f" k={f.k}" if f.k else ""
@@ -206,3 +209,17 @@ def config(fmt: str) -> None:
     for key, value in values.items():
         origin = f"  [{found.origins[key]}]" if key in found.origins else ""
         click.echo(f"{key:<18} {value if value is not None else '(none: defaults)'}{origin}")
+
+
+def _history_line(view: str) -> str:
+    """Say whether the nearline tier's windows of ``view`` are full (its backfill found enough history)."""
+    from headwater.pipelines.nearline.versions import short_history
+
+    boundary = short_history(state_dir() / "nearline", view)
+    if boundary is None:
+        return "  history: full windows (no worker reports a retention shorter than the window)"
+    at = datetime.fromtimestamp(boundary / 1000, tz=UTC).isoformat(timespec="seconds")
+    return (
+        f"  history: partial: Kafka retention was shorter than the longest window when it was backfilled;"
+        f" its windows are full from {at}"
+    )

@@ -21,8 +21,10 @@ namespace per partition; nothing reads a view that is not in the plan.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from headwater.pipelines.nearline.state import Loaded, pane_key
@@ -80,3 +82,23 @@ def sort_state(
         before = meta.get("forward")
         out.reforward = sorted(forward_keys if before is None else forward_keys - set(before))
     return out
+
+
+def short_history(stats_root: Path, view: str) -> int | None:
+    """Return the boundary (epoch ms) from which ``view``'s windows are full, or None when they are.
+
+    Read from the workers' stats files under ``stats_root`` (``<state>/nearline``, every group):
+    a view backfilled from a Kafka retention shorter than its longest window is listed there, per
+    partition, until its published boundary reaches that point. The latest partition decides.
+    """
+    latest: int | None = None
+    for path in sorted(stats_root.glob("*/stats-*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # a worker rewriting its file right now: the next call reads it
+            continue
+        for task in doc.get("tasks", []) if isinstance(doc, dict) else []:
+            boundary = (task.get("short_history") or {}).get(view) if isinstance(task, dict) else None
+            if isinstance(boundary, int) and (latest is None or boundary > latest):
+                latest = boundary
+    return latest
