@@ -207,7 +207,7 @@ def main() -> None:
         "throughput": {},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }  # fmt: skip
-    for target in args.targets.split(","):
+    for target in [t for t in args.targets.split(",") if t]:  # --targets '' with --failures: recovery only
         figure = drain(target, state, work, args.events, args.partitions, args.timeout_s)
         print(json.dumps(figure))
         result["throughput"][target] = figure
@@ -216,6 +216,9 @@ def main() -> None:
     result["machine"]["load_average_at_end"] = load()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if not result["throughput"] and previous.get("throughput"):  # a recovery-only run keeps the figures
+        result["throughput"] = previous["throughput"]
+        result["throughput_measured_at"] = previous.get("throughput_measured_at", previous.get("measured_at"))
     if "recovery" not in result and "recovery" in previous:
         result["recovery"] = previous["recovery"]  # figures of an earlier --failures run stay
         result["recovery_measured_at"] = previous.get("recovery_measured_at", previous.get("measured_at"))
