@@ -93,8 +93,12 @@ def drain(
     admin = KafkaAdminClient(bootstrap_servers=KAFKA)
     admin.create_topics([NewTopic(topic, partitions, 3), NewTopic(f"{topic}.dlq", 1, 3)])
     pieces, _, _ = bench_realtime.templates(5000, 2000, 60_000)
-    rate = 20_000.0
-    sent, _ = bench_realtime.run_phase(Settings.from_env(), topic, rate, events / rate, tag, pieces, 10_000.0)
+    rate, sent = 20_000.0, 0
+    while sent < events:  # producers on a loaded machine send less than the rate: top up to the backlog
+        got, _ = bench_realtime.run_phase(
+            Settings.from_env(), topic, rate, (events - sent) / rate, f"{tag}{sent}", pieces, 10_000.0
+        )
+        sent += got["sent"]
     total = end_offsets(topic)
     cmd = [sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
            "--checkpoint-dir", str(work / f"chk-{target}"), "--source", "events",
@@ -158,7 +162,7 @@ def drain(
         # from the first commit (the job is up, the first checkpoint done) to the last one
         eps = round((moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0]))
     return {
-        "target": target, "backlog": total, "produced": sent["sent"], "drained": reached,
+        "target": target, "backlog": total, "produced": sent, "drained": reached,
         "drain_eps": eps, "first_commit_after_s": round(moving[0][0] - started, 1) if moving else None,
         "commits_seen": len(moving), "load_average_start": load_start, "load_average_end": load(),
     }  # fmt: skip
