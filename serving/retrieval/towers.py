@@ -250,13 +250,20 @@ def holdout_recall(
         return {"clicks": 0, "catalog": len(catalog)}
     target = np.searchsorted(catalog, test.item_ids[clicks])
     item_emb = model.embed_items(vectors)
-    scores = model.embed_users(test.user[clicks]) @ item_emb.T
+    users = model.embed_users(test.user[clicks])
     popular = np.zeros(len(catalog))
     clicked, counts = np.unique(train.item_ids[train.label > 0.5], return_counts=True)
     popular[np.searchsorted(catalog, clicked)] = counts
     out: dict[str, Any] = {"clicks": len(clicks), "catalog": len(catalog)}
-    model_rank = (scores > scores[np.arange(len(clicks)), target][:, None]).sum(axis=1)
-    pop_rank = (popular[None, :] > popular[target][:, None]).sum(axis=1)
+    # Rank = items scored above the clicked one; in chunks of clicks so memory stays ~chunk x catalog.
+    model_rank = np.empty(len(clicks), dtype=np.int64)
+    chunk = max(1, 2**24 // max(1, len(catalog)))
+    for s in range(0, len(clicks), chunk):
+        scores = users[s : s + chunk] @ item_emb.T
+        own = scores[np.arange(len(scores)), target[s : s + chunk]]
+        model_rank[s : s + chunk] = (scores > own[:, None]).sum(axis=1)
+    ordered = np.sort(popular)
+    pop_rank = len(ordered) - np.searchsorted(ordered, popular[target], side="right")
     for k in ks:
         out[f"two_tower_recall@{k}"] = round(float(np.mean(model_rank < k)), 4)
         out[f"popularity_recall@{k}"] = round(float(np.mean(pop_rank < k)), 4)
