@@ -275,6 +275,14 @@ def retrieval(n_items: int, n_queries: int) -> dict[str, Any]:
             exact.upsert(world.item_ids, model.embed_items(world.items))
             users = world.users[np.random.default_rng(3).integers(0, len(world.users), n_queries)]
             out["recall_at_100"] = round(recall_at_k(index, exact, model.embed_users(users), 100), 4)
+            default_ef = index.expansion_search
+            out["recall_at_100_by_ef"] = {}
+            for ef in (100, 160, 256, 400):
+                index.expansion_search = ef
+                out["recall_at_100_by_ef"][ef] = round(
+                    recall_at_k(index, exact, model.embed_users(users), 100), 4
+                )
+            index.expansion_search = default_ef
             retriever = TwoTowerRetriever(model, index)
             torch.set_num_threads(1)  # single-threaded queries, as the ANN runs
             lat, cpu = [], []
