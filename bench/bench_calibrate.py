@@ -1,37 +1,42 @@
 """Calibrate the cost model from measured CPU, then check every example view's estimate against a real run.
 
-What runs (nearline; see ``--tiers``): one fixed generated stream of the behaviour source (the
-event generator, seed 17, ``--events`` records at ``--sim-rate`` events/s of event time, with its
+Nearline: one fixed generated stream of the behaviour source (the event generator, seed 17,
+``--events`` records at ``--sim-rate`` and at ``--second-rate`` events/s of event time, with its
 late, duplicate and malformed records) and of the payments source is produced once. Then, for
 each view *shape* (one aggregation kind x 4 features, filters, many panes, another join key than
-the topic's, ...) and for each example view of the tier, the real worker (``python -m
+the topic's, ...) and each example nearline view, the real worker (``python -m
 headwater.pipelines.nearline.cli``, one process, a fresh consumer group, store folder and Redis
 namespace) consumes the whole stream alone and exits when idle.
 
-How the tier's CPU is isolated: the worker writes ``time.process_time()`` of its own process
-(user + system CPU of the worker, not wall time, so other agents' load counts little) into its
-stats file; a run of an empty topic gives the start-up and idle cost, which is subtracted. What is
-left, divided by the records consumed, is the view's CPU per event (decode, rules, dedup, state,
-changelog, Redis writes, Kafka polling, commits: everything the worker does for that view).
+How the tier's CPU is isolated: the worker writes ``time.process_time()`` of its own process (user +
+system CPU, not wall time) into its stats file; an idle run's (start-up, empty topic, idle exit) is
+subtracted, and the rest is divided by the records consumed: decode, rules, dedup, state, changelog,
+Redis writes, polling and commits of that view. Other agents' load still inflates CPU time (shared
+cores and caches, up to 1.6x here), so every measurement is paired with a reference run (cal_base)
+just before it: the figure kept is the ratio, times the reference's least CPU of the calibration.
 
-The fit: the per-shape figures are solved by least squares (numpy) for the constants of
-:mod:`headwater.registry.cost` (``event_us``, ``agg_us`` per kind, ``where_us``, ``pane_us``,
-``rekey_us``); the filter selectivity is the measured share of events the calibration filter keeps;
-state bytes per slot and per entity come from the RocksDB folder's size after each run. The
-constants are written to ``registry/calibration/<tier>.json`` (with ``/proc/cpuinfo``'s model name,
-the cores, the date and this command), and the figures to ``bench/results/bench_calibrate.json``.
+The fit: least squares (numpy, negative terms pinned at 0) of the per-shape CPU per record on the
+terms of :mod:`headwater.registry.cost` (``event_us``, ``agg_us`` per kind, ``where_us``,
+``pane_us``, ``rekey_us``); the selectivity is the share of events the calibration filter keeps;
+state bytes per slice, per aggregation and per dedup id come from a least squares of the RocksDB
+folder's size (less the idle run's) on the worker's slice and id counts. The constants go to
+``registry/calibration/nearline.json`` with ``/proc/cpuinfo``'s model name, the cores, the date and
+this command; the figures to ``bench/results/bench_calibrate.json`` (``tiers.nearline``).
 
-Accuracy: each example view of the tier, run alone on the same stream at the declared rate of its
-source and at a second rate (``--second-rate``, the events' time spacing: it moves the boundaries
-and so the writes), is estimated with the new constants; the estimate, the measured CPU per event
-and the error are printed (target +/-30%), with the state (RocksDB folder) and online memory (Redis
-``MEMORY USAGE`` of the view's keys) against their estimates. A benchmark, not a test: nothing asserts.
+Accuracy: each example view alone at both event-time rates (payments: its own stream), estimate vs
+measured CPU per record (target +/-30%), RocksDB size vs the state estimate (windows capped to the
+stream's event-time span: the estimate is of full windows), Redis ``MEMORY USAGE`` of the view's keys
+vs the online estimate. A benchmark: it prints and writes JSON, nothing asserts.
 
-The realtime and offline tiers are not run by this script yet (``--tiers`` accepts only nearline);
-their calibration files hold constants derived from bench/results/realtime.json and offline.json,
-and say so.
+Realtime (``--tiers realtime``, :mod:`calibrate_realtime`): each shape and each example view of the
+behaviour source alone in ``bench/bench_realtime.py``'s real Flink job at two offered rates; the
+job's process group CPU (JVM + Python workers) per wall second gives fixed cores and us/event;
+``--rt-examples-only`` keeps the file's constants and measures the example views. Offline is not
+run (its file says NOT MEASURED).
 
-Usage: python bench/bench_calibrate.py [--events 40000] [--sim-rate 2000] [--second-rate 500] [--quick]
+Usage: python bench/bench_calibrate.py [--tiers nearline,realtime] [--events 60000] [--sim-rate 200]
+       [--second-rate 50] [--rt-rates 2000,6000] [--rt-examples-only] [--table-only] [--quick]
+       (or ``headwater calibrate ARGS``)
 """
 
 from __future__ import annotations

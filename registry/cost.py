@@ -123,11 +123,6 @@ class CostEstimate:
     fixed_cores: float
     calibration: str
 
-    @property
-    def cpu_us_per_event(self) -> float:
-        """Alias of :attr:`us_per_event` (older readers)."""
-        return self.us_per_event
-
     def explain(self) -> str:
         """One line: the numbers that make the estimate."""
         text = f"{self.events_per_day:,.0f} events/day x {self.us_per_event:.2f} us/event"

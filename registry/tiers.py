@@ -1,10 +1,9 @@
-"""The tier table: the one place that says what each tier can deliver and what it costs.
+"""The tier table: the one place that says what each tier can deliver.
 
-Every SLA check, window check, cheaper-tier suggestion and cost estimate reads this table.
+Every SLA check, window check and cheaper-tier suggestion reads this table. What a tier costs is
+measured data, not a constant here: ``registry/calibration/<tier>.json`` (read by
+:mod:`headwater.registry.cost`, written by ``bench/bench_calibrate.py``).
 
-The per-event CPU costs and pane costs below are PLACEHOLDER CONSTANTS, to be calibrated from
-the tiers' benchmarks under ``bench/`` (``bench/results/*.json``): measure CPU-seconds per
-event for one view with one count aggregation on each tier, and replace ``cpu_us_per_event``.
 The freshness floors: realtime 5 s. The realtime job publishes boundary B as soon as its clock
 (the newest event time it has seen) passes B and revises it when an out-of-order event arrives, so
 the read-time age of a value is at most one slide plus the job's delay: bench/bench_realtime.py
@@ -30,7 +29,7 @@ ALL_OPERANDS = frozenset({"count", "sum", "avg", "min", "max", "distinct_count"}
 
 @dataclass(frozen=True)
 class Tier:
-    """What one tier can deliver and what it costs.
+    """What one tier can deliver.
 
     Attributes:
         name: realtime | nearline | offline.
@@ -38,12 +37,6 @@ class Tier:
         freshness_floor_s: the tightest freshness SLA the tier can deliver, in seconds.
         max_window_s: the longest window the tier keeps state for, in seconds.
         default_slide_s: the update step of a window when the feature declares no ``slide``.
-        cpu_us_per_event: CPU microseconds to read, filter, key and update one aggregation for one
-            event (placeholder, to be calibrated from bench/).
-        pane_cost: extra cost per additional pane of a sliding window, relative to one update
-            (streaming tiers merge panes incrementally; the offline tier re-reads each pane).
-        view_overhead_units: per-event cost units every view pays on top of its aggregations
-            (deserialising, keying, writing the online value).
         aggregations: the aggregations the tier computes (capability table: what passes ``check``
             runs in its tier).
         ratio_operands: the aggregations a ``ratio`` may divide on this tier.
@@ -56,9 +49,6 @@ class Tier:
     freshness_floor_s: float
     max_window_s: float
     default_slide_s: float
-    cpu_us_per_event: float
-    pane_cost: float
-    view_overhead_units: float
     aggregations: frozenset[str] = ALL_AGGS
     ratio_operands: frozenset[str] = ALL_OPERANDS
     one_slide_per_view: bool = False
@@ -78,9 +68,6 @@ TIERS: dict[str, Tier] = {
         freshness_floor_s=5,
         max_window_s=1 * HOUR,
         default_slide_s=1,
-        cpu_us_per_event=20.0,
-        pane_cost=0.002,
-        view_overhead_units=1.0,
         one_slide_per_view=True,
     ),
     "nearline": Tier(
@@ -89,9 +76,6 @@ TIERS: dict[str, Tier] = {
         freshness_floor_s=3 * MINUTE,
         max_window_s=7 * DAY,
         default_slide_s=1 * MINUTE,
-        cpu_us_per_event=10.0,
-        pane_cost=0.002,
-        view_overhead_units=1.0,
     ),
     "offline": Tier(
         name="offline",
@@ -99,9 +83,6 @@ TIERS: dict[str, Tier] = {
         freshness_floor_s=1 * DAY,
         max_window_s=90 * DAY,
         default_slide_s=1 * DAY,
-        cpu_us_per_event=0.5,
-        pane_cost=1.0,
-        view_overhead_units=1.0,
     ),
 }
 TIER_NAMES = tuple(TIERS)
