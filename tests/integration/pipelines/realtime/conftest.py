@@ -132,7 +132,7 @@ class JobProcess:
     """``headwater run realtime`` in its own process group, so kill -9 takes the JVM with it.
 
     ``sources``: the sources the job runs and the topic of each (default: the behaviour events from
-    ``names.topic``): one job, a pipeline per source.
+    ``names.topic``): one job, a pipeline per source. ``extra``: more arguments of the command.
     """
 
     def __init__(
@@ -144,6 +144,7 @@ class JobProcess:
         redis_url: str | None = None,
         flink_log_dir: Path | None = None,
         sources: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         chosen = sources or {"events": names.topic}
         picks = [
@@ -153,7 +154,7 @@ class JobProcess:
             sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
             "--checkpoint-dir", str(checkpoints), *picks, "--dlq-topic", names.dlq,
             "--namespace", names.namespace, "--group-id", f"g-{names.namespace}",
-            "--checkpoint-interval", "2", "--parallelism", "1",
+            "--checkpoint-interval", "2", "--parallelism", "1", *extra,
         ]  # fmt: skip
         self.log = log.open("ab")
         env = dict(os.environ)

@@ -63,9 +63,9 @@ def after_kill() -> list[dict[str, Any]]:
 
 
 def checkpoints(folder: Path) -> list[tuple[int, str, float]]:
-    """Complete checkpoints under ``folder``: (N of chk-N, job id, mtime of _metadata)."""
+    """Complete checkpoints under ``folder`` (``<job id>/chk-N``): (N, job id, mtime of _metadata)."""
     out = []
-    for meta in folder.glob("*/*/chk-*/_metadata"):
+    for meta in folder.glob("*/chk-*/_metadata"):
         n = int(meta.parent.name.removeprefix("chk-"))
         out.append((n, meta.parent.parent.name, meta.stat().st_mtime))
     return out
