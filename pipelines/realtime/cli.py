@@ -103,7 +103,14 @@ def realtime(
     boundary, and revised when an out-of-order event arrives; events later than the source's allowed
     lateness go to the dead-letter topic.
     """
-    from headwater.pipelines.realtime.job import RunOptions, explain, submit
+    from headwater.pipelines.realtime.job import (
+        RunOptions,
+        checkpoint_to_restore,
+        explain,
+        record_views,
+        state_report,
+        submit,
+    )
     from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError, check_plan
     from headwater.registry.plans import read_plan
 
@@ -139,10 +146,13 @@ def realtime(
         if explain_only:
             click.echo(explain(plan, options, run))
             return
+        restoring = checkpoint_to_restore(run, plan) if run.restore else None
         client, programs = submit(plan, options, run)
     except (RealtimePlanError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"realtime job {client.get_job_id()} submitted:")
+    job_id = str(client.get_job_id())
+    record_views(run, job_id, plan, running)
+    click.echo(f"realtime job {job_id} submitted:")
     for program in programs:
         src = next(s for s in plan.sources if s.name == program.source)
         views = ", ".join(v.name for v in plan.views if v.source == src.name)
@@ -150,6 +160,9 @@ def realtime(
             f"  source {src.name}: reading {options.topic(src)}; views {views} "
             f"(operators {', '.join(program.groups)})"
         )
+    report = state_report(restoring, plan, running) if restoring is not None else None
+    for line in report.lines() if report is not None else []:
+        click.echo(f"  {line}")
     if jobmanager:
         return
     try:

@@ -33,6 +33,10 @@ equals a clean run (tests/integration/pipelines/realtime/test_realtime_restore.p
 process group with SIGKILL mid-stream and checks this, test_realtime_versions.py restarts it on an
 edited plan; Flink numbers the restored job's checkpoints after the one it loaded).
 
+Each job also writes ``<checkpoint_dir>/<job id>/views.json`` (``{view: version}``), so the next start
+prints what it keeps, starts empty (and for how long those values are partial: the view's longest
+window, as nothing backfills them yet) and drops (:func:`state_report`).
+
 Before one folder per job, checkpoints went to ``<checkpoint_dir>/<short registry version>/``; when
 the job folder has none, the legacy folder of this very registry version is restored (its key state,
 format 1, was written by a job compiled from the same plan, so its layout is this one). Legacy folders
@@ -50,6 +54,7 @@ had other uids or another key-state format may not restore; start with ``--no-re
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -118,6 +123,62 @@ def checkpoint_to_restore(run: RunOptions, plan: TierPlan) -> Path | None:
                 folder,
             )
     return chk
+
+
+VIEWS_FILE = "views.json"
+"""Per job folder: ``{view: version}`` of the views the job ran, so a later start can say what it keeps."""
+
+
+@dataclass(frozen=True)
+class StateReport:
+    """What a start on a new plan does with the restored state, per view (names, sorted)."""
+
+    kept: tuple[str, ...]
+    """Same name and version: its windows go on from the checkpoint, exact."""
+    restarted: tuple[str, ...]
+    """A new version of a view the checkpoint had: its windows start empty."""
+    new: tuple[str, ...]
+    dropped: tuple[str, ...]
+    warm_after_s: dict[str, float]
+    """Per restarted or new view: its longest window; its values are partial until that much stream
+    has been read after the restore (no backfill yet)."""
+
+    def lines(self) -> list[str]:
+        """Human lines for ``headwater run realtime``."""
+        out = [f"state kept (windows go on): {', '.join(self.kept) or '-'}"]
+        for label, names in (("changed", self.restarted), ("new", self.new)):
+            for name in names:
+                out.append(
+                    f"state empty ({label}): {name}: partial values until {self.warm_after_s[name]:g} s of"
+                    " stream after the restore (its longest window)"
+                )
+        if self.dropped:
+            out.append(f"state dropped (removed): {', '.join(self.dropped)}; their online keys expire")
+        return out
+
+
+def record_views(run: RunOptions, job_id: str, plan: TierPlan, sources: list[str]) -> Path:
+    """Write ``{view: version}`` of the views the job runs into its checkpoint folder; return the file."""
+    folder = run.checkpoint_dir / job_id
+    folder.mkdir(parents=True, exist_ok=True)
+    views = {v.name: v.version for v in plan.views if v.source in sources}
+    path = folder / VIEWS_FILE
+    path.write_text(json.dumps(views, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def state_report(checkpoint: Path, plan: TierPlan, sources: list[str]) -> StateReport | None:
+    """Compare the views of the job that wrote ``checkpoint`` with the plan's; None when it recorded none."""
+    path = checkpoint.parent / VIEWS_FILE
+    if not path.is_file():
+        return None
+    before: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
+    now = {v.name: v for v in plan.views if v.source in sources}
+    kept = sorted(n for n, v in now.items() if before.get(n) == v.version)
+    restarted = sorted(n for n, v in now.items() if n in before and before[n] != v.version)
+    new = sorted(n for n in now if n not in before)
+    warm = {n: max(f.window_s for f in now[n].features) for n in [*restarted, *new]}
+    return StateReport(tuple(kept), tuple(restarted), tuple(new), tuple(sorted(set(before) - set(now))), warm)
 
 
 def job_jars() -> list[Path]:

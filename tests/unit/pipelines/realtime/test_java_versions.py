@@ -241,3 +241,27 @@ def test_any_restart_point_keeps_unchanged_views_exact(
     pre, _, post = run_restart(before, after, events[:cut], events[cut:])
     for view in ("rt_all", "rt_items"):
         check_kept(plans[change], after, view, pre + post, events)
+
+
+def test_a_start_on_a_new_plan_says_what_it_keeps(plans: dict[str, TierPlan], tmp_path: Path) -> None:
+    """``headwater run realtime`` reads the views the checkpoint's job recorded and names each view's fate."""
+    from headwater.pipelines.realtime.job import RunOptions, record_views, state_report
+
+    run = RunOptions(redis_url="redis://127.0.0.1:6379/0", checkpoint_dir=tmp_path / "chk")
+    written = record_views(run, "0" * 32, plans["window"], ["events"])
+    chk = written.parent / "chk-7"
+    assert state_report(tmp_path / "elsewhere" / "chk-1", plans["base"], ["events"]) is None
+    report = state_report(chk, plans["base"], ["events"])
+    assert report is not None
+    assert report.kept == ("rt_all", "rt_items")
+    assert report.restarted == ("rt_clicks",)  # 10 s back to 15 s: another version
+    assert report.new == ()
+    assert report.warm_after_s == {"rt_clicks": 15.0}
+    base_job = record_views(run, "1" * 32, plans["base"], ["events"]).parent
+    report = state_report(base_job / "chk-3", plans["removed"], ["events"])
+    assert report is not None
+    assert (report.kept, report.dropped) == (("rt_all",), ("rt_clicks", "rt_items"))
+    assert report.lines() == [
+        "state kept (windows go on): rt_all",
+        "state dropped (removed): rt_clicks, rt_items; their online keys expire",
+    ]
