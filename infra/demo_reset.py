@@ -2,7 +2,8 @@
 
 The demo produces two days of history with past event times; on top of an earlier demo's data the
 streaming tiers (whose watermarks have moved on) would reject all of it as late. Only the local
-default's own names are touched: the example repo's source topics (`events`, `payments`), the DLQ,
+default's own names are touched: the example repo's source topics (`events`, `payments`), the DLQ, the
+service's prediction log (`demo.predictions`),
 the nearline tier's `headwater-nearline*` topics, Redis keys under the default `hw:` namespace, and
 the demo's folders.
 """
@@ -26,11 +27,16 @@ STATE = ROOT / ".headwater"
 FOLDERS = ("lake", "checkpoints", "nearline", "models", "demo", "plans", "feast", "spark-warehouse")
 
 
+PREDICTIONS_TOPIC = "demo.predictions"
+"""The service's prediction log in the demo (infra/demo/serving.yaml)."""
+
+
 def main() -> None:
     """Delete the demo's topics, keys and folders, then recreate the topics."""
     settings = Settings.from_env()
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="headwater-demo-reset")
     names = {settings.dlq_topic, *(src.spec.topic for src in check_repo(ROOT / "features").sources.values())}
+    names.add(PREDICTIONS_TOPIC)
     doomed = sorted(t for t in admin.list_topics() if t in names or t.startswith("headwater-nearline"))
     if doomed:
         admin.delete_topics(doomed)

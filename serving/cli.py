@@ -196,7 +196,10 @@ def serve(
     if config.predictions.enabled:
         from headwater.serving.skew import PredictionLog, kafka_connect
 
-        predictions = PredictionLog(config.predictions, kafka_connect(bootstrap or settings.kafka_bootstrap))
+        predictions = PredictionLog(
+            config.predictions,
+            kafka_connect(bootstrap or settings.kafka_bootstrap, config.predictions.topic),
+        )
     app = create_app(
         config,
         registry,

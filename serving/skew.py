@@ -24,6 +24,7 @@ skew: another model than the one logged, a mis-bound column order, numerics of t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -49,6 +50,10 @@ PREDICTION_VERSION = 1
 DEFAULT_TOPIC = "predictions"
 DEFAULT_THRESHOLD = 0.003
 _STOP = object()
+
+
+PREDICTIONS_RETENTION_MS = str(7 * 24 * 3600 * 1000)
+"""A week of logged predictions: what `headwater skew` can compare."""
 
 
 class PredictionLogConfig(BaseModel):
@@ -158,12 +163,22 @@ class PredictionLog:
                 producer.close(timeout=2.0)
 
 
-def kafka_connect(bootstrap: str) -> Callable[[], Any]:
-    """Return a factory of the prediction log's Kafka producer."""
+def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]:
+    """Return a factory of the prediction log's Kafka producer; it creates ``topic`` when missing.
+
+    The factory runs on the log's own thread at the first record, so a broker that is down
+    costs the service nothing (the record is counted as failed and the next one tries again).
+    """
 
     def connect() -> Any:
         from kafka import KafkaProducer
 
+        if topic is not None:  # the brokers do not auto-create topics (infra/config)
+            from headwater.pipelines.settings import Settings
+            from headwater.pipelines.topics import ensure_topics
+
+            settings = dataclasses.replace(Settings.from_env(), kafka_bootstrap=bootstrap)
+            ensure_topics(settings, {topic: {"retention.ms": PREDICTIONS_RETENTION_MS}}, partitions=1)
         return KafkaProducer(bootstrap_servers=bootstrap, client_id="headwater-serving-predictions", acks=1,
                              linger_ms=20, compression_type="zstd", max_block_ms=1000)  # fmt: skip
 
