@@ -19,7 +19,14 @@ import click
 from headwater.registry.compiled import CheckResult
 from headwater.registry.config import ConfigError, features_dir, resolve, state_dir
 from headwater.registry.durations import format_seconds
-from headwater.registry.plan import default_state_dir, diff_views, format_plan, read_snapshot
+from headwater.registry.plan import (
+    default_state_dir,
+    diff_sources,
+    diff_views,
+    format_plan,
+    read_snapshot,
+    source_summaries,
+)
 from headwater.registry.plans import plan_views, registry_hash
 from headwater.registry.report import check_json, check_text
 from headwater.registry.validate import check_repo
@@ -87,15 +94,18 @@ def plan(repo: Path | None, state_dir: Path | None, fmt: str) -> None:
     new_hash = registry_hash(result)
     current = {v.name: v.model_dump() for v in plan_views(result)}
     changes = diff_views(applied["views"], current)
+    # a snapshot written before sources were recorded compares as "no source changes"
+    sources = diff_sources(applied.get("sources", source_summaries(result)), source_summaries(result))
     if fmt == "json":
         payload = {
             "applied_hash": applied["registry_hash"],
             "registry_hash": new_hash,
             "changes": [c.to_json() for c in changes],
+            "sources": sources,
         }
         click.echo(json.dumps(payload, indent=2))
     else:
-        click.echo(format_plan(changes, applied["registry_hash"], new_hash))
+        click.echo(format_plan(changes, applied["registry_hash"], new_hash, sources))
 
 
 @click.command()

@@ -18,7 +18,7 @@ from typing import Any
 from headwater.registry.compiled import CheckResult
 from headwater.registry.config import state_dir
 from headwater.registry.durations import format_seconds
-from headwater.registry.plans import plan_views
+from headwater.registry.plans import plan_sources, plan_views
 
 SNAPSHOT_FILE = "applied.json"
 SNAPSHOT_VERSION = 1
@@ -68,13 +68,45 @@ class ViewChange:
 
 
 def snapshot(result: CheckResult, reg_hash: str) -> dict[str, Any]:
-    """Build the snapshot ``apply`` stores: every view's plan form, keyed by name."""
+    """Build the snapshot ``apply`` stores: every view's plan form, and each source's schema versions."""
     return {
         "schema_version": SNAPSHOT_VERSION,
         "registry_hash": reg_hash,
         "applied_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "views": {v.name: v.model_dump() for v in plan_views(result)},
+        "sources": source_summaries(result),
     }
+
+
+def source_summaries(result: CheckResult) -> dict[str, dict[str, Any]]:
+    """Return what ``plan`` compares of each source: its topic and its schema fingerprints, oldest first."""
+    return {
+        s.name: {"topic": s.topic, "schemas": [sch.fingerprint for sch in s.schemas]}
+        for s in plan_sources(result)
+    }
+
+
+def diff_sources(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[str]:
+    """Say which sources were added, removed, re-pointed or given a new schema version."""
+    out = []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name), new.get(name)
+        if before is None:
+            out.append(f"+ source {name} (topic {after['topic']})" if after else "")
+        elif after is None:
+            out.append(f"- source {name} (topic {before['topic']})")
+        else:
+            if before["topic"] != after["topic"]:
+                out.append(f"~ source {name}: topic {before['topic']} -> {after['topic']}")
+            if before["schemas"] != after["schemas"]:
+                added = [f for f in after["schemas"] if f not in before["schemas"]]
+                dropped = [f for f in before["schemas"] if f not in after["schemas"]]
+                what = ", ".join([*(f"+ schema {f}" for f in added), *(f"- schema {f}" for f in dropped)])
+                out.append(
+                    f"~ source {name}: {what or 'schema order changed'}; the views that read only"
+                    " unchanged fields keep their versions"
+                )
+    return [line for line in out if line]
 
 
 def read_snapshot(state_dir: Path) -> dict[str, Any] | None:
@@ -191,12 +223,17 @@ def _feature_field_change(key: str, before: Any, after: Any) -> str:
     return f"{key} {before!r} -> {after!r}"
 
 
-def format_plan(changes: list[ViewChange], applied_hash: str | None, new_hash: str) -> str:
-    """Render the text shown by ``headwater plan``."""
+def format_plan(
+    changes: list[ViewChange], applied_hash: str | None, new_hash: str, sources: list[str] | None = None
+) -> str:
+    """Render the text shown by ``headwater plan`` (``sources``: :func:`diff_sources` lines)."""
     head = f"Plan: registry {applied_hash or '(nothing applied yet)'} -> {new_hash}"
+    lines = [head, *(f"  {line}" for line in sources or ())]
     if not changes:
-        return head + "\nNo changes: the applied registry matches the repo."
-    lines = [head]
+        if applied_hash == new_hash:
+            return head + "\nNo changes: the applied registry matches the repo."
+        lines.append("No view changes: every view keeps its version, its state and its online values.")
+        return "\n".join(lines)
     marks = {"added": "+", "removed": "-", "changed": "!", "metadata": "~"}
     for c in changes:
         sla = _sla_text(c)

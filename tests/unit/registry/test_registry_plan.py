@@ -116,3 +116,31 @@ def test_apply_writes_versioned_tier_plans(repo: ScratchRepo, tmp_path: Path) ->
     assert from_json(feature.where.ast).field == "event_type"  # type: ignore[union-attr]
     assert read_plan(state, "nearline").views == []
     assert read_plan(state, "offline").registry_hash == reg_hash
+
+
+def test_a_new_schema_version_is_planned_and_keeps_every_view(repo: ScratchRepo, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    repo.write("v1.yaml", MINIMAL_VIEW)
+    _apply(repo, state)
+    before = read_plan(state, "realtime").views[0].version
+    schema = repo.root / "schemas" / "behavior_event.avsc"
+    doc = json.loads(schema.read_text())
+    doc["fields"].append({"name": "campaign", "type": ["null", "string"], "default": None})
+    (repo.root / "schemas" / "behavior_event.v2.avsc").write_text(schema.read_text())
+    schema.write_text(json.dumps(doc))
+    sources = (repo.root / "sources.yaml").read_text()
+    old = "previous_schemas: [schemas/behavior_event.v1.avsc]"
+    assert old in sources
+    new = "previous_schemas: [schemas/behavior_event.v1.avsc, schemas/behavior_event.v2.avsc]"
+    (repo.root / "sources.yaml").write_text(sources.replace(old, new))
+    out = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)])
+    assert out.exit_code == 0, out.output
+    assert "~ source events: + schema " in out.output
+    assert "No view changes: every view keeps its version" in out.output
+    doc_out = json.loads(
+        CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state), "--format", "json"]).output
+    )
+    assert doc_out["changes"] == []
+    assert len(doc_out["sources"]) == 1
+    assert _apply(repo, state) == doc_out["registry_hash"]
+    assert read_plan(state, "realtime").views[0].version == before
