@@ -328,9 +328,17 @@ def main() -> None:
     ap.add_argument(
         "--table-only", action="store_true", help="recompute and print the nearline accuracy table"
     )
+    ap.add_argument(
+        "--rt-shapes-only",
+        action="store_true",
+        help="realtime: fit the constants from the shapes; re-estimate the example rows already measured",
+    )
     args = ap.parse_args()
     if args.table_only:
         recompute_table()
+        return
+    if args.rt_shapes_only:
+        realtime_shapes_only(args)
         return
     if args.quick:
         args.events, args.rt_phase_s = 10_000, 20.0
@@ -549,6 +557,68 @@ def calibrate_realtime(args: argparse.Namespace, command: str) -> dict[str, Any]
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def realtime_shapes_only(args: argparse.Namespace) -> None:
+    """Fit realtime.json from the shapes' jobs; re-estimate the example rows measured before (kept)."""
+    import calibrate_realtime as rt
+
+    command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cal-rt-"))
+    r1, r2 = (float(r) for r in args.rt_rates.split(","))
+    shapes: dict[str, Any] = {}
+    try:
+        for name, feats in rt.SHAPES.items():
+            repo = make_repo(tmp / name, {name: rt.shape_yaml(name, feats)})
+            shapes[name] = rt.run_job(repo, tmp / name, (r1, r2), args.rt_phase_s)
+            print(f"  {name}: {shapes[name]}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = ROOT / "bench/results/bench_calibrate.json"
+    doc = json.loads(out.read_text())
+    section = doc["tiers"].setdefault("realtime", {})
+    section["shapes"] = shapes
+    if any("us_per_event" not in s for s in shapes.values()):
+        out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        raise SystemExit(
+            "a shape's job did not hold two rates: no fit (see bench/results/bench_calibrate.json)"
+        )
+    constants = rt.fit_realtime(shapes)
+    constants.update(realtime_state_constants(shapes, r2))
+    path = calibration_path("realtime")
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    cal_data = {
+        **kept,
+        "constants": constants,
+        "machine": machine(),
+        "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": command,
+        "isolation": "the Flink job's process group CPU (mini-cluster JVM + PyFlink Python workers, "
+        "/proc utime+stime) per wall second of each phase; two rates give fixed cores and us/event",
+        "stream": {"rates": [r1, r2], "phase_s": args.rt_phase_s, "users": 5000, "items": 2000},
+    }
+    cal_data.pop("derivation", None)
+    cal = parse_calibration("realtime", cal_data, path)
+    example = check_repo(FEATURES)
+    tier = TIERS["realtime"]
+    for name, row in section.get("accuracy", {}).items():
+        view = next(v for v in example.views if v.name == name)
+        for r in row.get("rates", []):
+            est = estimate_view(view.features, r["rate"], tier, False, 5000, cal).cpu_hours_per_day / 24
+            r["estimated_cores"] = round(est, 4)
+            r["cpu_error"] = round(est / r["measured_cores"] - 1, 3) if r["measured_cores"] else None
+            print(f"  {name} @ {r['rate']}/s: estimated {est:.3f} cores, measured {r['measured_cores']}")
+        if row.get("checkpoint_bytes"):
+            last = row["rates"][-1]["rate"] if row.get("rates") else r2
+            fp = estimate_footprint(view.features, last, tier, 5000, 12, cal)
+            row["state_estimate"] = round(fp.state_bytes)
+            row["state_error"] = round(fp.state_bytes / row["checkpoint_bytes"] - 1, 3)
+    section.update(constants=constants, fit_command=command, fit_seconds=round(time.monotonic() - started))
+    if not args.no_write:
+        path.write_text(json.dumps(cal_data, indent=2) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path.relative_to(ROOT)} and {out.relative_to(ROOT)}")
 
 
 def realtime_state_constants(shapes: dict[str, Any], rate: float) -> dict[str, Any]:
