@@ -32,14 +32,14 @@ import io
 import json
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from headwater.pipelines.events.wire_check import WireError, compile_checker
+from headwater.pipelines.events.wire_check import Noncanonical, WireError, compile_checker
 from headwater.registry.expr import from_json
 from headwater.registry.expr_eval import compile_rule
 from headwater.registry.plans import PlanSource
@@ -271,7 +271,7 @@ class EventCodec:
             detail = f"a {len(value)}-byte payload is over the {self.max_event_bytes}-byte limit"
             return DecodeError(Reason.OVERSIZED, f"{detail} of source {self.source.name!r}")
         try:
-            self._checkers[fp](value)
+            value = _canonical(self._checkers[fp], value)
         except WireError as exc:
             detail = f"not an Avro record of source {self.source.name!r}: {exc}"
             return DecodeError(Reason.CORRUPT_PAYLOAD, detail[:MAX_DETAIL_CHARS])
@@ -460,3 +460,20 @@ def parse_dead_letter(value: bytes | None, key: bytes | None, headers: Headers) 
         failed_at_ms=numbers[2],
         original_headers=original,
     )
+
+
+def _canonical(check: Callable[[bytes], None], value: bytes) -> bytes:
+    """Check ``value``; return it with the bits Java's decoder drops cleared (almost always unchanged).
+
+    Raises:
+        WireError: the bytes are not a record of the schema, whatever Java drops.
+    """
+    for _ in range(len(value) + 1):  # each fix clears bits of one byte: the loop ends
+        try:
+            check(value)
+        except Noncanonical as fix:
+            value = value[: fix.pos] + bytes((fix.byte,)) + value[fix.pos + 1 :]
+        else:
+            return value
+    msg = "varints past their width could not be made canonical"  # pragma: no cover - see the bound
+    raise WireError(msg)

@@ -6,7 +6,9 @@ that decodes as -1 yields the *last* symbol or branch instead of an error; and a
 length reads to the end of the payload. :func:`compile_checker` walks the encoding the way Java's
 ``BinaryDecoder`` does and names the first thing that is not a valid encoding:
 
-- an ``int`` varint longer than 5 bytes or outside 32 bits, a ``long`` varint longer than 10 bytes;
+- an ``int`` varint longer than 5 bytes, a ``long`` varint longer than 10 bytes (a full-length one
+  whose last byte has bits past 32 or 64 bits is :class:`Noncanonical`: Java drops them, so the
+  caller clears them and reads again);
 - a negative or past-the-end length of a string, bytes or a block;
 - an enum index or a union branch index outside ``[0, n)``;
 - a record that does not use every byte of the payload.
@@ -27,6 +29,21 @@ Step = Callable[[bytes, int], int]
 
 class WireError(ValueError):
     """The bytes are not a valid encoding of the schema; the message says what and at which byte."""
+
+
+class Noncanonical(WireError):
+    """A full-length varint whose last byte carries bits past 32 (int) or 64 (long) bits.
+
+    Java's ``BinaryDecoder`` drops those bits without a word (it shifts them out of its ``int`` or
+    ``long``), so the JVM decodes such a record. :meth:`headwater.pipelines.events.codec.EventCodec.decode`
+    writes ``byte`` at ``pos`` (the same value with the dropped bits cleared) and reads again, so both
+    decoders see the same value and give the same verdict.
+    """
+
+    def __init__(self, what: str, pos: int, byte: int) -> None:
+        super().__init__(f"{what} varint at byte {pos} has bits past its width (Java drops them)")
+        self.pos = pos
+        self.byte = byte
 
 
 def compile_checker(schema: Any) -> Callable[[bytes], None]:
@@ -71,9 +88,8 @@ def _varint(data: bytes, pos: int, max_bytes: int, what: str) -> tuple[int, int]
 
 def _read_int(data: bytes, pos: int, what: str) -> tuple[int, int]:
     value, end = _varint(data, pos, 5, what)
-    if not -(2**31) <= value < 2**31:
-        msg = f"invalid {what} encoding at byte {pos}: {value} does not fit 32 bits"
-        raise WireError(msg)
+    if not -(2**31) <= value < 2**31:  # only a 5-byte varint gets here: Java keeps 4 bits of its last
+        raise Noncanonical(what, end - 1, data[end - 1] & 0x0F)
     return value, end
 
 
@@ -212,9 +228,9 @@ def _int(data: bytes, pos: int) -> int:
 
 def _long(data: bytes, pos: int) -> int:
     value, end = _varint(data, pos, 10, "long")
-    if not -(2**63) <= value < 2**63:
-        msg = f"invalid long encoding at byte {pos}: {value} does not fit 64 bits"
-        raise WireError(msg)
+    if not -(2**63) <= value < 2**63:  # only a 10-byte varint gets here: Java keeps 1 bit of its last
+        what = "long"
+        raise Noncanonical(what, end - 1, data[end - 1] & 0x01)
     return end
 
 

@@ -336,7 +336,6 @@ def test_hand_encoding_matches_the_codec(codec: EventCodec) -> None:
         ({"category": varint(2) + text("music")}, "union branch index 2"),
         ({"event_id": varint(-5) + b"abcde"}, "negative length -5"),
         ({"event_time": b"\xff" * 10 + b"\x01"}, "invalid long encoding"),
-        ({"position": varint(1) + b"\xff\xff\xff\xff\x7f"}, "does not fit 32 bits"),
         ({"position": varint(1) + b"\x80\x80\x80\x80\x80\x00"}, "more than 5 varint bytes"),
         ({"query": varint(1) + varint(10_000) + b"short"}, "the payload ends inside"),
     ],
@@ -348,6 +347,22 @@ def test_out_of_range_indices_and_lengths_are_corrupt(
     assert isinstance(result, DecodeError), result
     assert result.reason is Reason.CORRUPT_PAYLOAD
     assert fragment in result.detail
+
+
+@pytest.mark.parametrize(
+    ("parts", "field", "expected"),
+    [
+        # Java's BinaryDecoder keeps 4 bits of an int's 5th byte and 1 bit of a long's 10th: so do we
+        ({"position": varint(1) + b"\xfe\xff\xff\xff\x7f"}, "position", 2**31 - 1),
+        ({"position": varint(1) + b"\x82\x80\x80\x80\x70"}, "position", 1),
+    ],
+)
+def test_bits_past_the_width_are_dropped_as_java_does(
+    codec: EventCodec, parts: dict[str, bytes], field: str, expected: int
+) -> None:
+    result = codec.decode(full_raw(**parts), headers(codec))
+    assert isinstance(result, DecodedEvent), result
+    assert result.event[field] == expected
 
 
 def test_every_in_range_index_decodes_to_its_symbol(codec: EventCodec) -> None:

@@ -301,6 +301,20 @@ def test_payments_micros_enums_and_rules_in_the_jvm(sources: dict[str, PlanSourc
                         "future_dated", "ok", "invalid_field"]  # fmt: skip
 
 
+def test_bits_past_a_varints_width_get_the_same_verdict_in_both(
+    sources: dict[str, PlanSource], tmp_path: Path
+) -> None:
+    """Java drops them (its int/long shifts them out); Python clears them and reads the same value."""
+    src = sources["payments"]
+    codec = EventCodec(src)
+    fp, ts = codec.fingerprint.encode(), b"1767225600000"
+    far = bytearray(codec.encode(payment(1, occurred_at=2**62)))  # a 10-byte long varint, last byte 01
+    far[-1] = 0x03  # a bit past 64 bits: found by hypothesis (Python said corrupt, Java invalid_field)
+    near = bytearray(codec.encode(payment(2, occurred_at=NOW_MS * 1000)))
+    verdicts = compare(src, [(bytes(far), fp, ts), (bytes(near), fp, ts)], tmp_path)
+    assert verdicts == ["invalid_field", "ok"]
+
+
 def test_an_older_schema_version_is_resolved_into_the_current_one(
     sources: dict[str, PlanSource], tmp_path: Path
 ) -> None:
