@@ -73,7 +73,8 @@ def split_by_time(ts: TrainingSet, holdout: float) -> tuple[npt.NDArray[np.intp]
     return np.flatnonzero(~is_test), np.flatnonzero(is_test)
 
 
-def _moments(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+def moments(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """Return per-column mean and scale of model inputs (NaN-aware), the one input scaling of every model."""
     with warnings.catch_warnings():  # an all-NaN column (a feature never set) gets mean 0, scale 1
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(x, axis=0)
@@ -179,7 +180,7 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     train_rows, test_rows = split_by_time(ts, opts.holdout)
     train, test = ts.take(train_rows), ts.take(test_rows)
     # Step 2
-    norm = (*_moments(train.user), *_moments(train.item))
+    norm = (*moments(train.user), *moments(train.item))
     # Step 3, 4
     dcn = train_dcn(train, opts, device, norm)
     linear_state = train_linear(train, opts, norm)

@@ -135,9 +135,9 @@ class TowerReport:
 
 
 def _moments(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    from headwater.serving.train import _moments as ranker_moments  # one definition of the input scaling
+    from headwater.serving.train import moments  # one definition of the input scaling
 
-    return ranker_moments(x)
+    return moments(x)
 
 
 def in_batch_loss(
