@@ -182,7 +182,15 @@ up() {
 
 down() {
   local part
-  for part in "${PARTS[@]}"; do stop_owned "$part"; done
+  for part in "${PARTS[@]}"; do
+    case "$part" in
+      kafka-*) ;;
+      *) stop_owned "$part" ;;
+    esac
+  done
+  # The brokers at once: the last one alone has no controller quorum left for a clean shutdown.
+  for part in kafka-3 kafka-2 kafka-1; do stop_owned "$part" & done
+  wait
   bash "$INFRA_DIR/redis-cluster.sh" stop
 }
 
