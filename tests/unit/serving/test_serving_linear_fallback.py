@@ -8,7 +8,7 @@ import pytest
 from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
 from headwater.serving.model import LinearRanker, linear_logits
 from headwater.serving.synthetic import make_world, small_registry, training_set
-from headwater.serving.train import TrainOptions, _moments, _standardized, split_by_time, train_linear
+from headwater.serving.train import TrainOptions, _standardized, moments, split_by_time, train_linear
 from headwater.serving.trainset import TrainingSet
 
 MARGIN = 0.05
@@ -28,7 +28,7 @@ def split() -> tuple[TrainingSet, TrainingSet]:
 
 def test_linear_fallback_beats_popularity_on_the_holdout(split: tuple[TrainingSet, TrainingSet]) -> None:
     train, test = split
-    norm = (*_moments(train.user), *_moments(train.item))
+    norm = (*moments(train.user), *moments(train.item))
     state = train_linear(train, TrainOptions(seed=0), norm)
     linear = linear_logits(state, *_standardized(test, norm)).numpy()
     popular = popularity_scores(train.item_ids, train.label, test.item_ids)
