@@ -89,6 +89,8 @@ def run_job(repo: Path, work: Path, rates: tuple[float, float], phase_s: float) 
         }
     (r1, c1, _), (r2, c2, _) = pts[:2]
     us = (c2 - c1) / (r2 - r1) * 1e6
+    if us <= 0:  # the first phase carries the JVM's warm-up (JIT, first checkpoints): no slope to see
+        us, c1 = 0.0, (c1 + c2) / 2
     return {
         "phases": [{"rate": r, "job_cpu_cores": c, "offered_eps": o} for r, c, o in pts],
         "us_per_event": round(us, 2),
