@@ -1,7 +1,7 @@
 """The online store shared by every tier and by serving: packed feature vectors in Redis.
 
 One key per (view, entity), ``hw:{<view>}:<entity_id>``, holding a 72-byte header (event time,
-write time, expiry, schema hash, registry version) and the float32 features. Writes are
+write time, expiry, schema hash, view version) and the float32 features. Writes are
 idempotent inside Redis (``write.lua``); reads are one ``MGET`` per view. See ``layout`` for the
 Redis Cluster trade-off, ``codec`` for the byte layout and ``feast_plugin`` for the Feast
 online-store plugin that reads the same keys. Every call of the write script also appends one

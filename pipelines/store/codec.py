@@ -138,7 +138,7 @@ class Unpacked:
 
 
 def decode_versions(version_raw: npt.NDArray[np.bytes_], found: npt.NDArray[np.bool_]) -> list[str | None]:
-    """Per-row registry version ids (None where not found), decoding each distinct id once."""
+    """Per-row view version ids (None where not found), decoding each distinct id once."""
     out: list[str | None] = [None] * len(found)
     if not len(version_raw):
         return out

@@ -50,7 +50,7 @@ class ViewLayout:
         entity: entity name (e.g. ``user``); informative, it is not part of the key.
         features: feature names, in the order of the packed float32 vector.
         ttl_s: time to live of each key after its last accepted write, in seconds; 0 = never.
-        version: registry version id the writer was compiled from (ASCII, at most 32 bytes).
+        version: the view's version (what defines its values; ASCII, at most 32 bytes).
     """
 
     view: str
