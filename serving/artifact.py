@@ -93,38 +93,55 @@ def save_artifact(out_dir: Path, metadata: Mapping[str, Any], state: Mapping[str
 
 def load_artifact(path: Path) -> Artifact:
     """Load an artifact with ``weights_only=True`` and verify its content hash."""
+    meta, state = read_verified(path, FORMAT, "model artifact", "train one with `headwater model train`")
+    return Artifact(path, meta, state)
+
+
+def read_verified(
+    path: Path, fmt: str, what: str, missing_hint: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read a file written like :func:`save_artifact`: metadata and tensors, their hash checked.
+
+    ``fmt`` is the format tag the file must carry (each kind of artifact has its own, so no loader
+    takes another's file); ``what`` names the file in errors and ``missing_hint`` says what to run
+    when it does not exist. Nothing is unpickled: ``torch.load(weights_only=True)``.
+
+    Raises:
+        ArtifactError: missing, unreadable, of another format, without metadata or tensors, or
+            modified (its content hash differs from its ``model_version``).
+    """
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as exc:
-        msg = f"model artifact {path}: no such file; train one with `headwater model train`"
+        msg = f"{what} {path}: no such file; {missing_hint}"
         raise ArtifactError(msg) from exc
     except (OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as exc:
-        msg = f"model artifact {path}: cannot be loaded with weights_only=True ({exc}); retrain or re-copy it"
+        msg = f"{what} {path}: cannot be loaded with weights_only=True ({exc}); retrain or re-copy it"
         raise ArtifactError(msg) from exc
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    if not isinstance(raw, dict) or raw.get("format") != fmt:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        msg = f"model artifact {path}: expected format {FORMAT!r}; found {found!r}"
+        msg = f"{what} {path}: expected format {fmt!r}; found {found!r}"
         raise ArtifactError(msg)
     try:
         meta = json.loads(raw["metadata_json"])
     except (KeyError, TypeError, ValueError) as exc:
-        msg = f"model artifact {path}: no readable metadata_json ({type(exc).__name__}: {exc}); retrain it"
+        msg = f"{what} {path}: no readable metadata_json ({type(exc).__name__}: {exc}); retrain it"
         raise ArtifactError(msg) from exc
     state = raw.get("state")
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
-        msg = f"model artifact {path}: 'state' is not a dict of tensors; retrain it"
+        msg = f"{what} {path}: 'state' is not a dict of tensors; retrain it"
         raise ArtifactError(msg)
     if not isinstance(meta, dict):
-        msg = f"model artifact {path}: metadata is a {type(meta).__name__}, not a JSON object; retrain it"
+        msg = f"{what} {path}: metadata is a {type(meta).__name__}, not a JSON object; retrain it"
         raise ArtifactError(msg)
     expected = content_hash(meta, state)
     if meta.get("model_version") != expected:
         msg = (
-            f"model artifact {path}: content hash is {expected} but the metadata says"
+            f"{what} {path}: content hash is {expected} but the metadata says"
             f" {meta.get('model_version')!r}; the file was modified or is corrupt"
         )
         raise ArtifactError(msg)
-    return Artifact(path, meta, state)
+    return meta, state
 
 
 def check_metadata(artifact: Artifact) -> None:

@@ -11,15 +11,13 @@ overwritten). The format differs from the ranker's so that neither loader accept
 from __future__ import annotations
 
 import json
-import pickle
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from headwater.serving.artifact import LATEST, ArtifactError, content_hash
+from headwater.serving.artifact import LATEST, ArtifactError, content_hash, read_verified
 from headwater.serving.retrieval.towers import TowerReport, TwoTowerModel
 from headwater.serving.trainset import TrainingSet
 
@@ -92,21 +90,10 @@ def load_towers(path: Path) -> TowerArtifact:
             )
             raise ArtifactError(msg)
         path = path / name
+    meta, state = read_verified(
+        path, FORMAT, "two-tower artifact", "train it with `headwater retrieval train`"
+    )
     try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError as exc:
-        msg = f"two-tower artifact {path}: no such file"
-        raise ArtifactError(msg) from exc
-    except (OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as exc:
-        msg = f"two-tower artifact {path}: cannot be loaded with weights_only=True ({exc}); retrain it"
-        raise ArtifactError(msg) from exc
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        msg = f"two-tower artifact {path}: expected format {FORMAT!r}; found {found!r}"
-        raise ArtifactError(msg)
-    try:
-        meta = json.loads(raw["metadata_json"])
-        state = dict(raw["state"])
         hyper = meta["hyperparameters"]
         model = TwoTowerModel(
             len(meta["user_features"]), len(meta["item_features"]), int(hyper["embed_dim"]), hyper["hidden"]
@@ -114,13 +101,6 @@ def load_towers(path: Path) -> TowerArtifact:
     except (KeyError, TypeError, ValueError) as exc:
         msg = f"two-tower artifact {path}: incomplete metadata ({type(exc).__name__}: {exc}); retrain it"
         raise ArtifactError(msg) from exc
-    expected = content_hash(meta, state)
-    if meta.get("model_version") != expected:
-        msg = (
-            f"two-tower artifact {path}: content hash is {expected} but the metadata says"
-            f" {meta.get('model_version')!r}; the file was modified or is corrupt"
-        )
-        raise ArtifactError(msg)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
