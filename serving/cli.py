@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from headwater.registry.config import state_dir as resolved_state_dir
-from headwater.registry.options import MODELS_HELP, STATE_HELP, resolved_models_dir
+from headwater.registry.options import STATE_HELP, models_out_option, training_set_option
 
 if TYPE_CHECKING:
     from headwater.serving.config import ServingConfig
@@ -30,20 +30,8 @@ def model() -> None:
 
 
 @model.command()
-@click.option(
-    "--training-set",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="Parquet training set from `headwater training-set` (user.<slot>, item.<slot> columns).",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    callback=resolved_models_dir,
-    help=f"Directory for the artifacts, the metrics JSON and latest.json {MODELS_HELP}.",
-)
+@training_set_option("Parquet training set from `headwater training-set` (user.<slot>, item.<slot> columns).")
+@models_out_option("the artifacts, the metrics JSON and latest.json")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
 @click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from headwater.registry.options import MODELS_HELP, resolved_models_dir
+from headwater.registry.options import models_out_option, training_set_option
 
 
 @click.group()
@@ -19,20 +19,10 @@ def retrieval() -> None:
 
 
 @retrieval.command()
-@click.option(
-    "--training-set",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="Parquet training set from `headwater training-set` (the one `headwater model train` reads).",
+@training_set_option("Parquet training set from `headwater training-set` (what `headwater model train` reads).")
+    "Parquet training set from `headwater training-set` (the one `headwater model train` reads)."
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    callback=resolved_models_dir,
-    help=f"Directory for two_tower-<version>.pt; latest.json gets a two_tower entry {MODELS_HELP}.",
-)
+@models_out_option("two_tower-<version>.pt; latest.json gets a two_tower entry")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
 @click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option(
