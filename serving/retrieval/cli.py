@@ -19,9 +19,7 @@ def retrieval() -> None:
 
 
 @retrieval.command()
-@training_set_option("Parquet training set from `headwater training-set` (what `headwater model train` reads).")
-    "Parquet training set from `headwater training-set` (the one `headwater model train` reads)."
-)
+@training_set_option("Parquet training set from `headwater training-set` (as `headwater model train`).")
 @models_out_option("two_tower-<version>.pt; latest.json gets a two_tower entry")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
 @click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True)
