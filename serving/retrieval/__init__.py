@@ -12,12 +12,31 @@
   background thread (what ``/v1/recommend`` will hold).
 """
 
-from headwater.serving.retrieval.artifact import TowerArtifact, load_towers, save_towers
-from headwater.serving.retrieval.index import ExactIndex, ItemIndex, ItemIndexError, recall_at_k
-from headwater.serving.retrieval.refresh import IndexRefresher, RefreshReport, StoreItemSource
-from headwater.serving.retrieval.retriever import Retriever, TwoTowerRetriever
-from headwater.serving.retrieval.runtime import RetrievalRuntime, load_retrieval
-from headwater.serving.retrieval.towers import TowerOptions, TowerReport, TwoTowerModel, train_two_tower
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Exports load on first use: `headwater --help` imports this package for its `retrieval` command
+# and must not pay for torch and usearch (about 2 s) unless a retrieval command runs.
+_HOME = {
+    "TowerArtifact": "artifact", "load_towers": "artifact", "save_towers": "artifact",
+    "ExactIndex": "index", "ItemIndex": "index", "ItemIndexError": "index", "recall_at_k": "index",
+    "IndexRefresher": "refresh", "RefreshReport": "refresh", "StoreItemSource": "refresh",
+    "Retriever": "retriever", "TwoTowerRetriever": "retriever",
+    "RetrievalRuntime": "runtime", "load_retrieval": "runtime",
+    "TowerOptions": "towers", "TowerReport": "towers", "TwoTowerModel": "towers",
+    "train_two_tower": "towers",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "ExactIndex",
