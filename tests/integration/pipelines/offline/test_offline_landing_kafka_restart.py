@@ -131,7 +131,10 @@ def test_the_broker_restarted_under_landing_it_retries_and_lands_every_record_on
         lander.join(120)
     assert "error" not in outcome, outcome.get("error")
     stats: LandingStats = outcome["stats"]
-    assert stats.retries >= 1  # the follow loop's requests timed out while the broker was away
+    # Whether the lander had to start again (stats.retries) depends on timing: kafka-python's consumer
+    # rides out a short restart by itself on a quiet machine, and under load a request times out
+    # first. Either way every record lands once:
+    assert stats.landed == 800
     rows = lt.bronze_rows(spark, config.table)
     assert len(rows) == 800
     assert len({(p, o) for p, o, _ in rows}) == 800

@@ -119,8 +119,14 @@ def test_a_killed_primary_fails_over_and_the_store_keeps_its_values(
     values = np.arange(300, dtype=np.float32).reshape(100, 3)
     assert store.write_batch(view, ids, values, T0).written == 100
     primary = store.client.get_node_from_key(f"{{{view.view}}}")
-    # the write is on the replica before the primary dies (replication is asynchronous)
-    assert store.client.execute_command("WAIT", 1, 5000, target_nodes=primary) == 1
+    # the write is on the replica before the primary dies (replication is asynchronous; a new
+    # cluster's replica may still be making its first sync: ask again until it has acknowledged)
+    acked = 0
+    for _ in range(30):
+        acked = store.client.execute_command("WAIT", 1, 1000, target_nodes=primary)
+        if acked == 1:
+            break
+    assert acked == 1
     port = primary.port
     pid = int(
         (Path(env["HEADWATER_STATE_DIR"]) / f"redis-cluster-{port}" / f"redis-cluster-{port}.pid").read_text()
