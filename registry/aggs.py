@@ -1,7 +1,7 @@
-"""The aggregations: which fields each accepts, what dtype it yields, and its relative cost.
+"""The aggregations: which fields each accepts and what dtype it yields.
 
-One table, read by validation (type rules), the cost model (``cost_units``) and the compiled
-plans (``dtype``). ``ratio`` divides two aggregations over the same window (CTR = count where
+One table, read by validation (type rules) and the compiled plans (``dtype``); what an aggregation
+costs is the calibrated cost model's (registry/cost.py). ``ratio`` divides two aggregations over the same window (CTR = count where
 click / count where impression); its value is null when the denominator is zero.
 """
 
@@ -25,28 +25,26 @@ class AggRule:
         field: ``none`` (takes no field), ``optional`` or ``required``.
         kinds: the event field kinds it accepts when given a field.
         kinds_text: those kinds in words, for error messages.
-        cost_units: per-event update cost relative to ``count`` (placeholder, calibrate from bench/).
     """
 
     name: str
     field: str
     kinds: frozenset[str]
     kinds_text: str
-    cost_units: float
 
 
 AGGS: dict[str, AggRule] = {
-    "count": AggRule("count", "optional", ANY, "any field (counts events where it is not null)", 1.0),
-    "sum": AggRule("sum", "required", NUMBERS, "a numeric field (int, long, float, double)", 1.0),
-    "avg": AggRule("avg", "required", NUMBERS, "a numeric field (int, long, float, double)", 1.2),
-    "min": AggRule("min", "required", ORDERED, "a numeric or timestamp field", 1.5),
-    "max": AggRule("max", "required", ORDERED, "a numeric or timestamp field", 1.5),
-    "last": AggRule("last", "required", ANY, "any field", 1.0),
+    "count": AggRule("count", "optional", ANY, "any field (counts events where it is not null)"),
+    "sum": AggRule("sum", "required", NUMBERS, "a numeric field (int, long, float, double)"),
+    "avg": AggRule("avg", "required", NUMBERS, "a numeric field (int, long, float, double)"),
+    "min": AggRule("min", "required", ORDERED, "a numeric or timestamp field"),
+    "max": AggRule("max", "required", ORDERED, "a numeric or timestamp field"),
+    "last": AggRule("last", "required", ANY, "any field"),
     "distinct_count": AggRule(
-        "distinct_count", "required", DISCRETE, "a string, enum, integer or boolean field", 3.0
+        "distinct_count", "required", DISCRETE, "a string, enum, integer or boolean field"
     ),
-    "top_k": AggRule("top_k", "required", DISCRETE, "a string, enum, integer or boolean field", 4.0),
-    "ratio": AggRule("ratio", "none", frozenset(), "no field (give numerator and denominator)", 0.1),
+    "top_k": AggRule("top_k", "required", DISCRETE, "a string, enum, integer or boolean field"),
+    "ratio": AggRule("ratio", "none", frozenset(), "no field (give numerator and denominator)"),
 }
 DTYPES = ("int64", "float64", "string", "bool", "map<string,float64>")
 WIDENINGS = {("int64", "float64")}
