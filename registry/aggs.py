@@ -1,8 +1,9 @@
 """The aggregations: which fields each accepts and what dtype it yields.
 
 One table, read by validation (type rules) and the compiled plans (``dtype``); what an aggregation
-costs is the calibrated cost model's (registry/cost.py). ``ratio`` divides two aggregations over the same window (CTR = count where
-click / count where impression); its value is null when the denominator is zero.
+costs is the calibrated cost model's (registry/cost.py). ``ratio`` divides two aggregations over
+the same window (CTR = count where click / count where impression); its value is null when the
+denominator is zero.
 """
 
 from __future__ import annotations
