@@ -13,6 +13,7 @@ from headwater.registry.avro import EventSchema
 from headwater.registry.diagnostics import Diagnostics
 from headwater.registry.durations import Duration
 from headwater.registry.expr import Expr
+from headwater.registry.expr_value import Value, size_of
 from headwater.registry.models import BudgetFile, EntitySpec, SourceSpec
 
 
@@ -93,6 +94,36 @@ class CompiledSource:
     rules: tuple[SourceRule, ...] = ()
 
 
+@dataclass(frozen=True)
+class CompiledOnDemandFeature:
+    """A request-time feature: its checked expression (:mod:`headwater.registry.expr_value`)."""
+
+    name: str
+    expression: str
+    ast: Value
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class CompiledOnDemandView:
+    """A checked ``tier: on_demand`` view: computed by the service, on no streaming tier."""
+
+    name: str
+    inputs: tuple[str, ...]
+    owner: str
+    description: str
+    features: tuple[CompiledOnDemandFeature, ...]
+    file: str
+    line: int
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ops(self) -> int:
+        """Vector operations per request (AST nodes of every expression): the serving cost unit."""
+        return sum(size_of(f.ast) for f in self.features)
+
+
 @dataclass
 class CheckResult:
     """The outcome of ``headwater check``: findings plus everything that compiled."""
@@ -102,6 +133,8 @@ class CheckResult:
     entities: dict[str, EntitySpec] = field(default_factory=dict)
     sources: dict[str, CompiledSource] = field(default_factory=dict)
     views: list[CompiledView] = field(default_factory=list)
+    on_demand: list[CompiledOnDemandView] = field(default_factory=list)
+    """On-demand views in evaluation order (an input before the features that read it)."""
     budget: BudgetFile | None = None
     view_files: int = 0
 

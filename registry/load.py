@@ -18,6 +18,7 @@ from headwater.registry.models import (
     BudgetFile,
     EntitySpec,
     FeatureDefinition,
+    OnDemandViewDefinition,
     SourceSpec,
     ViewDefinition,
     ViewHeader,
@@ -59,6 +60,8 @@ class LoadedRepo:
     sources: dict[str, Located[SourceSpec]] = field(default_factory=dict)
     budget: Located[BudgetFile] | None = None
     views: list[Located[ViewDefinition]] = field(default_factory=list)
+    on_demand: list[Located[OnDemandViewDefinition]] = field(default_factory=list)
+    """Views of ``tier: on_demand`` (checked by :mod:`headwater.registry.validate_on_demand`)."""
     view_files: int = 0
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
 
@@ -263,6 +266,14 @@ def _load_view(repo: LoadedRepo, path: Path) -> Located[ViewDefinition] | None:
     if data is None:
         return None
     view_name = data.get("feature_view") if isinstance(data.get("feature_view"), str) else None
+    if data.get("tier") == "on_demand":  # request-time features: another schema, checked apart
+        try:
+            on_demand = OnDemandViewDefinition.model_validate(data)
+        except ValidationError as exc:
+            repo.diagnostics.extend(spec_diagnostics(exc, OnDemandViewDefinition, doc, file, view_name))
+            return None
+        repo.on_demand.append(Located(spec=on_demand, file=file, path=path, doc=doc))
+        return None
     features: list[FeatureDefinition] = []
     raw_features = data.get("features")
     if isinstance(raw_features, list):

@@ -4,7 +4,7 @@ Files:
     ``entities.yaml``  ``entities: [{name, join_key, description}]``
     ``sources.yaml``   ``sources: [{name, topic, schema, event_time, expected_rate_per_s, ...}]``
     ``budget.yaml``    ``tiers: {realtime: 30, ...}`` and optional ``owners: {team: 20}`` (CPU-h/day)
-    one file per view  :class:`ViewDefinition`
+    one file per view  :class:`ViewDefinition`, or :class:`OnDemandViewDefinition` (``tier: on_demand``)
 
 Models are frozen and strict (no silent ``"5" -> 5``); durations are parsed into
 :class:`~headwater.registry.durations.Duration` as they load. Cross-references (entity, source,
@@ -158,6 +158,30 @@ class ViewDefinition(ViewHeader):
     """One feature view file, features included."""
 
     features: Annotated[list[FeatureDefinition], Field(min_length=1)]
+
+
+class OnDemandFeatureDefinition(Spec):
+    """One request-time feature: an ``expression`` (:mod:`headwater.registry.expr_value`)."""
+
+    name: Name
+    expression: NonEmpty
+    description: str = ""
+
+
+class OnDemandViewDefinition(Spec):
+    """A view of ``tier: on_demand``: features the service computes per (user, item, request).
+
+    ``inputs`` lists the ``view.feature`` values the expressions read (user and item views, or
+    other on-demand views); nothing runs on a streaming tier, so there is no source, SLA or cost.
+    """
+
+    feature_view: Name
+    tier: Literal["on_demand"]
+    inputs: Annotated[list[NonEmpty], Field(min_length=1)]
+    owner: NonEmpty
+    description: NonEmpty
+    features: Annotated[list[OnDemandFeatureDefinition], Field(min_length=1)]
+    tags: dict[str, str] = Field(default_factory=dict)
 
 
 def is_name(text: str) -> bool:

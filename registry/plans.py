@@ -18,9 +18,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView, Operand
+from headwater.registry.compiled import (
+    CheckResult,
+    CompiledFeature,
+    CompiledOnDemandView,
+    CompiledSource,
+    CompiledView,
+    Operand,
+)
 from headwater.registry.expr import Compare, Expr, InList, IsNull, fields_of, from_json, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
+from headwater.registry.expr_value import to_json as value_json
 from headwater.registry.sources import resolve_timing
 from headwater.registry.tiers import TIER_NAMES, TIERS
 
@@ -150,8 +158,35 @@ class PlanSource(PlanModel):
         return next((f for f in self.fields if f.name == name), None)
 
 
+class PlanOnDemandFeature(PlanModel):
+    """A request-time feature: the expression as written and its AST (:mod:`.expr_value`)."""
+
+    name: str
+    expression: str
+    ast: dict[str, Any]
+    description: str = ""
+
+
+class PlanOnDemandView(PlanModel):
+    """A ``tier: on_demand`` view: computed by the service per (user, item, request)."""
+
+    name: str
+    version: str
+    inputs: list[str]
+    owner: str
+    description: str
+    tags: dict[str, str]
+    features: list[PlanOnDemandFeature]
+    ops: int
+    """Vector operations per request (the serving cost unit)."""
+    defined_at: str
+
+
 class TierPlan(PlanModel):
-    """Everything one tier runs, stamped with the registry hash."""
+    """Everything one tier runs, stamped with the registry hash.
+
+    ``on_demand`` (the same in every plan) lists the request-time views the service computes.
+    """
 
     schema_version: int
     tier: str
@@ -161,6 +196,7 @@ class TierPlan(PlanModel):
     entities: dict[str, str]
     sources: list[PlanSource]
     views: list[PlanView]
+    on_demand: list[PlanOnDemandView] = []
 
 
 def _where(expr: Expr | None, text: str | None) -> PlanWhere | None:
@@ -320,6 +356,28 @@ def plan_views(result: CheckResult) -> list[PlanView]:
     return [plan_view(v, sources[v.source]) for v in sorted(result.views, key=lambda v: v.name)]
 
 
+def plan_on_demand(v: CompiledOnDemandView) -> PlanOnDemandView:
+    """Build the plan form of a checked on-demand view (its version hashes the expressions)."""
+    features = [
+        PlanOnDemandFeature(
+            name=f.name, expression=f.expression, ast=value_json(f.ast), description=f.description
+        )
+        for f in v.features
+    ]
+    defining = json.dumps([[f.name, f.ast] for f in features], sort_keys=True, separators=(",", ":"))
+    return PlanOnDemandView(
+        name=v.name,
+        version="v" + hashlib.sha256(defining.encode()).hexdigest()[:16],
+        inputs=list(v.inputs),
+        owner=v.owner,
+        description=v.description,
+        tags=dict(v.tags),
+        features=features,
+        ops=v.ops,
+        defined_at=f"{v.file}:{v.line}",
+    )
+
+
 def short_version(registry_hash: str) -> str:
     """Return the short form of a registry hash: 16 hex digits after ``sha256:``."""
     return registry_hash.removeprefix("sha256:")[:16]
@@ -338,6 +396,10 @@ def registry_hash(result: CheckResult) -> str:
         "sources": [s.model_dump() for s in plan_sources(result)],
         "views": views,
     }
+    if result.on_demand:  # only when there is one: the hash of a repo without any stays what it was
+        payload["on_demand"] = [
+            plan_on_demand(v).model_dump(exclude={"defined_at"}) for v in result.on_demand
+        ]
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -364,6 +426,7 @@ def build_plans(result: CheckResult, reg_hash: str) -> dict[str, TierPlan]:
             entities=entities,
             sources=sources,
             views=views,
+            on_demand=[plan_on_demand(v) for v in result.on_demand],
         )
     return plans
 

@@ -39,6 +39,11 @@ def check_text(result: CheckResult) -> str:
     for row in budget_rows(result):
         limit = "no budget" if row["budget"] is None else f"{row['budget']:g}"
         lines.append(f"  {row['kind']:<5} {row['name']:<20} {row['charged']:>8.2f} / {limit} CPU-h/day")
+    for od in result.on_demand:  # request-time views cost serving CPU, on no tier's budget
+        lines.append(
+            f"  on_demand {od.name}: {len(od.features)} feature(s), 0 CPU-h/day on every tier;"
+            f" computed in the service per request ({od.ops} vector ops over the candidates)"
+        )
     return "\n".join(lines)
 
 
@@ -64,4 +69,15 @@ def check_json(result: CheckResult) -> dict[str, Any]:
             for v in result.views
         ],
         "budget": budget_rows(result),
+        "on_demand": [
+            {
+                "name": od.name,
+                "features": [f.name for f in od.features],
+                "ops_per_request": od.ops,
+                "cpu_hours_per_day": 0.0,
+                "file": od.file,
+                "line": od.line,
+            }
+            for od in result.on_demand
+        ],
     }

@@ -7,6 +7,8 @@ Steps:
        against the tier table, then each feature (:mod:`headwater.registry.validate_features`).
     4. Estimate each view's cost and compare it with the declared ``compute_cost``.
     5. Sum charged costs per tier and owner against ``budget.yaml``.
+    6. Check the ``tier: on_demand`` views over the compiled ones
+       (:mod:`headwater.registry.validate_on_demand`); they run in the service, on no tier's budget.
 All findings are collected; nothing stops at the first error.
 """
 
@@ -26,6 +28,7 @@ from headwater.registry.models import ViewDefinition
 from headwater.registry.sources import KEY_KINDS, check_sources
 from headwater.registry.tiers import TIERS, Tier, cheaper_tier_meeting
 from headwater.registry.validate_features import FeatureContext, check_feature
+from headwater.registry.validate_on_demand import check_on_demand
 
 
 def check_repo(root: Path) -> CheckResult:
@@ -61,6 +64,7 @@ def check_repo(root: Path) -> CheckResult:
     if repo.budget is not None:
         check_budget(result.views, repo.budget, diags)
         check_footprints(result, repo.budget, diags)
+    result.on_demand = check_on_demand(repo.on_demand, result.views, diags)
     return result
 
 
