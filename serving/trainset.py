@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,9 @@ class TrainingSet:
     item_ids: npt.NDArray[np.str_]
     view_versions: Mapping[str, str] = field(default_factory=dict)
     """``{view: version}`` of the views the slots come from (empty for a set that did not record them)."""
+    pair: Mapping[str, npt.NDArray[np.float32]] = field(default_factory=dict)
+    """On-demand features ``{name: values}`` (Parquet ``pair.<name>``), computed per (user, item,
+    label time) by :mod:`headwater.serving.on_demand`; :meth:`for_ranker` makes them item inputs."""
 
     def __len__(self) -> int:
         return len(self.label)
@@ -61,6 +64,21 @@ class TrainingSet:
             self.user_ids[rows],
             self.item_ids[rows],
             self.view_versions,
+            {name: values[rows] for name, values in self.pair.items()},
+        )
+
+    def for_ranker(self) -> TrainingSet:
+        """Return the set with the on-demand (pair) features appended to the item inputs, in order.
+
+        The ranker takes them as item-side inputs (the service appends the same slots after the
+        stored item slots); the two-tower model reads ``item`` alone (no user in its item tower).
+        """
+        if not self.pair:
+            return self
+        names = tuple(self.pair)
+        extra = np.column_stack([np.asarray(self.pair[n], dtype=np.float32) for n in names])
+        return replace(
+            self, item_features=self.item_features + names, item=np.hstack([self.item, extra]), pair={}
         )
 
 
@@ -78,6 +96,7 @@ def write_parquet(ts: TrainingSet, path: Path) -> None:
     }
     columns.update({f"user.{f}": ts.user[:, j] for j, f in enumerate(ts.user_features)})
     columns.update({f"item.{f}": ts.item[:, j] for j, f in enumerate(ts.item_features)})
+    columns.update({f"pair.{f}": values for f, values in ts.pair.items()})
     meta = {
         VERSION_KEY: ts.registry_version.encode(),
         VIEW_VERSIONS_KEY: json.dumps(dict(ts.view_versions), sort_keys=True).encode(),
@@ -100,6 +119,7 @@ def read_parquet(path: Path) -> TrainingSet:
     missing = [c for c in ("group", "user_id", "item_id", "event_time", "label") if c not in names]
     user_cols = [c for c in names if c.startswith("user.")]
     item_cols = [c for c in names if c.startswith("item.")]
+    pair_cols = [c for c in names if c.startswith("pair.")]
     if missing or not user_cols or not item_cols:
         msg = (
             f"training set {path}: expected columns group, user_id, item_id, event_time, label and at least"
@@ -125,6 +145,7 @@ def read_parquet(path: Path) -> TrainingSet:
         np.asarray(table.column("user_id").to_pylist()),
         np.asarray(table.column("item_id").to_pylist()),
         _view_versions(path, meta.get(VIEW_VERSIONS_KEY)),
+        pair={c[5:]: table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in pair_cols},
     )
 
 
