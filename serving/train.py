@@ -175,6 +175,7 @@ def _score_dcn(model: DCNRanker, ts: TrainingSet) -> npt.NDArray[np.float32]:
 def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainReport:
     """Run the six steps of the module docstring; returns the artifacts and the metrics."""
     started = time.perf_counter()
+    ts = ts.for_ranker()  # on-demand (pair) features are item-side inputs of both models
     device = pick_device(opts.device)
     # Step 1
     train_rows, test_rows = split_by_time(ts, opts.holdout)
