@@ -10,15 +10,15 @@ buffer; a full one drops and counts)::
      "found": [true, ...], "scores": [0.83, ...]}
 
 ``user`` and ``item_features`` are the model's inputs in its column order (NaN as null), for
-the returned top k. ``headwater skew`` reads the topic from its start, loads each logged model
-version from the models folder, rescores the logged inputs offline and reports the distribution
-of ``|online - offline|`` per model version; it exits 1 when the largest is over ``--threshold``
-(default 0.003).
+the returned top k.
 
-Not yet here (the rest of issue 20 item 1): landing the topic, and rescoring from the
-*point-in-time* training-set path (features recomputed offline as of ``at_ms``), which would
-also catch feature skew and name the features that differ most. This part catches scoring
-skew: another model than the one logged, a mis-bound column order, numerics of the device.
+``headwater skew`` (below; the work is in :mod:`headwater.pipelines.offline.skew_land` and
+:mod:`headwater.pipelines.offline.skew_pit`) lands the topic in a Delta table under the lake,
+exactly once, then rescores every logged answer with the model version the service used, from the
+features the point-in-time training-set path gives at the request's time; it reports per model
+version the distribution of ``|online - offline|`` (p50, p99, max), exits 1 when the largest is over
+``--threshold`` (default 0.003), and names the features whose served values differ most from the
+point-in-time ones. The logged inputs are rescored too: a difference there is scoring skew alone.
 """
 
 from __future__ import annotations
@@ -30,20 +30,21 @@ import logging
 import math
 import queue
 import random
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import BaseModel, ConfigDict, Field
 
+from headwater.pipelines.offline.cli import LAKE, MASTER, NAMESPACE, REDIS, STATE
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-
-    from headwater.serving.model import NeuralScorer
 
 logger = logging.getLogger(__name__)
 PREDICTION_VERSION = 1
@@ -185,103 +186,7 @@ def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]
     return connect
 
 
-# --- offline: rescore and compare ---------------------------------------------------------------------
-
-
-def _one_at_a_time(neural: NeuralScorer) -> Callable[[Any, Any], Any]:
-    def score(user: Any, items: Any) -> Any:
-        return neural.score_batch([(user, items)])[0]
-
-    return score
-
-
-@dataclass
-class VersionSkew:
-    """``|online - offline|`` over one model version's logged scores."""
-
-    model_version: str
-    kind: str
-    requests: int
-    scores: int
-    p50: float
-    p99: float
-    max: float
-    over_threshold: int
-
-
-def rescore(records: Sequence[Mapping[str, Any]], models_dir: Path) -> tuple[list[VersionSkew], list[str]]:
-    """Rescore every record whose model version is in ``models_dir``; return per-version skew and notes."""
-    import numpy as np
-
-    from headwater.serving.artifact import ArtifactError, load_artifact
-    from headwater.serving.runtime import linear_from_artifact, neural_from_artifact
-
-    scorers: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {}
-    for path in sorted(models_dir.glob("*.pt")):
-        try:
-            art = load_artifact(path)
-        except ArtifactError as exc:
-            logger.warning("%s", exc)
-            continue
-        if path.name.startswith("dcn-"):
-            scorers[art.version] = ("dcn", _one_at_a_time(neural_from_artifact(art, "cpu")))
-        elif path.name.startswith("linear-"):
-            scorers[art.version] = ("linear", linear_from_artifact(art).score)
-    diffs: dict[str, list[float]] = {}
-    requests: dict[str, int] = {}
-    notes: list[str] = []
-    for r in records:
-        version = r.get("model_version")
-        if version not in scorers:
-            notes.append(f"request {r.get('request_id')}: model {version} is not in {models_dir}")
-            continue
-        _, score = scorers[version]
-        user = np.array([np.nan if v is None else v for v in r["user"]], dtype=np.float32)
-        items = np.array(
-            [[np.nan if v is None else v for v in row] for row in r["item_features"]], dtype=np.float32
-        )
-        found = np.array(r["found"], dtype=bool)
-        offline = np.asarray(score(user, items), dtype=np.float64)
-        online = np.asarray(r["scores"], dtype=np.float64)
-        diffs.setdefault(version, []).extend(np.abs(online - offline)[found].tolist())
-        requests[version] = requests.get(version, 0) + 1
-    out = []
-    for version, values in sorted(diffs.items()):
-        arr = np.asarray(values) if values else np.zeros(1)
-        p50, p99 = np.percentile(arr, [50, 99])
-        out.append(VersionSkew(version, scorers[version][0], requests[version], len(values), float(p50),
-                               float(p99), float(arr.max()), 0))  # fmt: skip
-    return out, notes
-
-
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """Read every record of ``topic`` from its start to its current end."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=int(timeout_s * 1000)
-    )
-    parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-    if not parts:
-        consumer.close()
-        raise click.ClickException(
-            f"topic {topic!r} does not exist at {bootstrap}; enable predictions in serving"
-        )
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    end = consumer.end_offsets(parts)
-    out = []
-    for record in consumer:
-        try:
-            out.append(json.loads(record.value))
-        except ValueError:
-            logger.warning(
-                "%s[%d]@%d: not a prediction record", record.topic, record.partition, record.offset
-            )
-        if all(consumer.position(p) >= end[p] for p in parts):
-            break
-    consumer.close()
-    return out
+# --- offline: land, rescore from the point-in-time path, compare -------------------------------------
 
 
 @click.command("skew")
@@ -290,43 +195,114 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 5.0) -> list[dict[
     "--models", "models_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
     help="Folder of the model artifacts [default: models/ in the state folder].",
 )  # fmt: skip
-@click.option("--threshold", type=click.FloatRange(min=0.0), default=DEFAULT_THRESHOLD, show_default=True)
+@click.option(
+    "--threshold", type=click.FloatRange(min=0.0), default=DEFAULT_THRESHOLD, show_default=True,
+    help="Exit 1 when a model version's largest |online - offline| is above this.",
+)  # fmt: skip
+@click.option("--since", "since_min", type=click.FloatRange(min=0.0), default=None,
+              help="Only the answers logged in the last N minutes (default: all landed).")  # fmt: skip
+@click.option("--top", type=click.IntRange(1, 100), default=5, show_default=True, help="Features named.")
 @click.option("--bootstrap", default=None, help="Kafka (default: HEADWATER_* settings).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@LAKE
+@STATE
+@MASTER
+@REDIS
+@NAMESPACE
 def skew_command(
-    topic: str, models_dir: Path | None, threshold: float, bootstrap: str | None, fmt: str
-) -> None:
-    """Rescore the service's logged predictions offline; exit 1 when |online - offline| > threshold.
+    topic: str, models_dir: Path | None, threshold: float, since_min: float | None, top: int,
+    bootstrap: str | None, fmt: str, lake: Path | None, state_dir: Path | None, master: str | None,
+    redis_url: str | None, namespace: str | None,
+) -> None:  # fmt: skip
+    """Land the prediction log, rescore it from the point-in-time features, exit 1 above --threshold.
 
-    Reports per model version the p50, p99 and largest |online - offline| of the logged top-k
-    scores. Catches scoring skew (another model, a column order, device numerics); feature skew
-    (the point-in-time features offline) is not yet compared.
+    Steps: the topic's new records are appended to the Delta table <lake>/predictions/<topic>
+    (exactly once); each logged (request, item) becomes a label row at the request's time, joined
+    to every user and item view by the training-set path (`headwater training-set`); the model
+    version the service used rescores those features. Reports per model version the p50, p99 and
+    largest |online - offline| score and the features whose served values differ most from the
+    point-in-time ones.
     """
+    from headwater.pipelines.offline.cli import _plan, _store, _tier_views
+    from headwater.pipelines.offline.job import BronzeTables, OfflineJobError
+    from headwater.pipelines.offline.lake import lake_root
+    from headwater.pipelines.offline.landing_state import LandingError
+    from headwater.pipelines.offline.session import offline_session
+    from headwater.pipelines.offline.skew_land import (
+        PredictionLandingError,
+        land_predictions,
+        predictions_path,
+        read_landed,
+    )
+    from headwater.pipelines.offline.skew_pit import (
+        SkewError,
+        compare,
+        labels_table,
+        load_scorers,
+        parse_logged,
+        point_in_time,
+    )
     from headwater.pipelines.settings import Settings
-    from headwater.registry.config import state_dir
+    from headwater.pipelines.windows import RedisDictionary
+    from headwater.registry.config import state_dir as resolved_state
 
-    models = models_dir or state_dir(None) / "models"
-    records = read_topic(bootstrap or Settings.from_env().kafka_bootstrap, topic)
-    result, notes = rescore(records, models)
-    for row in result:
-        row.over_threshold = int(row.max > threshold)
+    models = models_dir or resolved_state(state_dir) / "models"
+    plan = _plan(state_dir, "offline")
+    views = [v for tier in ("realtime", "nearline", "offline") for v in _tier_views(state_dir, tier)]
+    root = lake_root(lake)
+    scorers, notes = load_scorers(models)
+    if not scorers:
+        raise click.ClickException(f"no model artifact (*.pt) loads from {models}; pass --models DIR")
+    store = _store(redis_url, namespace)
+    spark = offline_session("headwater-skew", master)
+    try:
+        landed = land_predictions(spark, bootstrap or Settings.from_env().kafka_bootstrap, topic, root)
+        since_ms = None if since_min is None else int(time.time() * 1000 - since_min * 60_000)
+        frame = read_landed(spark, predictions_path(root, topic), since_ms)
+        texts = [r["record"] for r in frame.select("record", "kafka_partition", "kafka_offset")
+                 .orderBy("kafka_partition", "kafka_offset").collect()]  # fmt: skip
+        logged, parse_notes = parse_logged(texts)
+        notes += parse_notes
+        if not logged:
+            raise click.ClickException(
+                f"no logged answer of a model in {landed.path} ({landed.total} rows landed); serve with"
+                " `predictions: {enabled: true}` and rank some requests"
+            )
+        ids = RedisDictionary(store.client, store.namespace).ids
+        with tempfile.TemporaryDirectory(prefix="hw-skew-") as tmp:
+            bronze = BronzeTables(spark, root, plan.sources)
+            out = Path(tmp) / "pit.parquet"
+            pit = point_in_time(
+                spark, labels_table(logged), views, root, plan.registry_hash, ids, bronze, out
+            )
+        result, compare_notes = compare(logged, pit, scorers, top)
+        notes += compare_notes
+    except (PredictionLandingError, LandingError, SkewError, OfflineJobError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
     if fmt == "json":
         data = {
-            "records": len(records),
+            "topic": topic,
+            "table": str(landed.path),
+            "landed": landed.landed,
+            "rows": landed.total,
+            "answers": len(logged),
             "threshold": threshold,
-            "versions": [vars(r) for r in result],
+            "versions": [r.as_dict(threshold) for r in result],
             "notes": notes[:20],
         }
         click.echo(json.dumps(data, indent=2))
     else:
+        click.echo(
+            f"prediction log {topic}: {landed.landed} new record(s) landed in {landed.path}"
+            f" ({landed.total} in all); {len(logged)} answer(s) rescored from the point-in-time features"
+        )
         for r in result:
-            verdict = "BREACH" if r.max > threshold else "ok"
-            click.echo(f"skew {r.model_version} ({r.kind}): {r.requests} requests, {r.scores} scores,"
-                       f" |online - offline| p50 {r.p50:.2e} p99 {r.p99:.2e} max {r.max:.2e}"
-                       f" vs {threshold:g}: {verdict}")  # fmt: skip
+            click.echo(r.line(threshold))
         for note in notes[:5]:
             click.echo(f"note: {note}")
     if not result:
-        raise click.ClickException(f"no logged prediction of a model in {models} on topic {topic!r}")
-    if any(r.max > threshold for r in result):
+        raise click.ClickException(f"no logged answer of a model in {models} on topic {topic!r}")
+    if any(r.breached(threshold) for r in result):
         raise SystemExit(1)
