@@ -32,6 +32,7 @@ from headwater.serving.feedback import (
     receive_feedback,
 )
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
+from headwater.serving.funnel.stages import Funnel, FunnelMetrics, FunnelParts, RecommendQuery
 from headwater.serving.model import gpu_memory_used_percent
 from headwater.serving.recording import Recorder
 from headwater.serving.registry import BoundRegistry
@@ -44,6 +45,8 @@ from headwater.serving.schemas import (
     HealthResponse,
     RankRequest,
     RankResponse,
+    RecommendRequest,
+    RecommendResponse,
     readable_errors,
 )
 from headwater.serving.skew import PredictionLog, prediction_record
@@ -178,6 +181,7 @@ def create_app(
     arm_loaded: Mapping[str, LoadedModels] | None = None,
     recorder: Recorder | None = None,
     predictions: PredictionLog | None = None,
+    funnel: FunnelParts | None = None,
 ) -> FastAPI:
     """Build the app; the batcher, the engine and the feedback producer start with its lifespan.
 
@@ -185,7 +189,8 @@ def create_app(
     (default :func:`~headwater.serving.store.default_reads_in_flight`); past it a request falls back.
     ``arm_loaded``: the models of the experiment's arms that name one (``config.experiment``);
     ``recorder``: where a sample of the requests is recorded, with their answers;
-    ``predictions``: where a sample of the answers goes with their model inputs (``headwater skew``).
+    ``predictions``: where a sample of the answers goes with their model inputs (``headwater skew``);
+    ``funnel``: the retriever, re-ranker and recent-items memory of ``/v1/recommend`` (None: 503 there).
     """
     telemetry = Telemetry()
     io = ReadPool(config.io_threads, max_reads_in_flight)
@@ -200,6 +205,12 @@ def create_app(
     admission = Admission(config.admission, telemetry.registry)
     keys = IdempotencyKeys()
     business = BusinessMetrics(telemetry.registry)
+    recommender = None
+    if funnel is not None:
+        recommender = Funnel(
+            config.funnel, registry, reader, funnel.recent, io, FunnelMetrics(telemetry.registry),
+            funnel.retriever, funnel.reranker, config.editorial_items, funnel.retrieval_version,
+        )  # fmt: skip
 
     def new_batcher(models: LoadedModels) -> MicroBatcher[Job, npt.NDArray[np.float32]] | None:
         if models.neural is None:
@@ -270,6 +281,8 @@ def create_app(
         recorder.register_metrics(telemetry.registry)
     if predictions is not None:
         app.state.servers.append(predictions)
+    if funnel is not None:
+        app.state.servers.append(funnel)  # the recent-items writer and the index refresh thread
     app.state.business = business
 
     @app.exception_handler(StarletteHTTPException)
@@ -281,7 +294,11 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        model = FeedbackRequest if request.url.path == "/v1/feedback" else RankRequest
+        path = request.url.path
+        forms: dict[str, type[FeedbackRequest | RecommendRequest]] = {
+            "/v1/feedback": FeedbackRequest, "/v1/recommend": RecommendRequest,
+        }  # fmt: skip
+        model = forms.get(path, RankRequest)
         errors = readable_errors(exc.errors(), tuple(model.model_fields))
         telemetry.rejected.labels("invalid").inc()
         detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
@@ -362,6 +379,8 @@ def create_app(
             shown = [item for item, _ in ranked.items]
             shown_events = impression_events(request_id, body.user_id, shown, body.session_id, body.device)
             feedback.offer(with_arm(shown_events, routed.arm))
+        if funnel is not None and body.log_impressions:  # the seen filter of /v1/recommend
+            funnel.recent.served(body.user_id, [item for item, _ in ranked.items], arrived_ms)
         ages = ranked.ages
         answer = {
             "items": [{"item_id": i, "score": s} for i, s in ranked.items],
@@ -394,6 +413,88 @@ def create_app(
     app.state.rank = answer_rank
 
     @app.post(
+        "/v1/recommend",
+        response_model=RecommendResponse,
+        responses={
+            **REFUSED,
+            429: {"model": ErrorResponse, "description": "Over quota or the scoring queue is full; retry"},
+            503: {"model": ErrorResponse, "description": "The service runs without the funnel"},
+        },
+    )
+    async def recommend(
+        body: RecommendRequest,
+        user_class: Annotated[
+            str | None,
+            Header(alias=CLASS_HEADER, description="The caller's user class (wins over the body's)."),
+        ] = None,
+    ) -> Response:
+        """Recommend k items from the whole catalog: retrieve, drop seen, rank, re-rank, business rules.
+
+        Each stage's time, candidates and fallback are in ``stages``; the answer goes back to Kafka
+        as impressions and into the user's seen set (unless ``log_impressions`` is false).
+        """
+        try:
+            return FastJSON(await answer_recommend(body, user_class))
+        except Throttled as exc:
+            detail = {"detail": str(exc), "errors": [], "user_class": exc.user_class}
+            return FastJSON(
+                {**detail, "retry_after_s": round(exc.retry_after_s, 3)},
+                status_code=429,
+                headers={"Retry-After": exc.retry_after_header},
+            )
+        except QueueFullError as exc:
+            return FastJSON(
+                {"detail": str(exc), "errors": []},
+                status_code=429,
+                headers={"Retry-After": str(exc.retry_after_s)},
+            )
+        except FunnelOff as exc:
+            return FastJSON({"detail": str(exc), "errors": []}, status_code=503)
+
+    async def answer_recommend(body: RecommendRequest, header_class: str | None = None) -> dict[str, Any]:
+        """One recommend call of any protocol: admission, the funnel, the impressions; the answer.
+
+        Raises :class:`Throttled`, :class:`QueueFullError` or :class:`FunnelOff`.
+        """
+        if recommender is None or funnel is None:
+            msg = "this service runs without the funnel (/v1/recommend); start it with `headwater serve`"
+            raise FunnelOff(msg)
+        asked = body.priority if "priority" in body.model_fields_set else None
+        try:
+            admitted = admission.admit(header_class, body.user_class, asked)
+        except Throttled:
+            telemetry.rejected.labels("throttled").inc()
+            raise
+        request_id = new_request_id()
+        arrived_ms = now_ms()
+        query = RecommendQuery(body.user_id, body.k, admitted.priority, body.deadline_ms)
+        async with admission.slot(admitted):
+            try:
+                got = await recommender.recommend(state["engine"], query)
+            except QueueFullError:
+                telemetry.rejected.labels("queue_full").inc()
+                raise
+        shown = [item for item, _, _ in got.items]
+        if body.log_impressions and shown:
+            funnel.recent.served(body.user_id, shown, arrived_ms)
+            if feedback is not None:
+                feedback.offer(
+                    impression_events(request_id, body.user_id, shown, body.session_id, body.device)
+                )
+        return {
+            "items": [{"item_id": i, "score": s, "category": c} for i, s, c in got.items],
+            "stages": [stage.as_dict() for stage in got.stages],
+            "fallback": any(stage.fallback is not None for stage in got.stages),
+            "model_version": got.ranked.model_version if got.ranked is not None else None,
+            "reranker_version": got.reranker_version,
+            "retrieval_version": got.retrieval_version,
+            "latency_ms": got.latency_ms,
+            "request_id": request_id,
+        }
+
+    app.state.recommend = answer_recommend
+
+    @app.post(
         "/v1/feedback",
         response_model=FeedbackResponse,
         status_code=202,
@@ -421,6 +522,8 @@ def create_app(
             queued = feedback.offer(with_arm([got.event], arm)) == 1
         if body.event_type == "click" and not got.replayed:
             business.clicked(body.request_id, body.session_id, arm)
+            if funnel is not None:  # the re-ranker's sequence and the popularity fallback
+                funnel.recent.clicked(body.user_id, body.item_id, got.event["event_time"])
         event = got.event
         answer = {"event_id": event["event_id"], "event_time_ms": event["event_time"], "queued": queued,
                   "replayed": got.replayed}  # fmt: skip
@@ -457,6 +560,10 @@ def create_app(
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     app.add_middleware(LastResort)  # added last = outermost: also covers BodyLimit
     return app
+
+
+class FunnelOff(RuntimeError):
+    """``/v1/recommend`` was called on an app built without a funnel."""
 
 
 def _editorial(config: ServingConfig, query: RankQuery) -> Ranked:

@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from headwater.registry.yamlsrc import YamlSyntaxError, parse_yaml
 from headwater.serving.experiments import ExperimentConfig
+from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.recording import RecordingConfig
 from headwater.serving.skew import PredictionLogConfig
 
@@ -143,6 +145,8 @@ class ServingConfig(BaseModel):
     predictions: PredictionLogConfig = PredictionLogConfig()
     """A sample of the answers with their model inputs and scores to Kafka, for `headwater skew`."""
     admission: AdmissionConfig = AdmissionConfig()
+    funnel: FunnelConfig = FunnelConfig()
+    """``/v1/recommend``: stage sizes, the seen window, diversity and pins (serving/funnel/config.py)."""
     default_deadline_ms: float = Field(default=100.0, gt=0.0)
     max_deadline_ms: float = Field(default=10_000.0, gt=0.0)
     fallback_reserve_ms: float = Field(default=2.0, ge=0.0)
@@ -187,20 +191,22 @@ def load_config(path: str | Path | None) -> ServingConfig:
     """Read a YAML serving config (``None`` = the defaults); errors name the file and the field."""
     if path is None:
         return ServingConfig()
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
-
     file = Path(path)
     try:
-        raw: Any = YAML(typ="safe").load(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
     except OSError as exc:
         msg = f"serving config {file}: cannot be read ({exc.strerror}); pass an existing YAML file"
         raise ServingConfigError(msg) from exc
-    except YAMLError as exc:
-        msg = f"serving config {file}: not valid YAML: {exc}"
+    except UnicodeDecodeError as exc:
+        msg = f"serving config {file}: byte {exc.start} is not UTF-8; save the file as UTF-8"
         raise ServingConfigError(msg) from exc
-    if raw is None:
-        raw = {}
+    try:
+        # The registry's reader: aliases, nesting and long integers are capped, and every node has a line.
+        doc = parse_yaml(text)
+    except YamlSyntaxError as exc:
+        msg = f"serving config {file}:{exc.line}: {exc}"
+        raise ServingConfigError(msg) from exc
+    raw: Any = {} if doc.data is None else doc.data
     if not isinstance(raw, dict):
         msg = f"serving config {file}: expected a mapping of fields at the top; found {type(raw).__name__}"
         raise ServingConfigError(msg)
@@ -208,7 +214,8 @@ def load_config(path: str | Path | None) -> ServingConfig:
         return ServingConfig.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors()
+            f"line {doc.line_of(tuple(err['loc']))}: {'.'.join(map(str, err['loc'])) or '<top>'}: {err['msg']}"
+            for err in exc.errors()
         )
         msg = f"serving config {file}: {problems}"
         raise ServingConfigError(msg) from exc

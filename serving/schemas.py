@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_CANDIDATES = 2000
+MAX_RECOMMEND_K = 200
 MAX_ID_LENGTH = 128
 MAX_DEADLINE_MS = 10_000.0
 Priority = Literal["high", "normal", "low"]
@@ -72,6 +73,53 @@ class RankRequest(BaseModel):
             msg = f"k: must be between 1 and the number of candidates ({len(self.candidates)}); got {self.k}"
             raise ValueError(msg)
         return self
+
+
+class RecommendRequest(BaseModel):
+    """Recommend ``k`` items for ``user_id`` from the whole catalog (the funnel)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["u000042"])
+    k: int = Field(ge=1, le=MAX_RECOMMEND_K, examples=[10])
+    priority: Priority = "normal"
+    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    device: Device = "web"
+    log_impressions: bool = True
+    """Send the answer back as impressions (Kafka) and remember them (the seen filter)."""
+    user_class: str | None = Field(default=None, min_length=1, max_length=64, examples=["vip"])
+
+
+class StageOut(BaseModel):
+    """One funnel stage of one answer."""
+
+    stage: Literal["retrieve", "seen", "rank", "rerank", "rules"]
+    ms: float
+    candidates: int = Field(description="Candidates the stage passed on.")
+    fallback: str | None
+    fallback_reason: str | None
+
+
+class RecommendedItem(BaseModel):
+    """One recommended item: the last model's score (null for a pin no model scored), its category."""
+
+    item_id: str
+    score: float | None
+    category: str | None
+
+
+class RecommendResponse(BaseModel):
+    """Top-k items of the funnel, best first, with each stage's time, candidates and fallback."""
+
+    items: list[RecommendedItem]
+    stages: list[StageOut]
+    fallback: bool = Field(description="True when any stage fell back.")
+    model_version: str | None
+    reranker_version: str | None
+    retrieval_version: str | None
+    latency_ms: float
+    request_id: str
 
 
 class FeedbackRequest(BaseModel):

@@ -1,0 +1,49 @@
+"""The ``funnel`` section of the serving config: sizes of each stage and the business rules."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from headwater.serving.schemas import MAX_RECOMMEND_K
+
+
+class FunnelConfig(BaseModel):
+    """How many candidates each stage keeps, how long an impression hides an item, the rules."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retrieve_n: int = Field(default=500, ge=1, le=2000)
+    """Candidates the retrieval stage takes from the whole catalog (after dropping seen items)."""
+    rank_keep: int = Field(default=200, ge=1, le=2000)
+    """Top candidates of the DCN kept for the re-ranker and the rules (at least the request's k)."""
+    rerank_top: int = Field(default=50, ge=0, le=500)
+    """Top candidates of the DCN the sequence re-ranker orders again (0 = off)."""
+    seen_window_s: float = Field(default=600.0, gt=0.0)
+    """An item served to a user is dropped from their recommendations for this long."""
+    seen_max: int = Field(default=500, ge=1)
+    """Recent impressions kept per user (the newest); older ones are forgotten first."""
+    clicks_max: int = Field(default=20, ge=1, le=200)
+    """Recent clicks kept per user: the re-ranker's sequence."""
+    clicks_ttl_s: float = Field(default=86_400.0, gt=0.0)
+    popular_max: int = Field(default=5000, ge=1)
+    """Items kept in the clicked-items popularity set (the retrieval stage's fallback)."""
+    max_per_category: int | None = Field(default=3, ge=1)
+    """At most this many items of one category in the top k (None = no limit); pins are exempt."""
+    pins: dict[str, int] = Field(default_factory=dict)
+    """Editorial pins: item id -> 1-based position in every answer (the item is placed there)."""
+    write_buffer: int = Field(default=10_000, ge=1)
+    """Recent-items writes waiting for Redis; beyond it new ones are dropped and counted."""
+
+    @field_validator("pins")
+    @classmethod
+    def _positions(cls, value: dict[str, int]) -> dict[str, int]:
+        taken: dict[int, str] = {}
+        for item, position in value.items():
+            if not 1 <= position <= MAX_RECOMMEND_K:
+                msg = f"pins: {item!r} is pinned at {position}; positions are 1..{MAX_RECOMMEND_K}"
+                raise ValueError(msg)
+            if position in taken:
+                msg = f"pins: {item!r} and {taken[position]!r} are both pinned at position {position}"
+                raise ValueError(msg)
+            taken[position] = item
+        return value

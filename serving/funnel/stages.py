@@ -1,0 +1,342 @@
+"""The funnel of ``POST /v1/recommend``: retrieve -> seen filter -> rank -> re-rank -> rules.
+
+Each stage is timed and reports the candidates it passes on; each has a fallback, flagged in the
+answer (``stages[i].fallback`` and ``fallback_reason``) and counted in ``/metrics``:
+
+========== ================================================= =========================================
+stage      does                                              falls back to (reason)
+========== ================================================= =========================================
+retrieve   two-tower + ANN index over the whole catalog,     the most clicked items (``popularity``),
+           ``retrieve_n`` + the user's seen count            else the editorial list (``editorial``):
+                                                             ``no_retriever``, ``missing_user_features``,
+                                                             ``retrieval_error``, ``store_error``
+seen       drops items served to the user within             ``kept_all`` (``store_error``: the
+           ``seen_window_s`` (:mod:`.recent`)                recent set could not be read)
+rank       the ranking engine of ``/v1/rank`` (DCN through   the engine's own chain: ``linear``,
+           its micro-batcher), keeps ``rank_keep``            ``popularity``, ``editorial``
+rerank     attention over recent clicks on the top           the DCN's order (``no_reranker``,
+           ``rerank_top`` (:mod:`.reranker`)                 ``no_model_scores``, ``reranker_error``)
+rules      diversity by category, editorial pins             order kept, pins still placed
+                                                             (``store_error``: no categories)
+========== ================================================= =========================================
+
+The recent-impressions and clicks memory, the catalog's categories and the popularity fallback
+come from a :class:`~headwater.serving.funnel.recent.RecentItems`; the user's vector from the
+online store (the registry's user views, the retriever's input).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from headwater.serving.engine import Ranked, RankingEngine, RankQuery
+from headwater.serving.fetch import RequestFeatures, assemble
+from headwater.serving.funnel.config import FunnelConfig
+from headwater.serving.funnel.recent import Recent, RecentItems
+from headwater.serving.funnel.reranker import Reranker
+from headwater.serving.funnel.rules import apply_rules
+from headwater.serving.registry import BoundRegistry
+from headwater.serving.retrieval.retriever import Retriever
+from headwater.serving.store import FeatureReader, now_ms
+from headwater.serving.telemetry import LATENCY_BUCKETS, ROW_BUCKETS
+
+log = logging.getLogger(__name__)
+STAGES = ("retrieve", "seen", "rank", "rerank", "rules")
+_NO_RECENT = Recent(frozenset(), ())
+
+
+class FunnelMetrics:
+    """Per-stage latency and candidate histograms, fallbacks by stage and reason, end-to-end latency."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.stage_seconds = Histogram(
+            "headwater_funnel_stage_seconds", "Duration of one /v1/recommend stage.", ["stage"],
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.stage_candidates = Histogram(
+            "headwater_funnel_stage_candidates", "Candidates a /v1/recommend stage passed on.", ["stage"],
+            buckets=(0, *ROW_BUCKETS), registry=registry,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            "headwater_funnel_fallbacks_total", "/v1/recommend stages that fell back, by reason.",
+            ["stage", "reason"], registry=registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "headwater_recommend_latency_seconds", "End-to-end /v1/recommend latency in the service.",
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RecommendQuery:
+    """A validated recommendation request."""
+
+    user_id: str
+    k: int
+    priority: str = "normal"
+    deadline_ms: float | None = None
+
+
+@dataclass
+class StageReport:
+    """One stage of one request: time, candidates passed on, fallback and its reason."""
+
+    stage: str
+    ms: float
+    candidates: int
+    fallback: str | None = None
+    fallback_reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"stage": self.stage, "ms": round(self.ms, 3), "candidates": self.candidates,
+                "fallback": self.fallback, "fallback_reason": self.fallback_reason}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The final items (id, score or None for a pin the models never scored, category) and the stages."""
+
+    items: list[tuple[str, float | None, str | None]]
+    stages: list[StageReport]
+    ranked: Ranked | None
+    latency_ms: float
+    reranker_version: str | None
+    retrieval_version: str | None
+
+
+@dataclass
+class FunnelParts:
+    """What ``create_app`` builds the funnel from; started and stopped with the app's lifespan."""
+
+    recent: RecentItems
+    retriever: Retriever | None = None
+    reranker: Reranker | None = None
+    runtime: Any = None
+    """A :class:`~headwater.serving.retrieval.runtime.RetrievalRuntime` (its refresh thread), or None."""
+    refresh_s: float = 30.0
+
+    def retrieval_version(self) -> str | None:
+        """Return the index version (``<model>.<refresh>``), or None without retrieval."""
+        return str(self.runtime.version) if self.runtime is not None else None
+
+    async def start(self) -> None:
+        """Start the recent-items writer and the index refresh thread."""
+        start = getattr(self.recent, "start", None)
+        if start is not None:
+            start()
+        if self.runtime is not None:
+            self.runtime.start(self.refresh_s)
+
+    async def stop(self) -> None:
+        """Stop them (the writer writes what it holds first)."""
+        if self.runtime is not None:
+            await asyncio.to_thread(self.runtime.stop)
+        stop = getattr(self.recent, "stop", None)
+        if stop is not None:
+            await asyncio.to_thread(stop)
+
+
+class Funnel:
+    """Runs the stages for one request at a time (many concurrently on the service's loop)."""
+
+    def __init__(
+        self,
+        config: FunnelConfig,
+        registry: BoundRegistry,
+        reader: FeatureReader,
+        recent: RecentItems,
+        io: Executor,
+        metrics: FunnelMetrics,
+        retriever: Retriever | None = None,
+        reranker: Reranker | None = None,
+        editorial: Sequence[str] = (),
+        retrieval_version: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.reader = reader
+        self.recent = recent
+        self.io = io
+        self.metrics = metrics
+        self.retriever = retriever
+        self.reranker = reranker
+        self.editorial = tuple(editorial)
+        self._retrieval_version = retrieval_version
+
+    # The context: the user's vector (registry order, the retriever's input) and their recent items.
+    def _user_vector(self, user_id: str) -> npt.NDArray[np.float32] | None:
+        side = self.registry.user
+        rows = self.reader.read_many([(lay, [user_id]) for lay in side.layouts])
+        matrix, found, _ = assemble(side, rows)
+        return matrix[0] if bool(found[0]) else None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
+
+    async def recommend(self, engine: RankingEngine, query: RecommendQuery) -> Recommended:
+        """Run the funnel for ``query`` with ``engine`` (the /v1/rank engine: DCN, batcher, fallbacks).
+
+        Never raises for a stage's failure (each falls back); ``QueueFullError`` from the engine is
+        passed on (the caller answers 429), as for ``/v1/rank``.
+        """
+        cfg = self.config
+        started = time.perf_counter()
+        stages: list[StageReport] = []
+
+        # 1. retrieve (with the context reads it needs)
+        t0 = time.perf_counter()
+        user_task = asyncio.ensure_future(self._call(self._user_vector, query.user_id))
+        recent_task = asyncio.ensure_future(self._call(self.recent.read, query.user_id, now_ms()))
+        user_vec: npt.NDArray[np.float32] | None = None
+        reason: str | None = None
+        try:
+            user_vec = await user_task
+        except Exception as exc:
+            log.warning("user vector read for %r failed: %s", query.user_id, exc)
+            reason = "store_error"
+        seen_reason = None
+        try:
+            recent: Recent = await recent_task
+        except Exception as exc:
+            log.warning("recent items of %r could not be read: %s", query.user_id, exc)
+            recent, seen_reason = _NO_RECENT, "store_error"
+        want = cfg.retrieve_n + len(recent.seen)
+        ids: list[str] = []
+        if reason is None:
+            if self.retriever is None:
+                reason = "no_retriever"
+            elif user_vec is None:
+                reason = "missing_user_features"
+            else:
+                try:
+                    ids = (await self._call(self.retriever.retrieve, user_vec, want))[0]
+                except Exception:
+                    log.exception("retrieval for %r failed; popularity candidates instead", query.user_id)
+                    reason = "retrieval_error"
+        fallback = None
+        if reason is not None:
+            fallback = "popularity"
+            try:
+                ids = await self._call(self.recent.popular, want)
+            except Exception as exc:
+                log.warning("popular items could not be read: %s", exc)
+            if not ids:
+                fallback, ids = "editorial", list(self.editorial)
+        stages.append(self._stage("retrieve", t0, len(ids), fallback, reason))
+
+        # 2. drop what the user was shown within the window
+        t0 = time.perf_counter()
+        fresh = [i for i in ids if i not in recent.seen][: cfg.retrieve_n]
+        stages.append(self._stage("seen", t0, len(fresh), "kept_all" if seen_reason else None, seen_reason))
+
+        # 3. rank with the engine (and read the click vectors for the re-ranker meanwhile)
+        t0 = time.perf_counter()
+        ranked: Ranked | None = None
+        clicks: RequestFeatures | None = None
+        if fresh:
+            keep = min(len(fresh), max(cfg.rank_keep, query.k))
+            left_ms = (query.deadline_ms or engine.config.default_deadline_ms) - (t0 - started) * 1000.0
+            rank_query = RankQuery(query.user_id, fresh, keep, query.priority, max(left_ms, 1.0))
+            want_clicks = self.reranker is not None and cfg.rerank_top > 0 and bool(recent.clicks)
+            click_ids = list(reversed(recent.clicks))  # oldest first, as in training
+            if want_clicks:
+                click_task = asyncio.ensure_future(
+                    engine.fetcher.fetch(query.user_id, click_ids, max(left_ms, 1.0) / 1000.0)
+                )
+            ranked = await engine.rank(rank_query)
+            if want_clicks:
+                try:
+                    clicks = await click_task
+                except Exception as exc:
+                    log.warning("click vectors of %r could not be read: %s", query.user_id, exc)
+        order = [i for i, _ in ranked.items] if ranked else []
+        scores: dict[str, float] = dict(ranked.items) if ranked else {}
+        stages.append(
+            self._stage("rank", t0, len(order), ranked.fallback if ranked else "editorial",
+                        ranked.fallback_reason if ranked else ("no_candidates" if not fresh else None))
+        )  # fmt: skip
+
+        # 4. re-rank the top with the sequence model
+        t0 = time.perf_counter()
+        top = order[: cfg.rerank_top]
+        why = None
+        if cfg.rerank_top == 0:
+            why = "off"
+        elif self.reranker is None:
+            why = "no_reranker"
+        elif ranked is None or ranked.features is None or ranked.fallback is not None:
+            why = "no_model_scores"
+        elif top:
+            try:
+                new = await self._call(self._rerank, ranked.features, fresh, top, scores, clicks)
+                order = [top[j] for j in np.argsort(-new, kind="stable").tolist()] + order[len(top) :]
+                scores.update(zip(top, new.tolist(), strict=True))
+            except Exception:
+                log.exception("the re-ranker failed for %r; keeping the DCN's order", query.user_id)
+                why = "reranker_error"
+        stages.append(self._stage("rerank", t0, len(top), "dcn_order" if why else None, why))
+
+        # 5. business rules
+        t0 = time.perf_counter()
+        why = None
+        pins = cfg.pins
+        wanted = order + [p for p in pins if p not in scores]
+        try:
+            cats: list[str | None] = await self._call(self.recent.categories, wanted)
+        except Exception as exc:
+            log.warning("categories could not be read: %s", exc)
+            cats, why = [None] * len(wanted), "store_error"
+        category = dict(zip(wanted, cats, strict=True))
+        outcome = apply_rules(order, [category[i] for i in order], query.k, cfg.max_per_category, pins)
+        stages.append(self._stage("rules", t0, len(outcome.items), "no_diversity" if why else None, why))
+
+        latency = time.perf_counter() - started
+        self.metrics.latency.observe(latency)
+        items = [(i, scores.get(i), category.get(i)) for i in outcome.items]
+        version = self._retrieval_version() if self._retrieval_version else None
+        rerank_version = self.reranker.version if self.reranker is not None else None
+        return Recommended(items, stages, ranked, round(latency * 1000.0, 3), rerank_version, version)
+
+    def _rerank(
+        self,
+        feats: RequestFeatures,
+        candidates: Sequence[str],
+        top: Sequence[str],
+        scores: dict[str, float],
+        clicks: RequestFeatures | None,
+    ) -> npt.NDArray[np.float32]:
+        assert self.reranker is not None  # checked by the caller
+        row = {c: j for j, c in enumerate(candidates)}
+        items = feats.items[[row[i] for i in top]]
+        base = np.asarray([scores[i] for i in top], dtype=np.float32)
+        seq = (
+            clicks.items[clicks.items_found]
+            if clicks is not None
+            else np.zeros((0, items.shape[1]), np.float32)
+        )
+        out = self.reranker.score(items, base, seq)
+        if not np.isfinite(out).all():
+            msg = "the re-ranker produced non-finite scores"
+            raise FloatingPointError(msg)
+        return out
+
+    def _stage(
+        self, stage: str, t0: float, candidates: int, fallback: str | None, reason: str | None
+    ) -> StageReport:
+        seconds = time.perf_counter() - t0
+        self.metrics.stage_seconds.labels(stage).observe(seconds)
+        self.metrics.stage_candidates.labels(stage).observe(candidates)
+        if fallback is not None:
+            self.metrics.fallbacks.labels(stage, reason or "unknown").inc()
+        return StageReport(stage, seconds * 1000.0, candidates, fallback, reason)
