@@ -48,6 +48,15 @@ class StoreInputError(StoreError, ValueError):
     """Arguments given to the store do not match the view layout."""
 
 
+class FencedError(StoreError):
+    """A fenced write was refused: a newer owner holds the fence (``write.lua``, ARGV[4])."""
+
+
+def fence_key(view: str, owner: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Return the key of ``owner``'s write fence in ``view``: ``<namespace>:fence:{<view>}:<owner>``."""
+    return f"{namespace}:fence:{{{view}}}:{owner}"
+
+
 def epoch_ms() -> int:
     """Wall-clock time in epoch milliseconds (UTC)."""
     return time.time_ns() // 1_000_000
@@ -192,6 +201,7 @@ class OnlineStore:
         values: npt.ArrayLike,
         event_time_ms: npt.ArrayLike,
         write_time_ms: int | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> WriteResult:
         """Write one vector per entity, keeping for each key the value with the newest event time.
 
@@ -202,9 +212,14 @@ class OnlineStore:
             event_time_ms: n event times in epoch ms, or one for all rows.
             write_time_ms: the write time stamped in the values (default: now). The TTL always counts
                 from now (this process's clock), whatever ``write_time_ms`` says.
+            fence: (owner, epoch): refuse the whole write when ``owner``'s fence in this view holds
+                a greater epoch (see :meth:`claim_fence`).
 
         Returns:
             Per-row status: written, stale (a newer event time is stored) or unchanged (replay).
+
+        Raises:
+            FencedError: ``fence`` was given and a newer epoch holds it; nothing was written.
         """
         n = len(entity_ids)
         vals = _as_matrix(layout, values, n)
@@ -220,10 +235,35 @@ class OnlineStore:
         for s in range(0, n, step):
             chunk = keys[s : s + step]
             payload = blob[s * size : (s + step) * size]
-            commands.append(("EVALSHA", WRITE_SCRIPT_SHA, len(chunk), *chunk, expire_at, size, payload))
+            if fence is None:
+                commands.append(("EVALSHA", WRITE_SCRIPT_SHA, len(chunk), *chunk, expire_at, size, payload))
+            else:
+                fkey = fence_key(layout.view, fence[0], self.namespace)
+                commands.append(
+                    (
+                        "EVALSHA",
+                        WRITE_SCRIPT_SHA,
+                        len(chunk) + 1,
+                        *chunk,
+                        fkey,
+                        expire_at,
+                        size,
+                        payload,
+                        fence[1],
+                    )
+                )
         replies = self._run_script(commands, layout)
         status = np.concatenate([np.frombuffer(r, dtype=np.int8) for r in replies]) - ord("0")
         return WriteResult(status.astype(np.int8) if n else np.zeros(0, dtype=np.int8))
+
+    def claim_fence(self, layout: ViewLayout, owner: str, epoch: int) -> None:
+        """Make ``owner``'s writes to ``layout``'s view with an epoch below ``epoch`` refused from now on.
+
+        Raises:
+            FencedError: a greater epoch already holds the fence.
+        """
+        fkey = fence_key(layout.view, owner, self.namespace)
+        self._run_script([("EVALSHA", WRITE_SCRIPT_SHA, 1, fkey, 0, 0, b"", epoch)], layout)
 
     def _run_script(self, commands: list[Command], layout: ViewLayout) -> list[bytes]:
         """Run the write chunks, loading the script once if Redis does not know it (NOSCRIPT)."""
@@ -239,7 +279,7 @@ class OnlineStore:
         for reply in replies:
             if isinstance(reply, Exception):
                 msg = f"online store at {self._transport.address}: {what} failed: {reply}"
-                raise StoreError(msg)
+                raise (FencedError if str(reply).startswith("HWFENCED") else StoreError)(msg)
         return [bytes(reply) for reply in replies]
 
     def publish_progress(

@@ -5,6 +5,12 @@
 --          "0" = no expiry. Each key gets PXAT ARGV[1], so a value put back keeps its exact expiry.
 -- ARGV[2]  record size in bytes (72-byte header + 4 bytes per feature).
 -- ARGV[3]  the records of all rows, concatenated in KEYS order.
+-- ARGV[4]  optional: the writer's fence epoch; then the LAST key is the fence key
+--          <namespace>:fence:{<view>}:<owner> (same slot) and is not a row. A fence holding a
+--          greater epoch refuses the whole call (error reply HWFENCED, nothing written): a writer
+--          that lost its partition to a newer owner (nearline zombie, pipelines/nearline/fence.py)
+--          cannot overwrite the new owner's values. Otherwise the fence takes this epoch (7 days).
+--          A call with no row and a fence only claims the fence.
 --
 -- Returns one status character per row: "1" written; "0" stale (the stored event time is
 -- newer, the stored value is kept); "2" unchanged (same event time and the same schema,
@@ -28,13 +34,23 @@
 local expire_at_all = ARGV[1]
 local size = tonumber(ARGV[2])
 local blob = ARGV[3]
-if #blob ~= size * #KEYS then
-  return redis.error_reply('ERR headwater write: ' .. #blob .. ' bytes for ' .. #KEYS .. ' keys of ' .. size)
+local nkeys = #KEYS
+if ARGV[4] then
+  nkeys = nkeys - 1
+  local fence, mine = KEYS[#KEYS], tonumber(ARGV[4])
+  local held = tonumber(redis.call('GET', fence))
+  if held and held > mine then
+    return redis.error_reply('HWFENCED ' .. fence .. ' is held by epoch ' .. held .. '; this writer has ' .. ARGV[4])
+  end
+  redis.call('SET', fence, ARGV[4], 'PX', 604800000)
+end
+if #blob ~= size * nkeys then
+  return redis.error_reply('ERR headwater write: ' .. #blob .. ' bytes for ' .. nkeys .. ' keys of ' .. size)
 end
 local sub, unpack = string.sub, struct.unpack
 local out = {}
 local counts, distinct, written, hi = {}, {}, 0, nil
-for i = 1, #KEYS do
+for i = 1, nkeys do
   local key = KEYS[i]
   local off = (i - 1) * size
   local rec = sub(blob, off + 1, off + size)
@@ -78,7 +94,7 @@ for i = 1, #KEYS do
   end
 end
 local ns, view = string.match(KEYS[1] or '', '^(.-):{([^}]+)}:')
-if ns then
+if ns and nkeys > 0 then
   local fmt = string.format
   table.sort(distinct)
   local parts = {}
@@ -101,7 +117,7 @@ if ns then
     end
   end
   redis.call('XADD', ns .. ':fresh:{' .. view .. '}', 'MAXLEN', '~', 20000, '*',
-    'w', fmt('%.0f', unpack('<i8', blob, 17)), 'n', written, 'r', #KEYS,
+    'w', fmt('%.0f', unpack('<i8', blob, 17)), 'n', written, 'r', nkeys,
     'lo', fmt('%.0f', distinct[1] or 0), 'hi', fmt('%.0f', hi), 's', table.concat(parts, ','),
     'v', string.sub(blob, 41, 40 + string.byte(blob, 4)))
 end
