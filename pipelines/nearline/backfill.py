@@ -130,20 +130,11 @@ def backfill(worker: NearlineWorker, tp: TopicPartition, task: PartitionTask) ->
                 report.short[view] = -(-full // spec.tick_ms) * spec.tick_ms
         changes.update(task.adopt(helper, report.short))
         if restored.reforward and (wm := task.watermark()) is not None:
-            forwarded += worker._markers(tp.topic, marker_headers(tp.partition, wm))
-        worker.producer.flush()
-        failed = [f for f in forwarded if f.failed()]
-        if failed:
-            msg = (
-                f"backfill of {tp.topic}:{tp.partition}: Kafka did not acknowledge {len(failed)} of "
-                f"{len(forwarded)} forwarded records ({failed[0].exception!r}); nothing is committed and "
-                "the restarted worker replays again"
-            )
-            raise RuntimeError(msg)
+            forwarded += worker._markers(tp, marker_headers(tp.partition, wm))
         report.seconds = time.monotonic() - started
         _count(worker, tp, report)
     out = BatchOutput(changes={**changes, **task.meta_change()})
-    pos = worker._send({tp: out})
+    pos = worker._transact({tp: out})  # the forwarded history, the panes and the meta: one transaction
     task.store.commit(out.changes, pos[tp])
     task.backfill_report = report.as_dict()
     if report.views or report.reforward:
@@ -169,6 +160,7 @@ def _replay(
         max_partition_fetch_bytes=8 * 1024 * 1024,
         fetch_max_bytes=32 * 1024 * 1024,
         check_crcs=check_crcs(worker.config.check_crcs),
+        isolation_level="read_committed",  # a repartition topic is written in transactions
     )
     forwarded: list[Any] = []
     try:

@@ -32,6 +32,7 @@ def restore_partition(
         max_partition_fetch_bytes=16 * 1024 * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
         check_crcs=check_crcs(),
+        isolation_level="read_committed",  # only committed batches (fence.py); end = last stable offset
     )
     replayed = 0
     try:
@@ -46,11 +47,13 @@ def restore_partition(
             consumer.seek(tp, max(pos + 1, start))
             pending: list[tuple[bytes, bytes | None]] = []
             last = pos
-            while last < end - 1:
+            # by position, not by record offset: transaction markers and aborted records take offsets
+            # that no record read_committed returns
+            while consumer.position(tp) < end:
                 for rec in consumer.poll(timeout_ms=1000).get(tp, []):
                     pending.append((rec.key, rec.value))
                     last = rec.offset
-                if len(pending) >= CHUNK or (last >= end - 1 and pending):
+                if len(pending) >= CHUNK or (consumer.position(tp) >= end and pending):
                     store.apply_changelog(pending, last)
                     replayed += len(pending)
                     pending = []

@@ -4,31 +4,28 @@ One consumer reads the topic of every source of the plan (``plan.py``) and the r
 of the views keyed by another field than their source's key (``repartition.py``): a partition of
 any topic it owns is one task with its own store and changelog partition, and the records of a
 source's partition are decoded with that source's codec (built from the plan's source).
-Each poll batch is committed in this order (a kill -9 between any two steps loses nothing and
-counts nothing twice):
+Each poll batch is committed in this order, per partition task (a kill -9 between any two steps
+loses nothing and counts nothing twice; a zombie worker is fenced, see ``fence.py``):
 
-1. **What others read, and the changelog but its meta records.** The dead letters, the events
-   forwarded to a repartition topic and a watermark marker per repartition partition, and every
-   store change of the batch except the meta record (pane records, dedup ids, outbox) go to
-   Kafka; the producer is flushed. The changelog is compacted, partition = source partition.
-2. **The meta records (write-ahead commit).** Each task's meta record (the next source offset,
-   max event time, boundaries) goes to the changelog; the producer is flushed. A restore treats a
-   batch as done once its meta record is on the changelog, so everything the batch sends to other
-   consumers must be on Kafka before it: were the forwarded events or markers still in flight
-   when the meta record landed, a crash would lose them (the restored task resumes after the
-   batch and never sends them again; the repartitioned views would miss events, and their
-   boundary would wait for a marker that never comes). A crash before this step re-runs the
-   batch: its events are forwarded again and the downstream task skips them by source offset;
-   pane records already on the changelog skip the events they hold (``hw``).
-3. **RocksDB.** The same changes, the consumed offset (in the meta record) and the changelog
+1. **One Kafka transaction per task.** The task's transactional producer (``fence.py``: stable
+   ``transactional.id`` per task, so a new owner fences the old one) sends, in one transaction,
+   the dead letters, the events forwarded to repartition topics and a watermark marker per
+   repartition partition, every store change of the batch (pane records, dedup ids, outbox, and
+   the meta record: next source offset, max event time, boundaries) to the compacted changelog
+   (partition = source partition), and the consumed offset (``send_offsets_to_transaction``), then
+   commits. Every reader of these topics reads ``read_committed``: a batch is all on Kafka or not
+   at all, so a crash before the commit re-runs the batch and a dead letter is sent exactly once.
+2. **RocksDB.** The same changes, the consumed offset (in the meta record) and the changelog
    position go into the partition's store in ONE write batch. This is the local commit point; a
    crash before it leaves the changelog ahead of the local store, and the next owner replays the
    changelog tail.
-4. **Online writes.** The values of the outbox (entities whose value changed, at the view's
-   boundary B) are written to Redis. Writes are idempotent (same B and value: no-op), and the
-   outbox stays in the store until the next batch, so a crash here re-publishes it on restart.
-5. **Kafka offset commit.** Only for monitoring and lag: on (re)assignment a partition resumes
-   from the offset in its store, never from the group's committed offset.
+3. **Online writes.** The values of the outbox (entities whose value changed, at the view's
+   boundary B) are written to Redis, fenced by the task's owner epoch (``fence.py``). Writes are
+   idempotent (same B and value: no-op), and the outbox stays in the store until the next batch,
+   so a crash here re-publishes it on restart.
+
+On (re)assignment a partition resumes from the offset in its store (the group's committed offset,
+committed in the same transaction, is for lag monitoring and for fencing a stale generation).
 
 Idle source partitions: stage B's watermark is the minimum over its source's partitions, so one
 source partition without events would hold the repartitioned views' boundary back forever. A
@@ -43,18 +40,23 @@ import contextlib
 import functools
 import json
 import logging
+import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka.errors import KafkaError
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.nearline.backfill import backfill
+from headwater.pipelines.nearline.fence import NearlineFencedError, TaskProducer, transactional_id
 from headwater.pipelines.nearline.plan import NearlinePlan, SourcePlan, changelog_topic
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
@@ -71,9 +73,15 @@ from headwater.pipelines.nearline.supervise import supervise_worker
 from headwater.pipelines.nearline.task import BatchOutput, PartitionTask
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
+from headwater.pipelines.store.store import FencedError
 from headwater.pipelines.windows import RedisDictionary, to_vectors
 
 log = logging.getLogger("headwater.nearline")
+
+PAUSE_ENV = "HEADWATER_NEARLINE_PAUSE_AT"
+"""Test hook (the zombie tests): ``before_commit`` or ``before_publish`` makes the first batch with
+records stop this process (SIGSTOP) at that step, once per process."""
+_pause_at = [os.environ.get(PAUSE_ENV)]
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,6 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         try:
-            self.worker.producer.flush()  # idle markers in flight land before the next owner's markers
             self.worker.close_tasks(list(revoked))
         except Exception as exc:
             self.worker.setup_failed("closing", revoked, exc)
@@ -166,18 +173,17 @@ class NearlineWorker:
             heartbeat_interval_ms=max(1000, config.session_timeout_ms // 4),
             max_poll_interval_ms=600_000,
             check_crcs=check_crcs(config.check_crcs),
+            isolation_level="read_committed",  # repartition topics are written in transactions
         )
-        self.producer = KafkaProducer(
-            bootstrap_servers=s.kafka_bootstrap,
-            acks="all",
-            linger_ms=5,
-            batch_size=512 * 1024,
-            max_request_size=8 * 1024 * 1024,
-            # zstd only without the C crc32c module (fewer bytes through the pure-Python CRC); with
-            # it, compression costs more (sender-thread CPU, 2x the flush wall time) than it saves
-            compression_type=None if check_crcs(None) else "zstd",
-            retries=10,
-        )
+        # zstd only without the C crc32c module (fewer bytes through the pure-Python CRC); with
+        # it, compression costs more (sender-thread CPU, 2x the flush wall time) than it saves
+        self.compression = None if check_crcs(None) else "zstd"
+        self.producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        """Metadata only (partition counts); every record goes through a task's ``TaskProducer``."""
+        self.txn: dict[TopicPartition, TaskProducer] = {}
+        """The transactional producer of each task (``fence.py``)."""
+        self.epochs: dict[TopicPartition, int] = {}
+        """The group generation each task was assigned in: its Redis fence epoch (``fence.py``)."""
         self.online = OnlineStore.from_url(s.redis_url, namespace=config.namespace)
         self.dictionary = RedisDictionary(self.online.client, namespace=config.namespace)
         self.tasks: dict[TopicPartition, PartitionTask] = {}
@@ -200,6 +206,8 @@ class NearlineWorker:
         }
         self.freshness_ms: list[tuple[int, int]] = []
         """(write time - boundary B in ms, rows written) per online write batch (first 200k)."""
+        self.assigned_at = 0.0
+        """When the rebalance callback last opened partitions (restores do not count as idle time)."""
         self.setup_error: NearlineSetupError | None = None
         """A failure of the rebalance callback, raised by ``run`` after the poll that ran it."""
 
@@ -245,11 +253,37 @@ class NearlineWorker:
         return n
 
     def open_tasks(self, assigned: list[TopicPartition]) -> None:
-        """Restore each assigned partition (local store, checkpoint, changelog) and seek to its offset."""
+        """Restore each assigned partition (local store, checkpoint, changelog) and seek to its offset.
+
+        First the task producers of every assigned partition, in parallel (each ``init_transactions``
+        is a few round trips, and this runs in the rebalance callback, which holds back heartbeats):
+        they fence the previous owners and abort their open transactions before any restore reads.
+        """
+        self.assigned_at = time.monotonic()
+        generation = self.consumer.group_metadata().generation_id
+        bootstrap = self.config.settings.kafka_bootstrap
+
+        def producer(tp: TopicPartition) -> TaskProducer:
+            txn_id = transactional_id(self._changelog_of(tp), tp.partition)
+            return TaskProducer(bootstrap, txn_id, self.compression)
+
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(assigned)))) as pool:
+            futures = {tp: pool.submit(producer, tp) for tp in assigned}
+        failed: BaseException | None = None
+        for tp, future in futures.items():
+            if future.exception() is None:
+                self.txn[tp] = future.result()  # closed by close_tasks
+            else:
+                failed = failed or future.exception()
+        if failed is not None:
+            raise failed
         for tp in assigned:
             started = time.monotonic()
             task, changelog = self._new_task(tp)
             self.tasks[tp] = task  # from now on closed by close_tasks, even if the restore fails
+            self.epochs[tp] = generation
+            for view in task.views:
+                self.online.claim_fence(self.plan.layouts[view], self._owner(tp), self.epochs[tp])
             replayed = restore_partition(self.config.settings, changelog, tp.partition, task.store, task)
             self.changelogs[tp] = changelog
             backfill(self, tp, task)  # drops stale view versions, backfills new ones (backfill.py)
@@ -273,6 +307,17 @@ class NearlineWorker:
             )
             self._publish({tp: task.restored_publish()})
 
+    def _owner(self, tp: TopicPartition) -> str:
+        """Return the fence owner name of a task (its transactional id)."""
+        return transactional_id(self.changelogs.get(tp) or self._changelog_of(tp), tp.partition)
+
+    def _changelog_of(self, tp: TopicPartition) -> str:
+        sp = self.sources.get(tp.topic)
+        if sp is not None:
+            return changelog_topic(self.config.group_id, sp.name)
+        sp, key = self.by_key[tp.topic]
+        return repartition_changelog(self.config.group_id, sp.name, key)
+
     def setup_failed(self, doing: str, partitions: Sequence[TopicPartition], exc: Exception) -> None:
         """Count and keep a rebalance callback's failure for ``run`` to raise."""
         self.counters["setup_failures"] = self.counters.get("setup_failures", 0) + 1
@@ -287,10 +332,16 @@ class NearlineWorker:
         """Close the stores of revoked partitions (their state is committed after every batch)."""
         for tp in revoked:
             task = self.tasks.pop(tp, None)
+            producer = self.txn.pop(tp, None)
+            self.epochs.pop(tp, None)
             if tp.topic in self.idle:
                 self.idle[tp.topic].forget(tp.partition)
-            if task is not None:
-                task.store.close()
+            try:
+                if producer is not None:
+                    producer.close()
+            finally:
+                if task is not None:
+                    task.store.close()
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> None:
@@ -304,6 +355,7 @@ class NearlineWorker:
                     raise self.setup_error
                 if not self.tasks:
                     idle_since = time.monotonic()  # idle only counts while owning partitions
+                idle_since = max(idle_since, self.assigned_at)  # nor while restoring them
                 self._announce_idle(polled)
                 if not polled:
                     if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
@@ -323,8 +375,9 @@ class NearlineWorker:
                 self.idle[tp.topic].active(tp.partition, now)
         for topic, timer in self.idle.items():
             for p in timer.due(now, functools.partial(self._caught_up, topic)):
-                task = self.tasks[TopicPartition(topic, p)]
-                self._markers(topic, idle_headers(p, task.watermark()))
+                tp = TopicPartition(topic, p)
+                self._markers(tp, idle_headers(p, self.tasks[tp].watermark()))
+                self.txn[tp].commit({}, None)
                 log.info(
                     "%s partition %d idle: left out of the repartitioned watermark until it has events",
                     topic,
@@ -344,85 +397,95 @@ class NearlineWorker:
         clock = _PhaseClock(self.counters)
         outputs = {p: self.tasks[p].process(recs, now) for p, recs in polled.items()}
         clock.lap("t_process")
-        # Steps 1 and 2: dead letters, forwards, markers and changes but meta, flushed; then meta, flushed.
-        changelog_pos = self._send(outputs)
-        clock.lap("t_changelog")
-        # Step 3: state changes + consumed offset + changelog position, one RocksDB write batch.
+        # Step 1: one transaction per task (dead letters, forwards, markers, changelog, offset).
+        metas = self._send(outputs)
+        _pause("before_commit")
         for tp, out in outputs.items():
-            self.tasks[tp].store.commit(out.changes, changelog_pos[tp])
-        clock.lap("t_rocksdb")
-        # Step 4: online writes (idempotent; the outbox committed in step 3 replays them after a crash).
+            pos = self._commit(tp, out, metas[tp])
+            clock.lap("t_changelog")
+            # Step 2: state changes + consumed offset + changelog position, one RocksDB write batch.
+            self.tasks[tp].store.commit(out.changes, pos)
+            clock.lap("t_rocksdb")
+        _pause("before_publish")
+        # Step 3: online writes (fenced, idempotent; the outbox committed above replays them after a crash).
         self._publish({tp: out.publish for tp, out in outputs.items()})
         clock.lap("t_publish")
-        # Step 5: Kafka offset commit (monitoring only: the store's offset is the source of truth).
-        offsets = {
-            tp: OffsetAndMetadata(out.next_offset, "", -1)
-            for tp, out in outputs.items()
-            if out.next_offset is not None
-        }
-        if offsets:
-            self.consumer.commit(offsets)
-        clock.lap("t_commit")
         self.counters["last_batch_at"] = time.time()
         self._count(outputs)
         self._maybe_checkpoint()
 
-    def _send(self, outputs: dict[TopicPartition, BatchOutput]) -> dict[TopicPartition, int]:
-        """Run steps 1 and 2 of the commit protocol; return the changelog offset of each meta record.
-
-        Raises:
-            NearlineCommitError: Kafka did not acknowledge a record of step 1 (the batch is not
-                committed: the restarted worker processes it again).
-        """
-        sent: list[Any] = []
+    def _send(self, outputs: dict[TopicPartition, BatchOutput]) -> dict[TopicPartition, Any]:
+        """Send each task's batch into its open transaction (step 1 less the commit); return meta futures."""
+        metas: dict[TopicPartition, Any] = {}
         for tp, out in outputs.items():
+            producer = self.txn[tp]
             for dl in out.dead:
-                sent.append(
-                    self.producer.send(
-                        self.config.settings.dlq_topic, key=dl.key, value=dl.value, headers=dl.kafka_headers()
-                    )
+                producer.send(
+                    self.config.settings.dlq_topic, key=dl.key, value=dl.value, headers=dl.kafka_headers()
                 )
             if self.forwards.get(tp.topic):
-                sent += self._forward(tp, out)
+                self._forward(tp, out)
             changelog = self.changelogs[tp]
             for key, value in out.changes.items():
                 if key != META_KEY:
-                    sent.append(self.producer.send(changelog, key=key, value=value, partition=tp.partition))
-        self.producer.flush()
-        failed = [f for f in sent if f.failed()]
-        if failed:
+                    producer.send(changelog, key=key, value=value, partition=tp.partition)
+            metas[tp] = producer.send(
+                changelog, key=META_KEY, value=out.changes[META_KEY], partition=tp.partition
+            )
+        return metas
+
+    def _commit(self, tp: TopicPartition, out: BatchOutput, meta: Any) -> int:
+        """Commit ``tp``'s transaction with its consumed offset; return the meta record's changelog offset.
+
+        Raises:
+            NearlineFencedError: a newer owner has the partition (nothing of the batch is committed).
+            NearlineCommitError: Kafka refused the transaction (the restarted worker re-runs the batch).
+        """
+        offsets = {}
+        if out.next_offset is not None:
+            offsets[tp] = OffsetAndMetadata(out.next_offset, "", -1)
+        try:
+            self.txn[tp].commit(offsets, self.consumer.group_metadata())
+            return int(meta.get(timeout=30).offset)
+        except NearlineFencedError:
+            raise
+        except KafkaError as exc:
             msg = (
-                f"step 1 of the nearline commit: Kafka did not acknowledge {len(failed)} of {len(sent)} "
-                f"records ({failed[0].exception!r}); the batch is not committed and is processed again "
-                "after a restart. Check the broker at " + self.config.settings.kafka_bootstrap
+                f"step 1 of the nearline commit ({tp.topic}:{tp.partition}): Kafka did not commit the "
+                f"transaction ({exc!r}); the batch is not committed and is processed again after a "
+                "restart. Check the broker at " + self.config.settings.kafka_bootstrap
             )
-            raise NearlineCommitError(msg)
-        metas = {
-            tp: self.producer.send(
-                self.changelogs[tp], key=META_KEY, value=out.changes[META_KEY], partition=tp.partition
-            )
-            for tp, out in outputs.items()
-        }
-        self.producer.flush()
-        return {tp: future.get(timeout=30).offset for tp, future in metas.items()}
+            raise NearlineCommitError(msg) from exc
+
+    def _transact(self, outputs: dict[TopicPartition, BatchOutput]) -> dict[TopicPartition, int]:
+        """Send and commit each task's transaction; return each meta record's changelog offset."""
+        metas = self._send(outputs)
+        return {tp: self._commit(tp, out, metas[tp]) for tp, out in outputs.items()}
 
     def _forward(self, tp: TopicPartition, out: BatchOutput) -> list[Any]:
-        """Send the batch's events to their repartition topics, then a watermark marker to every partition."""
+        """Send the batch's events to their repartition topics, then a watermark marker to every partition.
+
+        Inside ``tp``'s open transaction (committed by the caller).
+        """
         sent = []
         name = self.sources[tp.topic].name
+        producer = self.txn[tp]
         for key, value, event, offset in out.forward:
             payload, headers = forwarded_record(event, tp.partition, offset)
             topic = repartition_topic(self.config.group_id, name, key)
-            sent.append(self.producer.send(topic, key=str(value).encode(), value=payload, headers=headers))
+            sent.append(producer.send(topic, key=str(value).encode(), value=payload, headers=headers))
         if out.watermark is not None:
-            sent += self._markers(tp.topic, marker_headers(tp.partition, out.watermark))
+            sent += self._markers(tp, marker_headers(tp.partition, out.watermark))
         return sent
 
-    def _markers(self, source_topic: str, headers: list[tuple[str, bytes]]) -> list[Any]:
-        """Send one marker (no key, no value) to every partition of the source's repartition topics."""
+    def _markers(self, tp: TopicPartition, headers: list[tuple[str, bytes]]) -> list[Any]:
+        """Send one marker (no key, no value) to every partition of ``tp``'s source's repartition topics.
+
+        Inside ``tp``'s open transaction (committed by the caller).
+        """
         return [
-            self.producer.send(topic, value=b"", partition=q, headers=headers)
-            for topic in self.forwards[source_topic]
+            self.txn[tp].send(topic, value=b"", partition=q, headers=headers)
+            for topic in self.forwards[tp.topic]
             for q in sorted(self.producer.partitions_for(topic))
         ]
 
@@ -435,7 +498,14 @@ class NearlineWorker:
                 spec = task.views[view].spec
                 rows = task.values(view, entities, boundary)
                 vectors = to_vectors(spec, rows, self.dictionary.ids)
-                res = self.online.write_batch(self.plan.layouts[view], entities, vectors, boundary)
+                fence = (self._owner(tp), self.epochs[tp])
+                try:
+                    res = self.online.write_batch(
+                        self.plan.layouts[view], entities, vectors, boundary, fence=fence
+                    )
+                except FencedError as exc:
+                    msg = f"{tp.topic}:{tp.partition}: online write of view {view} fenced: {exc}"
+                    raise NearlineFencedError(msg) from exc
                 self.counters["written"] += res.written
                 if res.written and len(self.freshness_ms) < 200_000:
                     self.freshness_ms.append((epoch_ms() - boundary, res.written))
@@ -477,7 +547,7 @@ class NearlineWorker:
         """Write stats, close stores, the consumer (leaving the group), the producer and Redis."""
         with contextlib.suppress(OSError):
             self.write_stats()
-        self.close_tasks(list(self.tasks))
+        self.close_tasks(list({*self.tasks, *self.txn}))
         self.consumer.close(autocommit=False)
         self.producer.close(timeout=10)
         self.online.close()
@@ -496,10 +566,16 @@ class _PhaseClock:
         self.last = now
 
 
+def _pause(where: str) -> None:
+    """Stop this process once at ``where`` when :data:`PAUSE_ENV` asks (a test hook)."""
+    if _pause_at[0] == where:
+        _pause_at[0] = None
+        log.warning("test hook %s=%s: stopping (SIGSTOP) until SIGCONT", PAUSE_ENV, where)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def run_worker(config: NearlineConfig, idle_exit_s: float | None = None) -> None:
     """Entry point of one worker process (stops on SIGTERM/SIGINT after the current batch)."""
-    import signal
-
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

@@ -9,8 +9,9 @@ or counted twice. The back-off starts again from the first step once a worker ha
 ``reset_after_s`` without failing.
 
 Counters go into the worker's ``counters`` (hence its stats file): ``restarts`` and
-``errors_<kind>`` for kind ``redis``, ``kafka``, ``commit`` (a step of the commit protocol),
-``setup`` (opening a partition in the rebalance callback) and ``other``. The counters of every
+``errors_<kind>`` for kind ``fenced`` (a newer owner took a partition: ``fence.py``), ``redis``,
+``kafka``, ``commit`` (a step of the commit protocol), ``setup`` (opening a partition in the
+rebalance callback) and ``other``. The counters of every
 worker of the process add up (one dict, handed from worker to worker).
 """
 
@@ -27,7 +28,7 @@ from headwater.pipelines.retry import Backoff
 log = logging.getLogger("headwater.nearline")
 __all__ = ["ERROR_KINDS", "Backoff", "Worker", "error_kind", "supervise_worker"]
 
-ERROR_KINDS = ("redis", "kafka", "commit", "setup", "other")
+ERROR_KINDS = ("fenced", "redis", "kafka", "commit", "setup", "other")
 
 
 class Worker(Protocol):
@@ -45,8 +46,11 @@ def error_kind(exc: BaseException) -> str:
     from kafka.errors import KafkaError
     from redis.exceptions import RedisError
 
+    from headwater.pipelines.nearline.fence import fenced
     from headwater.pipelines.nearline.runner import NearlineCommitError, NearlineSetupError
 
+    if fenced(exc):
+        return "fenced"
     if isinstance(exc, NearlineSetupError):
         return "setup"
     if isinstance(exc, NearlineCommitError):

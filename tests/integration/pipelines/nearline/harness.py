@@ -350,19 +350,25 @@ def list_topics(settings: Settings) -> list[str]:
 
 
 def read_topic(settings: Settings, topic: str) -> Iterator[Any]:
-    """Every record of ``topic`` (all partitions, offset order within each)."""
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    """Every committed record of ``topic`` (all partitions, offset order within each).
+
+    ``read_committed``: the nearline tier writes its dead letters, changelogs and repartition topics
+    in transactions (``fence.py``); an aborted batch is not there. Read up to each partition's end by
+    position (transaction markers take offsets no record has).
+    """
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
     try:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         end = consumer.end_offsets(tps)
-        left = {tp for tp in tps if end[tp] > 0}
+        left = {tp for tp in tps if consumer.position(tp) < end[tp]}
         while left:
-            for tp, recs in consumer.poll(timeout_ms=1000).items():
+            for recs in consumer.poll(timeout_ms=1000).values():
                 yield from recs
-                if recs and recs[-1].offset >= end[tp] - 1:
-                    left.discard(tp)
+            left = {tp for tp in left if consumer.position(tp) < end[tp]}
     finally:
         consumer.close()
 
