@@ -28,6 +28,7 @@ from headwater.registry.costs_cli import calibrate, costs
 from headwater.registry.init import init
 from headwater.registry.jars import setup
 from headwater.serving.cli import model, serve
+from headwater.serving.funnel.cli import funnel
 from headwater.serving.replay import replay_command
 from headwater.serving.retrieval.cli import retrieval
 from headwater.serving.skew import skew_command
@@ -88,6 +89,7 @@ main.add_command(experiment)  # experiment report (issue 20)
 main.add_command(replay_command)  # replay recorded ranking requests (issue 20)
 main.add_command(skew_command)  # rescore logged predictions offline (issue 20)
 main.add_command(retrieval)  # the two-tower retrieval model (issue 15)
+main.add_command(funnel)  # the re-ranker of /v1/recommend (issue 15)
 main.add_command(training_set)
 main.add_command(labels)
 main.add_command(materialize)

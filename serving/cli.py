@@ -113,6 +113,10 @@ def train(
 )
 @click.option("--feedback-topic", default=None, help="Topic of impressions and feedback (default: events).")
 @click.option("--no-feedback", is_flag=True, help="Do not send impressions and feedback to Kafka.")
+@click.option(
+    "--no-retrieval", is_flag=True,
+    help="Do not build the retrieval index at start-up (/v1/recommend takes popularity candidates).",
+)  # fmt: skip
 @click.option("--log-level", default="info", show_default=True)
 def serve(
     host: str,
@@ -128,9 +132,10 @@ def serve(
     bootstrap: str | None,
     feedback_topic: str | None,
     no_feedback: bool,
+    no_retrieval: bool,
     log_level: str,
 ) -> None:
-    """Run the ranking service: POST /v1/rank, GET /health, GET /metrics, GET /openapi.json.
+    """Run the ranking service: POST /v1/rank, /v1/recommend, GET /health, /metrics, /openapi.json.
 
     With --grpc-port, also headwater.v1.Ranking/Rank over gRPC (serving/proto) in the same process.
     """
@@ -188,6 +193,9 @@ def serve(
             config.predictions,
             kafka_connect(bootstrap or settings.kafka_bootstrap, config.predictions.topic),
         )
+    from headwater.serving.funnel.build import build_funnel
+
+    funnel = build_funnel(config.funnel, registry, reader.store, model_path, loaded, not no_retrieval)
     app = create_app(
         config,
         registry,
@@ -197,6 +205,7 @@ def serve(
         arm_loaded=arm_loaded,
         recorder=recorder,
         predictions=predictions,
+        funnel=funnel,
     )
     if grpc_port is not None:
         from headwater.serving.grpc_server import GrpcEdge

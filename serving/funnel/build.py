@@ -1,0 +1,74 @@
+"""Build the funnel's parts for ``headwater serve``: retrieval, re-ranker, recent-items memory.
+
+Start-up never fails on the funnel: a missing or unbindable two-tower artifact, an index that
+cannot be built (the store is down) or a re-ranker that does not fit the ranker leave that part
+out (logged with the reason), and ``/v1/recommend`` answers through the stage's fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from headwater.pipelines.store import OnlineStore
+from headwater.serving.artifact import ArtifactError
+from headwater.serving.funnel.config import FunnelConfig
+from headwater.serving.funnel.recent import RedisRecentItems
+from headwater.serving.funnel.reranker import Reranker, load_reranker
+from headwater.serving.funnel.stages import FunnelParts
+from headwater.serving.registry import BoundRegistry
+from headwater.serving.runtime import LoadedModels
+
+log = logging.getLogger(__name__)
+
+
+def load_funnel_reranker(model_path: Path, loaded: LoadedModels) -> Reranker | None:
+    """Return the re-ranker in ``model_path`` if it reads the ranker's item slots in order, else None.
+
+    It scores the DCN's item rows as the engine assembled them, so its slots must be the DCN's.
+    """
+    try:
+        reranker = load_reranker(model_path)
+    except ArtifactError as exc:
+        log.warning("re-ranker not used (the funnel keeps the DCN's order): %s", exc)
+        return None
+    ranker = loaded.neural_artifact
+    slots = tuple(ranker.metadata.get("item_features", ())) if ranker is not None else ()
+    if reranker.item_features != slots:
+        log.error(
+            "re-ranker %s not used: it reads %d item slots, the ranker %s reads %d (another order or set);"
+            " retrain it with `headwater funnel train-reranker` on the ranker's training set",
+            reranker.version, len(reranker.item_features), ranker.version if ranker else None, len(slots),
+        )  # fmt: skip
+        return None
+    return reranker
+
+
+def build_funnel(
+    config: FunnelConfig,
+    registry: BoundRegistry,
+    store: OnlineStore,
+    model_path: Path | None,
+    loaded: LoadedModels,
+    retrieval: bool = True,
+    refresh_s: float = 30.0,
+) -> FunnelParts:
+    """Load what exists under ``model_path`` (a models folder) and the store's recent-items memory."""
+    recent = RedisRecentItems(store.client, store.namespace, config)
+    if model_path is None or not model_path.is_dir():
+        log.warning("no models folder: /v1/recommend answers from popularity candidates, DCN order")
+        return FunnelParts(recent)
+    runtime = None
+    if retrieval:
+        from headwater.serving.retrieval.runtime import load_retrieval
+
+        try:
+            runtime = load_retrieval(model_path, registry, store)
+        except ArtifactError as exc:
+            log.warning("retrieval not used (popularity candidates instead): %s", exc)
+        except Exception as exc:  # the store is down at start-up: serve without the index
+            log.error(
+                "retrieval index could not be built (%s: %s); popularity candidates", type(exc).__name__, exc
+            )
+    reranker = load_funnel_reranker(model_path, loaded)
+    return FunnelParts(recent, runtime.retriever if runtime else None, reranker, runtime, refresh_s)
