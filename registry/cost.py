@@ -9,7 +9,18 @@ CPU (per view, on its tier; the constants come from ``registry/calibration/<tier
                 s(a) x (agg_us[kind(a)] + pane_us x (panes - 1))
                   with s(a) = selectivity if a is filtered else 1, panes = ceil(window / slide)
     writes/day = min(entities, rate x slide) x 86,400 / slide     (each feature's slide; the shortest)
-    CPU-h/day = (rate x 86,400 x us/event + writes/day x publish_us) / 1e6 / 3,600 + fixed_cores x 24
+    marginal  = (rate x 86,400 x us/event + writes/day x publish_us) / 1e6 / 3,600 + fixed_cores x 24
+    job share = (job_fixed_cores + rate x job_event_us / 1e6) / views in the job x 24
+              + group_fixed_cores / views in the group x 24
+    CPU-h/day = marginal + job share
+
+Per-view attribution: a tier runs one job per source (realtime: one Flink job reads the source once
+and feeds every view; one operator per group, the views keyed by one entity). The job's fixed cost
+(JVM, source, checkpoints, decode per event) is paid once whatever its views, so a view is charged
+its marginal cost (what adding it to the job adds: its aggregations, its per-event work) plus an
+equal share of its job's and its group's fixed cost (:class:`JobShare`: the views that share them).
+The views of a job together are charged exactly the job's estimate; a view alone in its job carries
+all of it.
 
 State (streaming tiers: RocksDB / Flink keyed state, one record per entity and slice)::
 
@@ -35,6 +46,7 @@ error); one above ``OVER_DECLARED_FACTOR`` x the estimate holds budget it will n
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +125,37 @@ def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> 
 
 
 @dataclass(frozen=True)
+class JobShare:
+    """How many views share a view's job (same tier and source) and its group (same entity too).
+
+    The job's fixed cost is split equally among ``job_views``, the group's among ``group_views``;
+    ``JobShare()`` is a view alone in its job (it carries all of the fixed cost).
+    """
+
+    job_views: int = 1
+    group_views: int = 1
+
+    def as_dict(self) -> dict[str, int]:
+        """Return a JSON form."""
+        return {"job_views": self.job_views, "group_views": self.group_views}
+
+
+def job_share(views: Iterable[tuple[str, str, str]], tier: str, source: str, entity: str) -> JobShare:
+    """Return the :class:`JobShare` of a view on ``tier`` reading ``source`` keyed by ``entity``.
+
+    ``views``: ``(tier, source, entity)`` of every view of the repo (the view itself included).
+    """
+    job = [(t, s, e) for t, s, e in views if t == tier and s == source]
+    return JobShare(job_views=max(1, len(job)), group_views=max(1, sum(e == entity for _, _, e in job)))
+
+
+@dataclass(frozen=True)
 class CostEstimate:
-    """A view's CPU estimate and how it was reached (printed with under-declared errors)."""
+    """A view's CPU estimate and how it was reached (printed with under-declared errors).
+
+    ``cpu_hours_per_day`` = ``marginal_cpu_hours`` (the view's own work) + ``shared_cpu_hours`` (its
+    share of its job's and group's fixed cost, ``share``).
+    """
 
     cpu_hours_per_day: float
     events_per_day: float
@@ -122,6 +163,10 @@ class CostEstimate:
     writes_per_day: float
     fixed_cores: float
     calibration: str
+    marginal_cpu_hours: float = 0.0
+    shared_cpu_hours: float = 0.0
+    job_cores: float = 0.0
+    share: JobShare = JobShare()
 
     def explain(self) -> str:
         """One line: the numbers that make the estimate."""
@@ -130,12 +175,21 @@ class CostEstimate:
             text += f" + {self.writes_per_day:,.0f} writes/day"
         if self.fixed_cores:
             text += f" + {self.fixed_cores:g} cores fixed"
+        if self.shared_cpu_hours:
+            text += (
+                f" + 1/{self.share.job_views} of the job's {self.job_cores:.3g} fixed cores"
+                f" = {self.marginal_cpu_hours:.2f} marginal + {self.shared_cpu_hours:.2f} shared"
+            )
         return f"{text} = {self.cpu_hours_per_day:.2f} CPU-h/day ({self.calibration})"
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON form (``check --format json``, ``costs``)."""
         return {
             "cpu_hours_per_day": round(self.cpu_hours_per_day, 4),
+            "marginal_cpu_hours_per_day": round(self.marginal_cpu_hours, 4),
+            "shared_cpu_hours_per_day": round(self.shared_cpu_hours, 4),
+            "job_fixed_cores": round(self.job_cores, 4),
+            **self.share.as_dict(),
             "events_per_day": round(self.events_per_day),
             "us_per_event": round(self.us_per_event, 3),
             "writes_per_day": round(self.writes_per_day),
@@ -183,22 +237,33 @@ def estimate_view(
     rekeyed: bool = False,
     entities: float | None = None,
     calibration: Calibration | None = None,
+    share: JobShare | None = None,
 ) -> CostEstimate:
-    """Estimated CPU-hours per day of a view with ``features`` on ``tier`` at ``rate_per_s``."""
+    """Estimated CPU-hours per day of a view with ``features`` on ``tier`` at ``rate_per_s``.
+
+    ``share``: the views sharing its job and group (:func:`job_share`); ``None``: alone in its job.
+    """
     cal = calibration or load_calibration(tier.name)
+    share = share or JobShare()
     shape = view_shape(features, rekeyed)
     events = rate_per_s * SECONDS_PER_DAY
     us = us_per_event(shape, cal)
     writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0
     fixed = cal.scalar("fixed_cores")
-    hours = (events * us + writes * cal.scalar("publish_us")) / 1e6 / 3600 + fixed * 24
+    marginal = (events * us + writes * cal.scalar("publish_us")) / 1e6 / 3600 + fixed * 24
+    job = cal.scalar("job_fixed_cores") + rate_per_s * cal.scalar("job_event_us") / 1e6
+    shared = (job / share.job_views + cal.scalar("group_fixed_cores") / share.group_views) * 24
     return CostEstimate(
-        cpu_hours_per_day=hours,
+        cpu_hours_per_day=marginal + shared,
         events_per_day=events,
         us_per_event=us,
         writes_per_day=writes,
         fixed_cores=fixed,
         calibration=cal.source_text(),
+        marginal_cpu_hours=marginal,
+        shared_cpu_hours=shared,
+        job_cores=job + cal.scalar("group_fixed_cores"),
+        share=share,
     )
 
 

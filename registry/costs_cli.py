@@ -23,7 +23,15 @@ import click
 from headwater.registry.budget import view_footprint
 from headwater.registry.calibration import Calibration, load_calibration
 from headwater.registry.compiled import CheckResult, CompiledView
-from headwater.registry.cost import SECONDS_PER_DAY, estimate_view, format_bytes, view_shape
+from headwater.registry.cost import (
+    SECONDS_PER_DAY,
+    CostEstimate,
+    JobShare,
+    estimate_view,
+    format_bytes,
+    job_share,
+    view_shape,
+)
 from headwater.registry.tiers import TIERS
 
 NOT_REPORTED = "no tier reports CPU per view yet: the calibration run's figure for this view alone"
@@ -59,19 +67,48 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
     }
 
 
+def view_share(view: CompiledView, result: CheckResult) -> JobShare:
+    """Return the views of ``result`` sharing ``view``'s job (tier and source) and group (and entity)."""
+    return job_share(
+        ((v.tier, v.source, v.entity) for v in result.views), view.tier, view.source, view.entity
+    )
+
+
+def view_estimate(view: CompiledView, result: CheckResult, alone: bool = False) -> CostEstimate:
+    """Return the CPU estimate of a checked view at its source's declared rate (``alone``: its own job)."""
+    source = result.sources[view.source]
+    entities = result.budget.entities.get(view.entity) if result.budget else None
+    rekeyed = view.join_key != source.spec.key
+    share = None if alone else view_share(view, result)
+    return estimate_view(
+        view.features, source.spec.expected_rate_per_s, TIERS[view.tier], rekeyed, entities, share=share
+    )
+
+
 def cost_report(view: CompiledView, result: CheckResult) -> dict[str, Any]:
-    """Everything about the cost of one checked view (JSON-ready)."""
+    """Everything about the cost of one checked view (JSON-ready).
+
+    ``estimate``: the view's charge, its marginal cost plus its share of its job's fixed cost (the
+    views of its job and group split it equally); ``estimate_alone``: the view alone in its job (what
+    the calibration run of the view alone measures, ``measured``).
+    """
     source = result.sources[view.source]
     rate = source.spec.expected_rate_per_s
-    tier = TIERS[view.tier]
     cal = load_calibration(view.tier)
     entities = result.budget.entities.get(view.entity) if result.budget else None
     rekeyed = view.join_key != source.spec.key
-    est = estimate_view(view.features, rate, tier, rekeyed, entities)
+    est = view_estimate(view, result)
     fp = view_footprint(view, result)
     return {
         "declared_cpu_hours_per_day": view.compute_cost,
         "estimate": est.as_dict(),
+        "estimate_alone_cpu_hours_per_day": round(
+            view_estimate(view, result, alone=True).cpu_hours_per_day, 4
+        ),
+        "attribution": (
+            "marginal (the view's own per-event and fixed work) + an equal share of its job's fixed cost "
+            f"(1/{est.share.job_views} of the job's views) and of its group's (1/{est.share.group_views})"
+        ),
         "basis": {
             "rate_per_s": rate,
             "entities": entities,
@@ -95,8 +132,16 @@ def describe_lines(view: CompiledView, result: CheckResult) -> list[str]:
         f"({basis['rate_per_s']:g} events/s x {est['us_per_event']:.2f} us/event"
         + (f" + {est['fixed_cores']:g} cores fixed" if est["fixed_cores"] else "")
         + ")",
-        f"        constants: {basis['constants']}",
     ]
+    if est["shared_cpu_hours_per_day"]:
+        lines.append(
+            f"        = {est['marginal_cpu_hours_per_day']:.2f} marginal"
+            f" + {est['shared_cpu_hours_per_day']:.2f} share of the job's {est['job_fixed_cores']:.3g} fixed"
+            f" cores (1/{est['job_views']} of the job's views, 1/{est['group_views']} of the group's);"
+            " alone in its job "
+            f"{rep['estimate_alone_cpu_hours_per_day']:.2f}"
+        )
+    lines.append(f"        constants: {basis['constants']}")
     if basis["command"]:
         lines.append(f"        measured by: {basis['command']}")
     if meas:

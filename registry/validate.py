@@ -20,7 +20,7 @@ from pathlib import Path
 
 from headwater.registry.budget import check_budget, check_declared_cost, check_footprints
 from headwater.registry.compiled import CheckResult, CompiledFeature, CompiledSource, CompiledView
-from headwater.registry.cost import estimate_view
+from headwater.registry.cost import estimate_view, job_share
 from headwater.registry.diagnostics import Diagnostic, Diagnostics, Severity
 from headwater.registry.durations import format_seconds
 from headwater.registry.load import LoadedRepo, Located, load_repo
@@ -138,7 +138,10 @@ def _check_view(
     _warn_cheaper_tier(view, compiled, tier, diags)
     entities = result.budget.entities.get(entity.name) if result.budget else None
     rekeyed = entity.join_key != source.spec.key
-    estimate = estimate_view(features, source.spec.expected_rate_per_s, tier, rekeyed, entities)
+    # the views of the repo sharing this view's job (tier, source) and group split its fixed cost
+    share = job_share(((v.spec.tier, v.spec.source, v.spec.entity) for v in repo.views), spec.tier,
+                      spec.source, spec.entity)  # fmt: skip
+    estimate = estimate_view(features, source.spec.expected_rate_per_s, tier, rekeyed, entities, share=share)
     check_declared_cost(view, estimate, diags)
     return replace(compiled, estimated_cost=estimate.cpu_hours_per_day)
 

@@ -15,7 +15,12 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     selectivity       the fraction of events a filtered aggregation updates (not known statically)
     rekey_us          CPU us per event when the view's join key is not the topic's key
     publish_us        CPU us per entity value written at a window boundary
-    fixed_cores       CPU cores the tier's job for the view burns whatever the rate (JVMs, polling)
+    fixed_cores       CPU cores one view (its operator) burns whatever the rate
+    job_fixed_cores   CPU cores one job (one per source and tier: JVM, source, checkpoints) burns
+                      whatever the rate and its views; shared by the job's views
+    job_event_us      CPU us per event the job reads once for all its views (Kafka, decode); shared
+    group_fixed_cores CPU cores one group (the views of a job keyed by one entity: one operator and
+                      keyed state) burns whatever the rate; shared by the group's views
     state_pane_bytes  state bytes of one (entity, slice) record besides its aggregations (key, header)
     state_slot_bytes  state bytes of one aggregation in one (entity, slice) record, by kind
     state_dedup_id_bytes state bytes per event id kept for de-duplication (nearline)
@@ -40,6 +45,9 @@ SCALARS = (
     "rekey_us",
     "publish_us",
     "fixed_cores",
+    "job_fixed_cores",
+    "job_event_us",
+    "group_fixed_cores",
     "state_pane_bytes",
     "state_dedup_id_bytes",
     "table_row_bytes",
@@ -55,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
     "rekey_us": 0.0,
     "publish_us": 0.0,
     "fixed_cores": 0.0,
+    "job_fixed_cores": 0.0,
+    "job_event_us": 0.0,
+    "group_fixed_cores": 0.0,
     "state_slot_bytes": {
         "count": 8.0,
         "sum": 8.0,

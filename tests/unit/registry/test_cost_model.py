@@ -14,8 +14,10 @@ from headwater.registry.compiled import CompiledFeature, Operand
 from headwater.registry.cost import (
     HEADER_BYTES,
     SECONDS_PER_DAY,
+    JobShare,
     estimate_footprint,
     estimate_view,
+    job_share,
     us_per_event,
     view_shape,
 )
@@ -182,3 +184,56 @@ def test_estimates_are_finite_non_negative_and_monotone_in_rate(
         assert fp.online_bytes >= 0
         if entities is not None:
             assert fp.entities <= entities
+
+
+JOB_CAL = parse_calibration(
+    "realtime",
+    {
+        "constants": {
+            "event_us": 2.0,
+            "agg_us": {"count": 1.0},
+            "fixed_cores": 0.01,
+            "job_fixed_cores": 0.2,
+            "job_event_us": 5.0,
+            "group_fixed_cores": 0.04,
+        },
+        "measured_at": "2026-12-01",
+    },
+    Path("registry/calibration/realtime.json"),
+)
+
+
+def test_job_share_counts_the_views_of_the_job_and_of_the_group() -> None:
+    views = [("realtime", "events", "user"), ("realtime", "events", "user"), ("realtime", "events", "item"),
+             ("realtime", "payments", "account"), ("nearline", "events", "user")]  # fmt: skip
+    assert job_share(views, "realtime", "events", "user") == JobShare(job_views=3, group_views=2)
+    assert job_share(views, "realtime", "events", "item") == JobShare(job_views=3, group_views=1)
+    assert job_share(views, "realtime", "payments", "account") == JobShare()
+    assert job_share([], "offline", "events", "user") == JobShare()
+
+
+def test_a_jobs_views_together_are_charged_the_job_once() -> None:
+    rate, tier = 1000.0, TIERS["realtime"]
+    f = (feature(window="5m", slide="1s"),)
+    alone = estimate_view(f, rate, tier, calibration=JOB_CAL)
+    job_cores = 0.2 + rate * 5.0 / 1e6
+    marginal = (rate * SECONDS_PER_DAY * 3.0) / 1e6 / 3600 + 0.01 * 24
+    assert alone.marginal_cpu_hours == pytest.approx(marginal)
+    assert alone.cpu_hours_per_day == pytest.approx(marginal + (job_cores + 0.04) * 24)
+    # three views of one source, two keyed by user (one group), one by item (another group)
+    shares = [JobShare(3, 2), JobShare(3, 2), JobShare(3, 1)]
+    total = sum(estimate_view(f, rate, tier, calibration=JOB_CAL, share=s).cpu_hours_per_day for s in shares)
+    assert total == pytest.approx(3 * marginal + (job_cores + 2 * 0.04) * 24)
+    shared = estimate_view(f, rate, tier, calibration=JOB_CAL, share=shares[0])
+    assert "1/3 of the job's" in shared.explain()
+    assert shared.as_dict()["job_views"] == 3
+
+
+def test_check_splits_the_job_among_the_views_of_a_source(repo: ScratchRepo) -> None:
+    repo.write("v1.yaml", MINIMAL_VIEW)
+    repo.write("v2.yaml", MINIMAL_VIEW.replace("feature_view: v1", "feature_view: v2"))
+    views = repo.check().views
+    assert len(views) == 2
+    for view in views:
+        expected = estimate_view(view.features, 2000, TIERS["realtime"], share=JobShare(2, 2))
+        assert view.estimated_cost == pytest.approx(expected.cpu_hours_per_day)
