@@ -214,7 +214,7 @@ def load_config(path: str | Path | None) -> ServingConfig:
         return ServingConfig.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
-            f"line {doc.line_of(tuple(err['loc']))}: {'.'.join(map(str, err['loc'])) or '<top>'}: {err['msg']}"
+            f"line {doc.line_of(tuple(err['loc']))}: {'.'.join(map(str, err['loc'])) or 'top'}: {err['msg']}"
             for err in exc.errors()
         )
         msg = f"serving config {file}: {problems}"
