@@ -195,7 +195,10 @@ def check_binding(metadata: Mapping[str, Any], registry: BoundRegistry) -> Bindi
     for side in ("user", "item"):
         trained = tuple(str(s) for s in metadata.get(f"{side}_features", ()))
         current = registry.side(side).slots
-        if trained == current:
+        pairs = registry.on_demand.names if side == "item" and registry.on_demand else ()
+        if pairs and set(pairs) & set(trained):  # a ranker trained on on-demand features: they follow
+            current = current + pairs  # the item slots, and the explicit columns tell fetch to add them
+        elif trained == current:
             columns.append(None)
             continue
         missing = [f for f in trained if f not in current]

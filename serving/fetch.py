@@ -244,9 +244,19 @@ class FeatureFetcher:
         self.cache = cache
         self._io = io
         self.user_columns, self.item_columns = columns
+        item_cols, on_demand = self.item_columns, registry.on_demand
+        self._pairs = None  # on-demand features, when the model's item columns reach past the stored slots
+        if on_demand is not None and item_cols is not None and len(item_cols):
+            self._pairs = on_demand if int(item_cols.max()) >= registry.item.dim else None
 
     async def fetch(self, user_id: str, candidates: Sequence[str], timeout_s: float) -> RequestFeatures:
-        """Read the request's vectors; raise :class:`FeatureReadError` when the store fails or is slow."""
+        """Read the request's vectors; raise :class:`FeatureReadError` when the store fails or is slow.
+
+        When the model reads on-demand features, they are computed here for every candidate from
+        the user's and the candidates' vectors and the request time (:mod:`.on_demand`), appended
+        after the stored item slots, then all columns are put in the model's order.
+        """
+        started_ms = now_ms()
         user_side, item_side = self.registry.user, self.registry.item
         version = self.registry.vectors_version
         look = self.cache.lookup(candidates, version)
@@ -275,6 +285,8 @@ class FeatureFetcher:
         }
         items, event_ms, found = self._items(candidates, look, miss_idx, miss_ids, rows[n_user:], version)
         user = user_matrix[0] if bool(user_found[0]) else None
+        if self._pairs is not None:  # per (user, candidate, request): never cached
+            items = np.hstack([items, self._pairs.compute(user_matrix[0], items, started_ms)])
         if user is not None and self.user_columns is not None:
             user = user[self.user_columns]
         if self.item_columns is not None:

@@ -28,6 +28,7 @@ from headwater.pipelines.store import ViewLayout
 from headwater.pipelines.windows import compile_view, empty_values, to_vectors, view_layout
 from headwater.registry.plans import PlanView, TierPlan, read_plan, short_version
 from headwater.registry.tiers import TIER_NAMES
+from headwater.serving.on_demand import OnDemandProgram, slot_index
 
 SIDES = {"user": "user_id", "item": "item_id"}
 """The two sides of a ranking pair and the join key a view of that side must have."""
@@ -80,6 +81,8 @@ class BoundRegistry:
     item: SideViews
     popularity: ViewLayout
     popularity_slot: int
+    on_demand: OnDemandProgram | None = None
+    """The registry's on-demand features (pair slots, after the item slots), when it has any."""
 
     def side(self, name: str) -> SideViews:
         """Return the ``user`` or ``item`` side."""
@@ -153,8 +156,15 @@ def bind_plans(plans: Sequence[TierPlan], popularity: str) -> BoundRegistry:
             f" known: {', '.join(known)}"
         )
         raise RegistryBindingError(msg)
+    on_demand = None
+    if plans[0].on_demand:
+        on_demand = OnDemandProgram.bind(
+            plans[0].on_demand,
+            slot_index([(lay.view, lay.features) for lay in user.layouts]),
+            slot_index([(lay.view, lay.features) for lay in item.layouts]),
+        )
     return BoundRegistry(
-        short_version(plans[0].registry_hash), user, item, layout, layout.features.index(slot)
+        short_version(plans[0].registry_hash), user, item, layout, layout.features.index(slot), on_demand
     )
 
 

@@ -242,7 +242,9 @@ def training_set(
         else:
             frame = read_labels(spark, Path(labels))
         ids = RedisDictionary(store.client, store.namespace).ids
-        result = build_training_set(spark, frame, views, root, out, plan.registry_hash, ids, bronze)
+        result = build_training_set(
+            spark, frame, views, root, out, plan.registry_hash, ids, bronze, plan.on_demand
+        )
     except (TrainingSetError, OfflineJobError, LabelsError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,

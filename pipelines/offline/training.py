@@ -12,7 +12,9 @@ at t.
 Output: the Parquet format ``headwater model train --training-set`` reads
 (:mod:`headwater.serving.trainset`): ``group``, ``user_id``, ``item_id``, ``event_time`` (ms),
 ``label``, then ``user.<slot>`` and ``item.<slot>`` float columns (the online vector slots of
-the user and item views), registry version in the file metadata.
+the user and item views), registry version in the file metadata. On-demand features (``tier:
+on_demand`` views) follow as ``pair.<feature>`` columns, computed from those slots and each label's
+time by the service's own evaluator (:class:`headwater.serving.on_demand.OnDemandProgram`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from headwater.pipelines.offline.lake import DAY_MS, FEATURE_TIME, feature_path,
 from headwater.pipelines.offline.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
 from headwater.pipelines.offline.vectors import IdLookup, pack
 from headwater.pipelines.windows import compile_view, slot_names
-from headwater.registry.plans import PlanView, short_version, view_versions
+from headwater.registry.plans import PlanOnDemandView, PlanView, short_version, view_versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -133,6 +135,7 @@ def build_training_set(
     registry_hash: str,
     ids: IdLookup,
     bronze: BronzeTables | None = None,
+    on_demand: Sequence[PlanOnDemandView] = (),
 ) -> TrainingSetResult:
     """Join ``labels`` to the user and item ``views`` as of each label's time; write Parquet to ``out``.
 
@@ -169,7 +172,7 @@ def build_training_set(
     columns: list[str] = []
     with staging_dir(lake / "_staging") as folder:
         for part in spark_batches(frame, folder):
-            table = _flatten(part, used, ids, registry_hash)
+            table = _flatten(part, used, ids, registry_hash, on_demand)
             if writer is None:
                 writer = pq.ParquetWriter(out, table.schema)
                 columns = table.column_names
@@ -183,8 +186,47 @@ def build_training_set(
     return TrainingSetResult(out, rows, positives, columns)
 
 
-def _flatten(part: pa.Table, views: Sequence[PlanView], ids: IdLookup, registry_hash: str) -> pa.Table:
-    """Label columns, then each view's online-vector slots as float32 ``user.<slot>``/``item.<slot>``."""
+def _on_demand_columns(
+    columns: dict[str, pa.Array], views: Sequence[PlanView], on_demand: Sequence[PlanOnDemandView]
+) -> dict[str, pa.Array]:
+    """Compute the ``pair.<feature>`` columns with the service's evaluator, at each label's time."""
+    from headwater.serving.on_demand import PAIR_PREFIX, OnDemandBindingError, OnDemandProgram
+
+    by_side: dict[str, list[tuple[str, tuple[str, ...]]]] = {"user": [], "item": []}
+    for view in views:
+        if view.join_key in ENTITY_PREFIX:
+            by_side[ENTITY_PREFIX[view.join_key]].append((view.name, slot_names(compile_view(view))))
+    ref = {
+        side: {f"{v}.{s}": f"{side}.{s}" for v, slots in pairs for s in slots}
+        for side, pairs in by_side.items()
+    }
+    try:
+        program = OnDemandProgram.bind(
+            on_demand, dict.fromkeys(ref["user"], 0), dict.fromkeys(ref["item"], 0)
+        )
+    except OnDemandBindingError as exc:
+        raise TrainingSetError(str(exc)) from exc
+    slots = {**ref["user"], **ref["item"]}
+    values = {
+        name: np.asarray(columns[slots[name]].to_numpy(zero_copy_only=False), dtype=np.float64)
+        for name in (*program.user_columns, *program.item_columns)
+    }
+    times = np.asarray(columns["event_time"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    computed = program.compute_columns(values, times, len(times))
+    return {PAIR_PREFIX + name: pa.array(v.astype(np.float32)) for name, v in computed.items()}
+
+
+def _flatten(
+    part: pa.Table,
+    views: Sequence[PlanView],
+    ids: IdLookup,
+    registry_hash: str,
+    on_demand: Sequence[PlanOnDemandView] = (),
+) -> pa.Table:
+    """Label columns, each view's online-vector slots as float32 ``user.<slot>``/``item.<slot>``.
+
+    Then the on-demand features, as ``pair.<feature>``.
+    """
     columns: dict[str, pa.Array] = {name: part.column(name) for name in LABEL_COLUMNS}
     for view in views:
         spec = compile_view(view)
@@ -199,6 +241,8 @@ def _flatten(part: pa.Table, views: Sequence[PlanView], ids: IdLookup, registry_
                 msg = f"feature slot {slot!r} of view {view.name} repeats another {prefix} view's slot"
                 raise TrainingSetError(msg)
             columns[name] = pa.array(matrix[:, j])
+    if on_demand:
+        columns.update(_on_demand_columns(columns, views, on_demand))
     table = pa.table(columns)
     return table.replace_schema_metadata(
         {
