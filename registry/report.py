@@ -32,8 +32,9 @@ def check_text(result: CheckResult) -> str:
     lines = [d.format() for d in result.diagnostics.sorted()]
     errors, warnings = len(result.diagnostics.errors), len(result.diagnostics.warnings)
     verdict = "FAILED" if errors else "OK"
+    checked = len(result.views) + len(result.on_demand)  # on-demand views too
     lines.append(
-        f"{verdict}: {result.view_files} view file(s), {len(result.views)} view(s) checked; "
+        f"{verdict}: {result.view_files} view file(s), {checked} view(s) checked; "
         f"{errors} error(s), {warnings} warning(s)"
     )
     for row in budget_rows(result):

@@ -23,7 +23,7 @@ def test_example_repo_passes_check(example: Path) -> None:
 def test_check_cli_on_example_exits_0(example: Path) -> None:
     outcome = CliRunner().invoke(check, [str(example)])
     assert outcome.exit_code == 0, outcome.output
-    assert "OK: 15 view file(s), 15 view(s) checked; 0 error(s), 0 warning(s)" in outcome.output
+    assert "OK: 16 view file(s), 16 view(s) checked; 0 error(s), 0 warning(s)" in outcome.output
 
 
 def test_features_list_and_describe(example: Path) -> None:
