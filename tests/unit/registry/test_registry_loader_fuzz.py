@@ -304,6 +304,29 @@ def test_random_shared_files_never_crash(
     assert code in (0, 1)
 
 
+BUDGET = yaml.safe_load((EXAMPLE / "budget.yaml").read_text(encoding="utf-8"))
+
+
+@FUZZ
+@given(data=st.data())
+def test_mutated_budget_never_crashes(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """The real budget.yaml with one value replaced: a tier CPU, a state or memory line, an entity count."""
+    budget = json.loads(json.dumps(BUDGET))
+    node = budget
+    while True:
+        key = data.draw(st.sampled_from(sorted(node)))
+        if not isinstance(node[key], dict) or data.draw(st.booleans()):
+            node[key] = data.draw(TREES)
+            break
+        node = node[key]
+    repo = ScratchRepo(tmp_path_factory.mktemp("budget") / "features", template=EXAMPLE)
+    repo.write("budget.yaml", yaml.safe_dump(budget, allow_unicode=True))
+    code, output = cli_check(repo.root)
+    assert code in (0, 1)
+    if code == 1:
+        assert "budget.yaml" in output
+
+
 # --- the `where` grammar ------------------------------------------------------------------------
 
 WHERE_TOKENS = st.sampled_from(
