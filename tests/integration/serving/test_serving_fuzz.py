@@ -26,7 +26,9 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance,
 from headwater.pipelines.store.testing import OwnRedis
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
+from headwater.serving.funnel.build import build_funnel
 from headwater.serving.registry import BoundRegistry, registry_from_repo
+from headwater.serving.retrieval import TowerOptions, save_towers, train_two_tower
 from headwater.serving.runtime import load_models
 from headwater.serving.store import OnlineStoreReader, now_ms
 from headwater.serving.synthetic import World, make_world, training_set, write_world
@@ -50,6 +52,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, world: World) -> Path:
     out = tmp_path_factory.mktemp("fuzz-models")
     ts = training_set(REGISTRY, world, slates=400, seed=5)
     train_and_save(ts, out, TrainOptions(epochs=1, linear_iterations=10, device="cpu"))
+    save_towers(out, train_two_tower(ts, TowerOptions(epochs=1, threads=1)), ts)  # /v1/recommend's retrieval
     return out
 
 
@@ -67,7 +70,10 @@ def live_schema(redis_url: str, world: World, model_dir: Path) -> Iterator[Any]:
     namespace = f"hwtest-fuzz-{uuid.uuid4().hex[:8]}"
     reader = OnlineStoreReader.from_url(redis_url, namespace=namespace, timeout_s=0.5)
     _seed(reader, world)
-    app = create_app(CONFIG, REGISTRY, reader, load_models(model_dir, REGISTRY, "cpu"))
+    loaded = load_models(model_dir, REGISTRY, "cpu")
+    funnel = build_funnel(CONFIG.funnel, REGISTRY, reader.store, model_dir, loaded)
+    assert funnel.retriever is not None
+    app = create_app(CONFIG, REGISTRY, reader, loaded, funnel=funnel)
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
     client = redis.Redis.from_url(redis_url)
     keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
@@ -86,12 +92,17 @@ def stopped_redis_schema(
     reader = OnlineStoreReader.from_url(own.url, timeout_s=0.2)
     _seed(reader, world)
     own.stop()  # the service starts and serves with its store gone
-    app = create_app(CONFIG, REGISTRY, reader, load_models(model_dir, REGISTRY, "cpu"))
+    loaded = load_models(model_dir, REGISTRY, "cpu")
+    funnel = build_funnel(CONFIG.funnel, REGISTRY, reader.store, model_dir, loaded)  # no index: store down
+    app = create_app(CONFIG, REGISTRY, reader, loaded, funnel=funnel)
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
     reader.close()
 
 
-OPERATIONS = [("POST", "/v1/rank"), ("POST", "/v1/feedback"), ("GET", "/health"), ("GET", "/metrics")]
+OPERATIONS = [
+    ("POST", "/v1/rank"), ("POST", "/v1/recommend"), ("POST", "/v1/feedback"), ("GET", "/health"),
+    ("GET", "/metrics"),
+]  # fmt: skip
 
 
 def fuzz(schema: Any, method: str, path: str) -> list[Any]:
@@ -136,6 +147,9 @@ def test_api_with_redis_stopped_never_answers_5xx(stopped_redis_schema: Any, met
     if path == "/v1/rank":
         assert served
         assert {answer["fallback"] for answer in served} == {"editorial"}
+    if path == "/v1/recommend":
+        assert served
+        assert {answer["stages"][0]["fallback"] for answer in served} == {"editorial"}  # no store, no index
 
 
 @st.composite
@@ -184,3 +198,43 @@ def test_rank_over_seeded_and_junk_ids_never_answers_5xx(live_schema: Any, world
         run()
     # Requests reached the model as well as the fallbacks (a seeded user with seeded items).
     assert None in {fallback for _, fallback in answers}
+
+
+@st.composite
+def recommend_bodies(draw: st.DrawFn, world: World) -> dict[str, Any]:
+    """Recommendation requests for seeded, junk-valued and unknown users, any k and deadline."""
+    user = draw(
+        st.one_of(
+            st.sampled_from(world.user_ids),
+            st.sampled_from(["string", "0", "a"]),
+            st.text(min_size=1, max_size=8),
+        )
+    )
+    body: dict[str, Any] = {"user_id": user, "k": draw(st.integers(1, 200))}
+    if draw(st.booleans()):
+        body["deadline_ms"] = draw(st.floats(0.001, 2000.0))
+    body["priority"] = draw(st.sampled_from(["high", "normal", "low"]))
+    body["log_impressions"] = draw(st.booleans())
+    return body
+
+
+def test_recommend_over_seeded_and_junk_users_never_answers_5xx(live_schema: Any, world: World) -> None:
+    app = live_schema.app
+    retrieved: list[str | None] = []
+    with TestClient(app) as client:
+
+        @FUZZ
+        @given(body=recommend_bodies(world))
+        def run(body: dict[str, Any]) -> None:
+            response = client.post("/v1/recommend", json=body)
+            assert response.status_code == 200, response.text
+            answer = response.json()
+            items = [i["item_id"] for i in answer["items"]]
+            assert len(items) <= body["k"]
+            assert len(set(items)) == len(items)
+            assert [s["stage"] for s in answer["stages"]] == ["retrieve", "seen", "rank", "rerank", "rules"]
+            retrieved.append(answer["stages"][0]["fallback"])
+
+        run()
+    # Seeded users went through retrieval; junk and unknown ones fell back.
+    assert None in retrieved
