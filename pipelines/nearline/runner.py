@@ -527,11 +527,15 @@ class NearlineWorker:
         self.last_checkpoint = time.monotonic()
         self.write_stats()
 
-    def write_stats(self) -> None:
-        """Write counters and state sizes to ``stats_path`` (JSON) when configured."""
+    def write_stats(self, live: bool = False) -> None:
+        """Write counters and state sizes to ``stats_path`` (JSON) when configured.
+
+        ``live``: also the live bytes of each store by view (one scan of the store: done at close,
+        not at every checkpoint), ``live_bytes`` in the file, what ``bench_calibrate.py`` measures.
+        """
         if self.config.stats_path is None:
             return
-        data = {
+        data: dict[str, Any] = {
             "counters": {**self.counters, "cpu_s": time.process_time()},
             "tasks": [t.stats() for t in self.tasks.values()],
             "state_bytes": {
@@ -539,6 +543,10 @@ class NearlineWorker:
             },
             "freshness_ms": self.freshness_ms[-20_000:],
         }
+        if live:
+            data["live_bytes"] = {
+                f"{tp.topic}:{tp.partition}": t.store.live_bytes() for tp, t in self.tasks.items()
+            }
         tmp = self.config.stats_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         tmp.replace(self.config.stats_path)
@@ -546,7 +554,7 @@ class NearlineWorker:
     def close(self) -> None:
         """Write stats, close stores, the consumer (leaving the group), the producer and Redis."""
         with contextlib.suppress(OSError):
-            self.write_stats()
+            self.write_stats(live=True)
         self.close_tasks(list({*self.tasks, *self.txn}))
         self.consumer.close(autocommit=False)
         self.producer.close(timeout=10)

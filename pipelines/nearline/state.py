@@ -158,6 +158,30 @@ class PartitionStore:
         """Return the bytes on disk of the store folder (db and checkpoint)."""
         return sum(p.stat().st_size for p in self.dir.rglob("*") if p.is_file())
 
+    def live_bytes(self) -> dict[str, int]:
+        """Return the bytes of the live keys and values (one scan), by kind.
+
+        ``panes:<view>``: per view, its pane records; ``dedup``: event ids; ``other``: meta, outbox,
+        changelog position.
+
+        What the state holds, unlike :meth:`size_bytes` (files on disk: write-ahead log, memtables
+        not yet flushed, SST files not yet compacted, the checkpoint's hard links), which moves by
+        megabytes with RocksDB's timing whatever the data.
+        """
+        out: dict[str, int] = {}
+        for raw_key, value in self.db.items():
+            key = cast(bytes, raw_key)
+            size = len(key) + len(cast(bytes, value))
+            kind = key[:1]
+            if kind == b"p":
+                name = "panes:" + key.split(SEP.encode(), 2)[1].decode()
+            elif kind == b"d":
+                name = "dedup"
+            else:
+                name = "other"
+            out[name] = out.get(name, 0) + size
+        return out
+
     def close(self) -> None:
         """Close the store (releases the RocksDB lock for the next owner)."""
         self.db.close()
