@@ -124,7 +124,9 @@ def _error(
             line=view.line_of(*key),
             view=view.spec.feature_view,
             feature=feature,
-            **extra,
+            expected=extra.get("expected"),
+            found=extra.get("found"),
+            hint=extra.get("hint"),
         )
     )
 
@@ -195,8 +197,8 @@ def _check_features(
         own = {r.name for r in refs_of(ast) if not r.name.startswith(REQUEST + ".") and r.name not in stored}
         reads[where] = own
         _, type_errors = check_value(ast, lambda ref: _type_of(ref, stored))
-        for exc in problems + type_errors:
-            _expr_error(view, key, feature.name, feature.expression, exc, diags)
+        for problem in problems + type_errors:
+            _expr_error(view, key, feature.name, feature.expression, problem, diags)
         failed = failed or bool(problems or type_errors)
         line = view.line_of("features", index, "name")
         out.append(CompiledOnDemandFeature(feature.name, feature.expression, ast, feature.description, line))
@@ -287,7 +289,9 @@ def _ordered(
 
     for node in sorted(reads):
         visit(node, [])
-    by_view = {v.spec.feature_view: v for v in loaded}
+    by_view: dict[str, OnDemandLoc] = {}
+    for v in loaded:  # the first of two views with one name is the one checked
+        by_view.setdefault(v.spec.feature_view, v)
     for node in sorted(cyclic):
         view_name, feature = node.split(".", 1)
         view = by_view[view_name]

@@ -69,7 +69,8 @@ class OnDemandProgram:
         """
         steps = {f"{v.name}.{f.name}": _Step(f"{v.name}.{f.name}", f.name, from_json(f.ast))
                  for v in views for f in v.features}  # fmt: skip
-        user, item = {}, {}
+        user: dict[str, int] = {}
+        item: dict[str, int] = {}
         for step in steps.values():
             for ref in refs_of(step.ast):
                 if ref.view == REQUEST or ref.name in steps:
