@@ -231,8 +231,15 @@ class Env:
         }
 
     def start(
-        self, idle_exit_s: float = 6.0, max_poll: int = 2000, processes: int = 1, *extra: str
+        self,
+        idle_exit_s: float = 6.0,
+        max_poll: int = 2000,
+        processes: int = 1,
+        *extra: str,
+        store_dir: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start a worker process (``store_dir``: its own state folder, like another host; ``env``: added)."""
         cmd = [
             sys.executable,
             "-m",
@@ -240,7 +247,7 @@ class Env:
             "--state-dir",
             str(self.tmp),
             "--store-dir",
-            str(self.store_dir),
+            str(store_dir or self.store_dir),
             "--group",
             self.group,
             "--namespace",
@@ -256,7 +263,7 @@ class Env:
             *extra,
         ]
         log = open(self.tmp / f"worker-{uuid.uuid4().hex[:6]}.log", "wb")  # noqa: SIM115
-        return subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, env={**self.env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
 
     def committed(self, topic: str | None = None) -> int:
         """Offsets the group committed on ``topic`` (default: the behaviour source's topic)."""
