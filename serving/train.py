@@ -4,9 +4,15 @@ Steps of :func:`train_and_save`:
 
 1. Split the training set by time: the latest ``holdout`` share of slates is the holdout.
 2. Fit input means and scales on the training rows (both models share them).
-3. Train the DCN ranker (Adam, binary cross-entropy) on CUDA when present, else the CPU.
+3. Train the DCN ranker (Adam) on CUDA when present, else the CPU. Its loss is ``opts.loss``:
+   ``pointwise`` (binary cross-entropy per row), ``listwise`` (softmax cross-entropy within each
+   slate, :func:`slate_softmax_loss`: the order within a slate is what NDCG judges) or ``mixed``
+   (``listwise_weight`` x listwise + the rest x pointwise, the default: the pointwise part keeps
+   scores calibrated across slates for AUC, the listwise part orders each slate).
 4. Fit the logistic-regression fallback on the same inputs (full-batch L-BFGS, to convergence).
-5. Score the holdout with both and with the popularity baseline: AUC and NDCG@10.
+5. Score the holdout with both, with the popularity baseline and with each input feature alone
+   (``best_feature``: the one with the best NDCG@10); when the training set carries an ``oracle``
+   column (the synthetic generator's true click probability), the oracle too: the ceiling.
 6. Save ``linear-<version>.pt``, then ``dcn-<version>.pt`` naming it, the metrics JSON and
    ``latest.json`` (written last, so a reader never sees a pointer to a missing file).
 """
@@ -29,7 +35,7 @@ import torch
 from torch import nn
 
 from headwater.serving.artifact import LATEST, Artifact, save_artifact
-from headwater.serving.evaluation import auc, ndcg_at_k, popularity_scores
+from headwater.serving.evaluation import auc, feature_scores, ndcg_at_k, popularity_scores
 from headwater.serving.model import DCNRanker, linear_logits, pick_device
 from headwater.serving.trainset import TrainingSet
 
@@ -51,6 +57,22 @@ class TrainOptions:
     linear_l2: float = 1e-4
     """L2 penalty on the linear fallback's weights (per-row mean loss + this x sum of squares)."""
     device: str | None = None
+    loss: str = "mixed"
+    """``pointwise``, ``listwise`` or ``mixed`` (see the module docstring)."""
+    listwise_weight: float = 0.5
+    """Share of the listwise term in the ``mixed`` loss."""
+
+    def __post_init__(self) -> None:
+        """Reject an unknown loss or a weight outside [0, 1], naming the option."""
+        if self.loss not in LOSSES:
+            msg = f"TrainOptions.loss: expected one of {LOSSES}, found {self.loss!r}"
+            raise ValueError(msg)
+        if not 0.0 <= self.listwise_weight <= 1.0:
+            msg = f"TrainOptions.listwise_weight: expected a value in [0, 1], found {self.listwise_weight}"
+            raise ValueError(msg)
+
+
+LOSSES = ("pointwise", "listwise", "mixed")
 
 
 @dataclass
@@ -89,8 +111,56 @@ def _batches(n: int, size: int, rng: np.random.Generator) -> list[npt.NDArray[np
     return [perm[i : i + size] for i in range(0, n, size)]
 
 
+def _slate_batches(
+    slate: npt.NDArray[np.intp], size: int, rng: np.random.Generator
+) -> list[npt.NDArray[np.intp]]:
+    """Row batches of about ``size`` rows made of whole slates (``slate``: dense slate index per row)."""
+    order = np.argsort(slate, kind="stable")
+    starts = np.searchsorted(slate[order], np.arange(int(slate.max()) + 1))
+    ends = np.append(starts[1:], len(order))
+    batches: list[npt.NDArray[np.intp]] = []
+    current: list[npt.NDArray[np.intp]] = []
+    rows = 0
+    for g in rng.permutation(len(starts)):
+        current.append(order[starts[g] : ends[g]])
+        rows += ends[g] - starts[g]
+        if rows >= size:
+            batches.append(np.concatenate(current))
+            current, rows = [], 0
+    if current:
+        batches.append(np.concatenate(current))
+    return batches
+
+
+def slate_softmax_loss(logits: torch.Tensor, labels: torch.Tensor, slate: torch.Tensor) -> torch.Tensor:
+    """Listwise loss: softmax cross-entropy within each slate, averaged over the slates with a click.
+
+    Per slate: the cross-entropy between the softmax of its ``logits`` and its clicks as a
+    distribution (``labels / sum(labels)`` within the slate).
+
+    ``slate`` is a dense index (0..S-1) per row. For a slate of scores (1, 0, 0) and clicks (1, 0, 0)
+    the loss is ``-log(e / (e + 2)) = 0.5514``. Slates without a click carry no order to learn and
+    contribute nothing; a batch without any click gives 0 (still differentiable).
+    """
+    n = int(slate.max()) + 1 if len(slate) else 0
+    top = torch.full((n,), -torch.inf, device=logits.device, dtype=logits.dtype)
+    top = top.scatter_reduce(0, slate, logits.detach(), reduce="amax")
+    shifted = logits - top[slate]
+    log_norm = (
+        torch.zeros(n, device=logits.device, dtype=logits.dtype).index_add(0, slate, shifted.exp()).log()
+    )
+    log_p = shifted - log_norm[slate]
+    clicks = torch.zeros(n, device=logits.device, dtype=logits.dtype).index_add(0, slate, labels)
+    has = clicks > 0
+    target = labels / clicks[slate].clamp(min=1e-12)
+    per_slate = -torch.zeros(n, device=logits.device, dtype=logits.dtype).index_add(0, slate, target * log_p)
+    if not bool(has.any()):
+        return logits.sum() * 0.0
+    return per_slate[has].mean()
+
+
 def train_dcn(train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[Any, ...]) -> DCNRanker:
-    """Fit the DCN ranker on ``train``."""
+    """Fit the DCN ranker on ``train`` with ``opts.loss`` (batches of whole slates unless pointwise)."""
     torch.manual_seed(opts.seed)
     model = DCNRanker(
         len(train.user_features), len(train.item_features), opts.embed_dim, opts.cross_layers, opts.deep
@@ -102,11 +172,22 @@ def train_dcn(train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[A
     optimizer = torch.optim.Adam(model.parameters(), lr=opts.learning_rate)
     loss_fn = nn.BCEWithLogitsLoss()
     rng = np.random.default_rng(opts.seed)
+    weight = {"pointwise": 0.0, "listwise": 1.0, "mixed": opts.listwise_weight}[opts.loss]
+    _, slate = np.unique(train.group, return_inverse=True)
     for _ in range(opts.epochs):
-        for rows in _batches(len(train), opts.batch_size, rng):
+        batches = (
+            _batches(len(train), opts.batch_size, rng)
+            if weight == 0.0
+            else _slate_batches(slate, opts.batch_size, rng)
+        )
+        for rows in batches:
             idx = torch.from_numpy(rows).to(device)
             logits = model(users[idx], items[idx], torch.arange(len(rows), device=device))
-            loss = loss_fn(logits, labels[idx])
+            loss = (1.0 - weight) * loss_fn(logits, labels[idx]) if weight < 1.0 else logits.sum() * 0.0
+            if weight > 0.0:
+                _, dense = np.unique(slate[rows], return_inverse=True)
+                local = torch.from_numpy(dense.astype(np.int64)).to(device)
+                loss = loss + weight * slate_softmax_loss(logits, labels[idx], local)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -172,6 +253,33 @@ def _score_dcn(model: DCNRanker, ts: TrainingSet) -> npt.NDArray[np.float32]:
     return scores
 
 
+def holdout_metrics(
+    train: TrainingSet, test: TrainingSet, models: dict[str, npt.NDArray[np.floating[Any]]]
+) -> dict[str, Any]:
+    """Return AUC and NDCG@10 on ``test`` of each of ``models``' scores and of the baselines.
+
+    Baselines: popularity, the best single input feature (``best_feature``, with its ``name``;
+    chosen by holdout NDCG@10, so an upper bound for the feature baselines) and, when ``test``
+    carries them, the oracle columns (``coverage``: the share of holdout rows they score; the
+    metrics are over those rows).
+    """
+    out: dict[str, Any] = {name: _metrics(test, scores) for name, scores in models.items()}
+    out["popularity"] = _metrics(test, popularity_scores(train.item_ids, train.label, test.item_ids))
+    names = [f"user.{f}" for f in train.user_features] + [f"item.{f}" for f in train.item_features]
+    single = feature_scores(
+        np.hstack([train.user, train.item]), train.label, np.hstack([test.user, test.item])
+    )
+    per_feature = {name: _metrics(test, single[:, j]) for j, name in enumerate(names)}
+    best = max(per_feature, key=lambda n: (np.nan_to_num(per_feature[n]["ndcg@10"], nan=-1.0), n))
+    out["best_feature"] = {**per_feature[best], "name": best}
+    for name, values in test.oracle.items():
+        known = np.isfinite(values)
+        if known.any():
+            rows = np.flatnonzero(known)
+            out[name] = {**_metrics(test.take(rows), values[rows]), "coverage": round(float(known.mean()), 4)}
+    return out
+
+
 def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainReport:
     """Run the six steps of the module docstring; returns the artifacts and the metrics."""
     started = time.perf_counter()
@@ -186,18 +294,21 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     dcn = train_dcn(train, opts, device, norm)
     linear_state = train_linear(train, opts, norm)
     # Step 5
-    holdout = {
-        "dcn": _metrics(test, _score_dcn(dcn, test)),
-        "linear": _metrics(test, linear_logits(linear_state, *_standardized(test, norm)).detach().numpy()),
-        "popularity": _metrics(test, popularity_scores(train.item_ids, train.label, test.item_ids)),
-    }
+    linear_scores = linear_logits(linear_state, *_standardized(test, norm)).detach().numpy()
+    holdout = holdout_metrics(train, test, {"dcn": _score_dcn(dcn, test), "linear": linear_scores})
     # Step 6
     base = {
         "registry_version": ts.registry_version,
         "view_versions": dict(ts.view_versions),
         "user_features": list(ts.user_features),
         "item_features": list(ts.item_features),
-        "training": {"rows": len(train), "holdout_rows": len(test), "seed": opts.seed, "holdout": holdout},
+        "training": {
+            "rows": len(train),
+            "holdout_rows": len(test),
+            "seed": opts.seed,
+            "loss": opts.loss,
+            "holdout": holdout,
+        },
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     linear = save_artifact(out_dir, {**base, "kind": "linear"}, linear_state)

@@ -7,7 +7,10 @@ Rows of one slate (one page of a session) share a ``group``, the unit of NDCG.
 The on-disk format (``--training-set``) is Parquet: ``group``, ``user_id``, ``item_id``,
 ``event_time`` (ms), ``label``, then ``user.<slot>`` and ``item.<slot>`` float columns; the
 registry version and the view versions are the file's metadata
-(:mod:`headwater.pipelines.offline.trainset_format`).
+(:mod:`headwater.pipelines.offline.trainset_format`). An optional ``oracle`` column (and
+``oracle_relevance``) holds a score known from outside the features, e.g. the synthetic generator's
+true click probability (``EventGenerator(record_truth=True)``, NaN where unknown): evaluation then
+reports it as the ceiling on the same holdout.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.pipelines.offline.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
+
+ORACLE_COLUMNS = ("oracle", "oracle_relevance")
+"""Optional columns of scores known from outside the features (see the module docstring)."""
 
 
 class TrainingFileError(ValueError):
@@ -43,6 +49,9 @@ class TrainingSet:
     item_ids: npt.NDArray[np.str_]
     view_versions: Mapping[str, str] = field(default_factory=dict)
     """``{view: version}`` of the views the slots come from (empty for a set that did not record them)."""
+    oracle: Mapping[str, npt.NDArray[np.float64]] = field(default_factory=dict)
+    """Row-aligned scores known from outside the features (``{"oracle": ..., "oracle_relevance": ...}``;
+    NaN where unknown); empty for a set without them."""
     pair: Mapping[str, npt.NDArray[np.float32]] = field(default_factory=dict)
     """On-demand features ``{name: values}`` (Parquet ``pair.<name>``), computed per (user, item,
     label time) by :mod:`headwater.serving.on_demand`; :meth:`for_ranker` makes them item inputs."""
@@ -64,6 +73,7 @@ class TrainingSet:
             self.user_ids[rows],
             self.item_ids[rows],
             self.view_versions,
+            {name: values[rows] for name, values in self.oracle.items()},
             {name: values[rows] for name, values in self.pair.items()},
         )
 
@@ -97,6 +107,7 @@ def write_parquet(ts: TrainingSet, path: Path) -> None:
     columns.update({f"user.{f}": ts.user[:, j] for j, f in enumerate(ts.user_features)})
     columns.update({f"item.{f}": ts.item[:, j] for j, f in enumerate(ts.item_features)})
     columns.update({f"pair.{f}": values for f, values in ts.pair.items()})
+    columns.update(ts.oracle)
     meta = {
         VERSION_KEY: ts.registry_version.encode(),
         VIEW_VERSIONS_KEY: json.dumps(dict(ts.view_versions), sort_keys=True).encode(),
@@ -145,6 +156,11 @@ def read_parquet(path: Path) -> TrainingSet:
         np.asarray(table.column("user_id").to_pylist()),
         np.asarray(table.column("item_id").to_pylist()),
         _view_versions(path, meta.get(VIEW_VERSIONS_KEY)),
+        {
+            c: table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+            for c in ORACLE_COLUMNS
+            if c in names
+        },
         pair={c[5:]: table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in pair_cols},
     )
 

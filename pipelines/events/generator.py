@@ -13,6 +13,11 @@ malformed (bytes that do not decode, or an event that breaks a source rule), a d
 repeated with the same ``event_id``), late (event time minutes behind the clock) or out of
 order (event time a few seconds behind the clock).
 
+The generator knows each impression's true click probability. With ``record_truth=True`` it keeps
+one :class:`TruthRow` per emitted impression in :attr:`EventGenerator.truth` (a side channel: the
+events, and every random draw, are the same with or without it), so an evaluator can score a
+holdout with the oracle: the ceiling of any ranker trained on the stream.
+
 For a given :class:`GeneratorConfig` the stream is the same on every run. The catalog and the
 users depend only on ``seed``; the ids of events and sessions also depend on ``start_ms``, so
 two live runs started at different times never repeat an ``event_id``.
@@ -159,6 +164,26 @@ class Emission:
     malformed: MalformedPayload | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TruthRow:
+    """What the generator knew about one emitted impression (``EventGenerator(record_truth=True)``).
+
+    ``(user_id, item_id, event_time)`` is the key a training-set row carries; ``p_click`` is the
+    probability the click model drew the click with (position bias included), ``relevance`` the
+    same without the position factor (``affinity_factor x quality``): the part a ranker that does
+    not see the position can learn.
+    """
+
+    event_id: str
+    user_id: str
+    item_id: str
+    session_id: str
+    position: int
+    event_time: int
+    p_click: float
+    relevance: float
+
+
 class _Session:
     __slots__ = ("device", "pages_left", "pending", "session_id", "user")
 
@@ -173,9 +198,21 @@ class _Session:
 class EventGenerator(Iterator[Emission]):
     """An endless iterator of :class:`Emission`, deterministic for its config."""
 
-    def __init__(self, config: GeneratorConfig | None = None, codec: EventCodec | None = None) -> None:
-        """Build the world from ``config.seed`` and start the clock at ``config.start_ms``."""
+    def __init__(
+        self,
+        config: GeneratorConfig | None = None,
+        codec: EventCodec | None = None,
+        *,
+        record_truth: bool = False,
+    ) -> None:
+        """Build the world from ``config.seed`` and start the clock at ``config.start_ms``.
+
+        ``record_truth`` keeps a :class:`TruthRow` per emitted impression in :attr:`truth`.
+        """
         self.config = cfg = config if config is not None else GeneratorConfig()
+        self.truth: list[TruthRow] | None = [] if record_truth else None
+        self._truth_pending: dict[int, tuple[float, float]] = {}
+        """(p_click, relevance) of queued impressions, by ``id()`` of their event dict (alive when queued)."""
         self.codec = codec if codec is not None else EventCodec()
         world_rng = random.Random(cfg.seed)
         self.catalog = build_catalog(world_rng, cfg.items, cfg.categories, cfg.zipf_s)
@@ -198,15 +235,20 @@ class EventGenerator(Iterator[Emission]):
         if draw < cfg.malformed_share + cfg.duplicate_share and self._recent:
             return Emission(now, self._recent[rng.randrange(len(self._recent))].copy(), duplicate=True)
         event = self._next_event(now)
+        truth = self._truth_pending.pop(id(event), None) if self._truth_pending else None
         self._recent.append(event)
         draw = rng.random()
         if draw < cfg.late_share:
             event["event_time"] = now - rng.randint(cfg.late_min_ms, cfg.late_max_ms)
-            return Emission(now, event, late=True)
-        if draw < cfg.late_share + cfg.out_of_order_share:
+            emission = Emission(now, event, late=True)
+        elif draw < cfg.late_share + cfg.out_of_order_share:
             event["event_time"] = now - rng.randint(1, cfg.out_of_order_max_ms)
-            return Emission(now, event, out_of_order=True)
-        return Emission(now, event)
+            emission = Emission(now, event, out_of_order=True)
+        else:
+            emission = Emission(now, event)
+        if truth is not None and self.truth is not None:
+            self.truth.append(_truth_row(event, *truth))
+        return emission
 
     def take(self, n: int) -> list[Emission]:
         """Return the next ``n`` emissions."""
@@ -232,9 +274,9 @@ class EventGenerator(Iterator[Emission]):
             self._add_page(session)
             pending = session.pending
             for _ in range(rng.randrange(len(pending))):
-                pending.popleft()
+                self._truth_pending.pop(id(pending.popleft()), None)
             while pending and pending[0]["event_type"] in ("search", "impression"):
-                pending.popleft()
+                self._truth_pending.pop(id(pending.popleft()), None)
             self._sessions.append(session)
 
     def _sessions_for(self, rate: float) -> int:
@@ -306,14 +348,17 @@ class EventGenerator(Iterator[Emission]):
             session.pending.append(self._template(session, "search", None, query=query_for(rng, searched)))
             session.pending[-1]["category"] = names[searched]
         slate = build_slate(rng, catalog, users, user, cfg.slate_size, searched)
+        shown = []
         for position, item in enumerate(slate, start=1):
             session.pending.append(self._template(session, "impression", item, position=position))
+            shown.append(session.pending[-1])
         for position, item in enumerate(slate, start=1):
             factor = affinity_factor(users.affinity(user, catalog.category[item]))
-            p_click = (
-                cfg.base_ctr * position_bias(position, cfg.position_decay) * factor * catalog.quality[item]
-            )
-            if rng.random() < min(0.95, p_click):
+            relevance = factor * catalog.quality[item]
+            p_click = min(0.95, cfg.base_ctr * position_bias(position, cfg.position_decay) * relevance)
+            if self.truth is not None:
+                self._truth_pending[id(shown[position - 1])] = (p_click, relevance)
+            if rng.random() < p_click:
                 self._queue_click(session, item, position, factor)
 
     def _queue_click(self, session: _Session, item: int, position: int, factor: float) -> None:
@@ -378,6 +423,19 @@ class EventGenerator(Iterator[Emission]):
                 return MalformedPayload(value, headers, kind, result.reason)
             value = rng.randbytes(rng.randint(1, 48))
         return MalformedPayload(b"", headers, kind, Reason.EMPTY_PAYLOAD)
+
+
+def _truth_row(event: BehaviorEvent, p_click: float, relevance: float) -> TruthRow:
+    return TruthRow(
+        event_id=event["event_id"],
+        user_id=event["user_id"],
+        item_id=event["item_id"] or "",
+        session_id=event["session_id"],
+        position=event["position"] or 0,
+        event_time=event["event_time"],
+        p_click=p_click,
+        relevance=relevance,
+    )
 
 
 def _break_a_field(rng: random.Random, event: BehaviorEvent) -> None:
