@@ -30,6 +30,7 @@ from headwater.registry.plan import (
 from headwater.registry.plans import plan_views, registry_hash
 from headwater.registry.report import check_json, check_text
 from headwater.registry.validate import check_repo
+from headwater.registry.validate_on_demand import plan_lines
 
 _repo_arg = click.argument("repo", type=click.Path(path_type=Path), default=None, required=False)
 _format_opt = click.option(
@@ -102,10 +103,13 @@ def plan(repo: Path | None, state_dir: Path | None, fmt: str) -> None:
             "registry_hash": new_hash,
             "changes": [c.to_json() for c in changes],
             "sources": sources,
+            "on_demand": [line.strip() for line in plan_lines(result, state)[1:]],
         }
         click.echo(json.dumps(payload, indent=2))
     else:
         click.echo(format_plan(changes, applied["registry_hash"], new_hash, sources))
+        for line in plan_lines(result, state):  # request-time views: no tier runs them
+            click.echo(line)
 
 
 @click.command()

@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 
-from headwater.registry.compiled import CompiledOnDemandFeature, CompiledOnDemandView, CompiledView
+from headwater.registry.compiled import (
+    CheckResult,
+    CompiledOnDemandFeature,
+    CompiledOnDemandView,
+    CompiledView,
+)
 from headwater.registry.diagnostics import Diagnostic, Diagnostics
 from headwater.registry.expr import ExprError
 from headwater.registry.expr_value import (
@@ -312,3 +318,30 @@ def _ordered(
     rank = {node: i for i, node in enumerate(order)}
     views = list(compiled.values())
     return sorted(views, key=lambda v: (max(rank.get(f"{v.name}.{f.name}", 0) for f in v.features), v.name))
+
+
+def plan_lines(result: CheckResult, state_dir: Path) -> list[str]:
+    """Lines ``headwater plan`` prints for on-demand views, against the applied plan's.
+
+    ``+`` new, ``!`` expressions changed (retrain the ranker), ``=`` unchanged, ``-`` removed.
+    They run in the service, so no line carries a tier cost.
+    """
+    from headwater.registry.plans import plan_on_demand, read_plan
+
+    try:
+        applied = {v.name: v.version for v in read_plan(state_dir, "offline").on_demand}
+    except (FileNotFoundError, ValueError):
+        applied = {}
+    lines = []
+    current = {v.name: plan_on_demand(v) for v in result.on_demand}
+    for name in sorted(set(applied) | set(current)):
+        view = current.get(name)
+        if view is None:
+            lines.append(f"  - {name} [on_demand]: removed; models trained on its features need retraining")
+            continue
+        mark = "+" if name not in applied else ("=" if applied[name] == view.version else "!")
+        lines.append(
+            f"  {mark} {name} [on_demand] {view.version}: {len(view.features)} feature(s), {view.ops}"
+            " vector ops per request in the service, 0 CPU-h/day on every tier"
+        )
+    return (["On-demand views (computed per request by the ranking service):", *lines]) if lines else []

@@ -358,3 +358,22 @@ def test_random_on_demand_files_end_in_diagnostics(scratch: ScratchRepo, doc: di
         raise outcome.exception
     assert outcome.exit_code in (0, 1)
     assert "Traceback" not in outcome.output
+
+
+def test_plan_lists_on_demand_views_against_the_applied_ones(repo: ScratchRepo, tmp_path: Path) -> None:
+    from headwater.registry.commands import apply, plan
+
+    state = tmp_path / "state"
+    repo.write("pair_features.yaml", GOOD)
+
+    def plan_text() -> str:
+        outcome = CliRunner().invoke(plan, [str(repo.root), "--state-dir", str(state)])
+        assert outcome.exit_code == 0, outcome.output
+        return outcome.output
+
+    assert "  + pair_features [on_demand] v" in plan_text()
+    applied = CliRunner().invoke(apply, [str(repo.root), "--state-dir", str(state), "--no-feast"])
+    assert applied.exit_code == 0, applied.output
+    assert "  = pair_features [on_demand]" in plan_text()
+    repo.write("pair_features.yaml", GOOD.replace("* 2 +", "* 3 +"))
+    assert "  ! pair_features [on_demand]" in plan_text()
