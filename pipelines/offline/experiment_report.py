@@ -1,4 +1,4 @@
-"""``headwater experiment report``: each arm's CTR with a 95% Wilson interval, and the split's SRM test.
+"""``headwater experiment report``: each arm's CTR with a 95% interval over users, and the split's SRM test.
 
 Steps:
 
@@ -6,14 +6,19 @@ Steps:
    ``<experiment>/<arm>`` (the label the service writes on impressions and feedback), within
    ``--from``/``--to`` (UTC days of the event time), one row per ``event_id`` (a redelivery
    counts once).
-2. Per arm: users with an impression (the unit the service assigns), impressions, clicks.
-3. CTR = clicks / impressions, with the Wilson score interval (impressions of one user are not
-   independent, so the interval is a lower bound on the uncertainty when users see many items).
+2. Per arm and user: impressions and clicks; per arm: users with an impression (the unit the
+   service assigns), the sums, and the moments the interval needs.
+3. CTR = clicks / impressions, with the delta method's interval, the user as the unit
+   (:func:`~headwater.pipelines.offline.experiment_stats.ratio_interval`): a user's impressions
+   are not independent trials, so a per-impression (Wilson) interval would be too narrow.
 4. Sample-ratio mismatch: a chi-square test of the users per arm against the arms' weights (from
    the serving config, ``--weights``, else equal). **Flagged** when an arm's share of the users
    differs from its weight's share by more than 0.5% of it (relative) *and* the p-value is under
    0.001 (so a deviation of chance on few users is not flagged, nor a tiny bias on many). The
    command exits 1 when flagged.
+
+One experiment runs at a time (the serving config declares one ``experiment``): its arms pick each
+request's model and funnel, which a second, layered experiment would pick as well.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from headwater.pipelines.offline.cli import LAKE, MASTER, STATE, _plan
 from headwater.pipelines.offline.experiment_stats import (
     SRM_MAX_DEVIATION,
     SRM_P_VALUE,
+    RatioMoments,
     SampleRatio,
+    ratio_interval,
     sample_ratio_test,
-    wilson_interval,
 )
 
 if TYPE_CHECKING:
@@ -51,11 +57,13 @@ class ExperimentReportError(ValueError):
 
 @dataclass(frozen=True)
 class ArmCounts:
-    """What landed for one arm."""
+    """What landed for one arm: users with an impression, the sums, and the per-user moments."""
 
     users: int
     impressions: int
     clicks: int
+    moments: RatioMoments | None = None
+    """Over the users with an impression or a click (the interval's units); None: no interval."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ class ExperimentReport:
         """Return a table and the SRM verdict."""
         lines = [
             f"experiment {self.experiment} (expected split: {self.weights_from})",
-            f"{'arm':<16}{'users':>9}{'impressions':>13}{'clicks':>9}{'CTR':>9}  95% CI (Wilson)",
+            f"{'arm':<16}{'users':>9}{'impressions':>13}{'clicks':>9}{'CTR':>9}  95% CI (delta, per user)",
         ]
         for a in self.arms:
             ctr = "n/a" if a.ctr is None else f"{a.ctr:.2%}"
@@ -148,8 +156,7 @@ def build_report(
     for arm in weights:
         c = counts.get(arm, ArmCounts(0, 0, 0))
         ctr = c.clicks / c.impressions if c.impressions else None
-        # More clicks than impressions (clicks on items shown outside the ranker): no interval.
-        ci = wilson_interval(c.clicks, c.impressions) if c.clicks <= c.impressions else None
+        ci = ratio_interval(c.moments) if c.moments is not None else None
         arms.append(
             ArmFigures(
                 arm, c.users, c.impressions, c.clicks, ctr, ci[0] if ci else None, ci[1] if ci else None
@@ -176,15 +183,29 @@ def arm_counts(
         rows = rows.dropDuplicates([source.event_id])
     arm = F.substring(F.col(ARM_FIELD), len(prefix) + 1, 1_000)
     kind = F.col("event_type").cast("string")
-    grouped = rows.groupBy(arm.alias("arm")).agg(
-        F.countDistinct(F.when(kind == "impression", F.col("user_id"))).alias("users"),
-        F.sum(F.when(kind == "impression", 1).otherwise(0)).alias("impressions"),
-        F.sum(F.when(kind == "click", 1).otherwise(0)).alias("clicks"),
+    per_user = (
+        rows.where(kind.isin("impression", "click"))
+        .groupBy(arm.alias("arm"), F.col("user_id"))
+        .agg(
+            F.sum(F.when(kind == "impression", 1).otherwise(0)).cast("double").alias("i"),
+            F.sum(F.when(kind == "click", 1).otherwise(0)).cast("double").alias("c"),
+        )
     )
-    return {
-        r["arm"]: ArmCounts(int(r["users"] or 0), int(r["impressions"] or 0), int(r["clicks"] or 0))
-        for r in grouped.collect()
-    }
+    grouped = per_user.groupBy("arm").agg(
+        F.sum(F.when(F.col("i") > 0, 1).otherwise(0)).alias("users"),
+        F.count(F.lit(1)).alias("units"),
+        F.sum("i").alias("impressions"),
+        F.sum("c").alias("clicks"),
+        F.sum(F.col("c") * F.col("c")).alias("c2"),
+        F.sum(F.col("i") * F.col("i")).alias("i2"),
+        F.sum(F.col("c") * F.col("i")).alias("ci"),
+    )
+    out = {}
+    for r in grouped.collect():
+        moments = RatioMoments(int(r["units"]), float(r["clicks"]), float(r["impressions"]), float(r["c2"]),
+                               float(r["i2"]), float(r["ci"]))  # fmt: skip
+        out[r["arm"]] = ArmCounts(int(r["users"]), int(r["impressions"]), int(r["clicks"]), moments)
+    return out
 
 
 def experiments_landed(bronze: DataFrame) -> list[str]:
@@ -291,7 +312,7 @@ def report(
     name: str | None, config_path: Path | None, weights: str | None, first: str | None, last: str | None,
     source_name: str | None, fmt: str, lake: Path | None, state_dir: Path | None, master: str | None,
 ) -> None:  # fmt: skip
-    """Each arm's users, impressions, clicks and CTR (95% Wilson interval) from the landed events.
+    """Each arm's users, impressions, clicks and CTR (95% interval, users as the unit) from the landed events.
 
     Also tests the split for a sample-ratio mismatch (chi-square of users per arm against the
     weights); exits 1 when an arm is off by more than 0.5% of its share with p < 0.001.

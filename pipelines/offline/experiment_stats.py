@@ -1,4 +1,10 @@
-"""The statistics of an experiment report: Wilson score intervals and the sample-ratio-mismatch test.
+"""The statistics of an experiment report: CTR intervals by the delta method, Wilson, and the SRM test.
+
+The CTR of an arm is a ratio of sums over its users, ``sum(clicks_u) / sum(impressions_u)``: a
+user's impressions are not independent trials (one user clicks more than another), so a binomial
+interval over impressions (Wilson) is too narrow when users see many items. The report's interval
+is the delta method's, with the user as the independent unit (Deng, Knoblich, Lu 2018, "Applying
+the Delta Method in Metric Analytics", KDD): :func:`ratio_interval`.
 
 Pure Python (no SciPy): the chi-square p-value is the regularized upper incomplete gamma function
 ``Q(df / 2, x / 2)``, by its series below ``a + 1`` and its continued fraction above (Numerical
@@ -8,7 +14,7 @@ Recipes, 6.2), accurate to ~1e-12 here; the unit tests check both against publis
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 Z_95 = 1.959963984540054
@@ -37,6 +43,61 @@ def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float
     # At 0 and at all successes a bound is exactly 0 (1); the float formula leaves ~1e-17 of rounding.
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == trials else min(1.0, centre + half)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class RatioMoments:
+    """Sums over the users of an arm that a ratio metric's delta-method variance needs.
+
+    ``users``: the units (users with an impression or a click); ``clicks``/``impressions``: the sums
+    of the per-user counts ``C_u``/``I_u``; ``clicks_sq``, ``impressions_sq``, ``cross``: the sums of
+    ``C_u^2``, ``I_u^2`` and ``C_u * I_u``.
+    """
+
+    users: int
+    clicks: float
+    impressions: float
+    clicks_sq: float
+    impressions_sq: float
+    cross: float
+
+    @classmethod
+    def of(cls, per_user: Sequence[tuple[float, float]]) -> RatioMoments:
+        """Return the moments of ``(clicks, impressions)`` per user."""
+        return cls(
+            len(per_user),
+            sum(c for c, _ in per_user),
+            sum(i for _, i in per_user),
+            sum(c * c for c, _ in per_user),
+            sum(i * i for _, i in per_user),
+            sum(c * i for c, i in per_user),
+        )
+
+
+def ratio_interval(m: RatioMoments, z: float = Z_95) -> tuple[float, float] | None:
+    """Return the delta-method interval of ``sum(C_u) / sum(I_u)`` with the users as the unit.
+
+    With ``n`` users, ``R = mean(C) / mean(I)`` and the sample (co)variances (``n - 1``) of the
+    per-user counts, ``Var(R) = (var(C) - 2 R cov(C, I) + R^2 var(I)) / (n mean(I)^2)``: the variance
+    of the mean of ``(C_u - R I_u) / mean(I)``. The interval is ``R +- z sqrt(Var(R))``, clipped to
+    ``[0, 1]`` unless there are more clicks than impressions. With one impression per user it is the
+    Wald interval with the ``n - 1`` variance. None without impressions or with fewer than 2 users
+    (no variance can be estimated).
+    """
+    n = m.users
+    if n < 2 or m.impressions <= 0:
+        return None
+    ratio = m.clicks / m.impressions
+    mean_c, mean_i = m.clicks / n, m.impressions / n
+    var_c = (m.clicks_sq - n * mean_c * mean_c) / (n - 1)
+    var_i = (m.impressions_sq - n * mean_i * mean_i) / (n - 1)
+    cov = (m.cross - n * mean_c * mean_i) / (n - 1)
+    variance = max(0.0, (var_c - 2 * ratio * cov + ratio * ratio * var_i) / (n * mean_i * mean_i))
+    half = z * math.sqrt(variance)
+    lo, hi = ratio - half, ratio + half
+    if m.clicks <= m.impressions:
+        lo, hi = max(0.0, lo), min(1.0, hi)
     return lo, hi
 
 

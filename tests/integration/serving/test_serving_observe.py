@@ -27,7 +27,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
-from headwater.pipelines.offline.experiment_stats import sample_ratio_test, wilson_interval
+from headwater.pipelines.offline.experiment_stats import RatioMoments, ratio_interval, sample_ratio_test
 from headwater.pipelines.offline.landing import Lander, LandingConfig
 from headwater.pipelines.offline.testing import behaviour
 from headwater.serving.config import DEFAULT_POPULARITY
@@ -121,7 +121,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, kafka_boots
             except (urllib.error.URLError, OSError):
                 time.sleep(0.5)
         yield {"url": url, "world": world, "topic": topic, "tmp": tmp, "state": state, "reader": reader,
-               "registry": registry, "recording": recording, "answers": {}, "clicks": Counter()}  # fmt: skip
+               "registry": registry, "recording": recording, "answers": {}, "clicks": Counter(),
+               "clickers": {}}  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(30)
@@ -159,6 +160,7 @@ def test_arms_score_with_their_models_and_travel_with_the_events(served: Any, ka
                      "request_id": answer["request_id"], "position": 1}  # fmt: skip
             assert _call(f"{url}/v1/feedback", click)[0] == 202
             served["clicks"][arm] += 1
+            served["clickers"][user] = 1
     (control,), (treatment,), (popular,) = versions["control"], versions["treatment"], versions["popular"]
     assert control[1:] == (None, None)
     assert treatment[1:] == (None, None)
@@ -220,7 +222,11 @@ def test_experiment_report_from_the_landed_events(served: Any, spark: Any, kafka
         line = got[arm]
         assert (line["users"], line["impressions"], line["clicks"]) == (users, users * K, clicks)
         assert line["ctr"] == pytest.approx(clicks / (users * K))
-        assert (line["ctr_low"], line["ctr_high"]) == pytest.approx(wilson_interval(clicks, users * K))
+        # The interval's unit is the user: K impressions each, a click by a quarter of them.
+        per_user = [(float(served["clickers"].get(u, 0)), float(K)) for u in served["world"].user_ids
+                    if ASSIGNER.arm(u) == arm]  # fmt: skip
+        expected = ratio_interval(RatioMoments.of(per_user))
+        assert (line["ctr_low"], line["ctr_high"]) == pytest.approx(expected)
     srm = sample_ratio_test(dict(arms), {"control": 50, "treatment": 30, "popular": 20})
     assert report["srm"]["p_value"] == pytest.approx(srm.p_value)
     assert report["srm"]["flagged"] is srm.flagged

@@ -1,4 +1,4 @@
-"""Wilson intervals and the sample-ratio-mismatch test against published values and mpmath."""
+"""CTR intervals (delta method over users, Wilson) and the SRM test against known values and mpmath."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from headwater.pipelines.offline.experiment_stats import (
     SRM_MAX_DEVIATION,
+    Z_95,
+    RatioMoments,
     chi_square_sf,
+    ratio_interval,
     sample_ratio_test,
     wilson_interval,
 )
@@ -120,3 +123,61 @@ def test_srm_with_uneven_weights_and_a_missing_arm() -> None:
     assert srm.flagged
     with pytest.raises(ValueError, match="have units but no expected weight"):
         sample_ratio_test({"x": 3}, {"control": 1, "treatment": 1})
+
+
+# --- the delta method over users ------------------------------------------------------------------
+
+# Worked by hand: users (clicks, impressions) (1, 10), (0, 5), (3, 15), (2, 10): R = 6 / 40 = 0.15,
+# mean I = 10, var C = 5/3, var I = 50/3, cov = 5 (n - 1 = 3), Var(R) = (5/3 - 2 * 0.15 * 5 +
+# 0.15^2 * 50/3) / (4 * 10^2) = 0.541667 / 400 = 0.00135417, sd 0.0367990, half 0.0721254.
+HAND = [(1, 10), (0, 5), (3, 15), (2, 10)]
+
+
+def test_ratio_interval_matches_the_hand_worked_example() -> None:
+    got = ratio_interval(RatioMoments.of(HAND))
+    assert got == pytest.approx((0.15 - 0.0721254, 0.15 + 0.0721254), abs=1e-6)
+
+
+def test_ratio_interval_is_the_variance_of_the_linearized_mean() -> None:
+    """The same variance, computed the other way: the sample variance of (C_u - R I_u) / mean(I), over n."""
+    n = len(HAND)
+    ratio = sum(c for c, _ in HAND) / sum(i for _, i in HAND)
+    mean_i = sum(i for _, i in HAND) / n
+    lin = [(c - ratio * i) / mean_i for c, i in HAND]
+    mean = sum(lin) / n
+    variance = sum((v - mean) ** 2 for v in lin) / (n - 1) / n
+    got = ratio_interval(RatioMoments.of(HAND))
+    assert got is not None
+    assert (got[1] - got[0]) / 2 == pytest.approx(Z_95 * math.sqrt(variance), rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=2, max_size=400))
+def test_one_impression_per_user_gives_the_wald_interval(clicks: list[bool]) -> None:
+    n, x = len(clicks), sum(clicks)
+    p = x / n
+    half = Z_95 * math.sqrt(p * (1 - p) / (n - 1))  # the n - 1 sample variance of a 0/1 variable, over n
+    got = ratio_interval(RatioMoments.of([(float(c), 1.0) for c in clicks]))
+    assert got == pytest.approx((max(0.0, p - half), min(1.0, p + half)), abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(1, 20)), min_size=3, max_size=50),
+    st.integers(2, 50),
+)
+def test_more_impressions_of_the_same_users_do_not_narrow_the_interval(
+    users: list[tuple[int, int]], k: int
+) -> None:
+    """k times as many items per user at the same CTRs: the same interval (Wilson would shrink by sqrt(k))."""
+    users = [(min(c, i), i) for c, i in users]
+    once = ratio_interval(RatioMoments.of([(float(c), float(i)) for c, i in users]))
+    scaled = ratio_interval(RatioMoments.of([(float(k * c), float(k * i)) for c, i in users]))
+    assert once is not None
+    assert scaled is not None
+    assert scaled == pytest.approx(once, abs=1e-9)
+
+
+def test_ratio_interval_needs_two_users_and_an_impression() -> None:
+    assert ratio_interval(RatioMoments.of([(1.0, 3.0)])) is None
+    assert ratio_interval(RatioMoments.of([(0.0, 0.0), (0.0, 0.0)])) is None
