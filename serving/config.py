@@ -210,6 +210,14 @@ def load_config(path: str | Path | None) -> ServingConfig:
     if not isinstance(raw, dict):
         msg = f"serving config {file}: expected a mapping of fields at the top; found {type(raw).__name__}"
         raise ServingConfigError(msg)
+    if "experiments" in raw or isinstance(raw.get("experiment"), list):
+        where = doc.line_of(("experiments",) if "experiments" in raw else ("experiment",))
+        msg = (
+            f"serving config {file}, line {where}: one experiment runs at a time; declare it as one"
+            " mapping under `experiment:`. Its arms pick each request's model and funnel, which a second (layered)"
+            " experiment would pick as well: run them one after the other, or as arms of one experiment"
+        )
+        raise ServingConfigError(msg)
     try:
         return ServingConfig.model_validate(raw)
     except ValidationError as exc:

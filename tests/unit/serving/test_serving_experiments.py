@@ -117,10 +117,21 @@ def test_experiment_config_errors_name_the_field(tmp_path: Path) -> None:
     path.write_text(
         "experiment:\n  name: e\n  arms:\n    - {name: a, weight: 0}\n    - {name: b, weight: 1}\n"
     )
-    with pytest.raises(ServingConfigError, match=r"serving.yaml: experiment.arms.0.weight"):
+    with pytest.raises(ServingConfigError, match=r"serving.yaml: line 4: experiment.arms.0.weight"):
         load_config(path)
     path.write_text("experiment:\n  name: e\n  arms:\n    - {name: a, weight: 1}\n")
     with pytest.raises(ServingConfigError, match=r"experiment\.arms"):
+        load_config(path)
+
+
+def test_only_one_experiment_runs_at_a_time_and_the_error_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "serving.yaml"
+    arms = "  arms:\n    - {name: a, weight: 1}\n    - {name: b, weight: 1}\n"
+    path.write_text(f"popularity: p.clicks\nexperiments:\n- name: e1\n{arms}- name: e2\n{arms}")
+    with pytest.raises(ServingConfigError, match=r"serving.yaml, line 2: one experiment runs at a time"):
+        load_config(path)
+    path.write_text(f"experiment:\n- name: e1\n{arms}")
+    with pytest.raises(ServingConfigError, match=r"serving.yaml, line 1: one experiment runs at a time"):
         load_config(path)
 
 
