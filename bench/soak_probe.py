@@ -58,8 +58,13 @@ def group_lag(bootstrap: str, group: str, topic: str) -> int | None:
 
 
 def dead_letters_by_reason(bootstrap: str, topic: str) -> dict[str, int]:
-    """Count the records of a dead-letter topic by reason (every tier writes its own)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    """Count the committed records of a dead-letter topic by reason (every tier writes its own).
+
+    ``read_committed``: the nearline tier's dead letters are in its batches' transactions.
+    """
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, isolation_level="read_committed"
+    )
     counts: Counter[str] = Counter()
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
