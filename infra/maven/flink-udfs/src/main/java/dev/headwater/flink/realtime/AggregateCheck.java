@@ -35,6 +35,10 @@ import org.apache.flink.types.Row;
  * matched by id (a group the new program lacks is dropped, as the job's ignore-unclaimed-state does),
  * and each state is adopted by the new group's {@link Aggregator}; the lines after it are rows of
  * the new program. The clock is kept (the restored job's clock comes back with the replayed events).
+ * When the new program has a backfill seed ({@link Program#seed}), every restored entity of a group
+ * with a backfilled view is refreshed (as {@link ViewOperator} does at open), and a line
+ * {@code {"replay": ROW}} is a row read before the switch: folded into the backfilled views' features
+ * only, with the replay's own de-duplication, skipped by a group without a backfilled view.
  * Output: one JSON object per emitted value: group, view, entity, event_time, slots (as text: NaN),
  * dict; a line {"restored": {group: entities}} per restart; then a last line {"outcomes": {...}}
  * with the count of each {@link Aggregator.Outcome}.
@@ -56,6 +60,7 @@ public final class AggregateCheck {
         StringBuilder out = new StringBuilder();
         Map<String, Integer> outcomes = new HashMap<>();
         long clock = Long.MIN_VALUE;
+        java.util.List<Map<String, Map<Long, java.util.Set<Long>>>> replayIds = new java.util.ArrayList<>();
         for (String line = in.readLine(); line != null; line = in.readLine()) {
             JsonNode node = json.readTree(line);
             if (node.isObject() && node.has("restart")) {
@@ -77,9 +82,22 @@ public final class AggregateCheck {
                 program = next;
                 aggs = nextAggs;
                 states = nextStates;
+                replayIds = new java.util.ArrayList<>();
+                for (Program.Group g : program.groups) {
+                    replayIds.add(new HashMap<>());
+                    if (ViewOperator.replayMask(program, g) != null) {
+                        for (Map.Entry<String, KeyState> e : states.get(g.index).entrySet()) {
+                            aggs[g.index].refresh(e.getValue(), emitter(json, out, g, e.getKey()));
+                        }
+                    }
+                }
                 out.append(json.writeValueAsString(json.createObjectNode().set("restored", restored)))
                     .append('\n');
                 continue;
+            }
+            boolean replay = node.isObject() && node.has("replay");
+            if (replay) {
+                node = node.get("replay");
             }
             if (node.isObject()) {
                 clock = Math.max(clock, node.get("clock").asLong());
@@ -94,12 +112,22 @@ public final class AggregateCheck {
                         continue;
                     }
                     String entity = key.toString();
+                    boolean[] mask = replay ? ViewOperator.replayMask(program, g) : null;
+                    if (replay && mask == null) {
+                        continue;
+                    }
                     KeyState st = states.get(g.index).get(entity);
                     boolean fresh = st == null;
                     if (fresh) {
                         st = aggs[g.index].newState();
                     }
-                    Aggregator.Outcome o = aggs[g.index].add(st, r, t, id, emitter(json, out, g, entity));
+                    Map<Long, java.util.Set<Long>> seen = replay
+                        ? replayIds.get(g.index).computeIfAbsent(entity, x -> new HashMap<>()) : null;
+                    Aggregator.Outcome o = replay
+                        ? aggs[g.index].add(st, r, t, id, mask,
+                            (slice, h) -> seen.computeIfAbsent(slice, x -> new java.util.HashSet<>()).add(h),
+                            emitter(json, out, g, entity))
+                        : aggs[g.index].add(st, r, t, id, emitter(json, out, g, entity));
                     outcomes.merge(o.name(), 1, Integer::sum);
                     if (fresh && o == Aggregator.Outcome.ACCEPTED) {
                         states.get(g.index).put(entity, st);

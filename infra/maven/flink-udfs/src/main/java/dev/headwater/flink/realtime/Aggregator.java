@@ -24,6 +24,15 @@ final class Aggregator {
     /** What {@link #add} did with an event. */
     enum Outcome { ACCEPTED, DUPLICATE, OUTSIDE, NO_FEATURE }
 
+    /**
+     * The event ids a backfill replay has folded, per entity and slice: the replay's own de-duplication
+     * (a restored slice already holds the ids the live run saw, for the views it kept).
+     */
+    interface ReplayIds {
+        /** Record {@code idHash} in {@code slice} of the current entity; false when it was already there. */
+        boolean first(long slice, long idHash);
+    }
+
     /** Receives the values to write: view index in the group, event time (a boundary), slots, text slots. */
     interface Emitter {
         void emit(int view, long eventTimeMs, float[] slots, String[] dict);
@@ -139,10 +148,20 @@ final class Aggregator {
      * the value at the current boundary has changed: it is emitted now, as a revision.
      */
     Outcome add(KeyState st, Row r, long t, String eventId, Emitter out) {
+        return add(st, r, t, eventId, null, null, out);
+    }
+
+    /**
+     * Fold an event into only the features {@code only} marks (null: all), de-duplicated by
+     * {@code replay} instead of the slice's ids (null: by the slice's ids): a backfill replay of an
+     * event read before the switch, for the views that did not see it. Its id still joins the slice's
+     * ids, so a later duplicate from the live stream is found for every view.
+     */
+    Outcome add(KeyState st, Row r, long t, String eventId, boolean[] only, ReplayIds replay, Emitter out) {
         // Step 1
         boolean any = false;
         for (int i = 0; i < aggs.length; i++) {
-            hits[i] = aggs[i].hits(r);
+            hits[i] = (only == null || only[i]) && aggs[i].hits(r);
             any |= hits[i];
         }
         if (!any) {
@@ -157,7 +176,19 @@ final class Aggregator {
         }
         // Step 3
         KeyState.Slice slice = st.slices.get(s);
-        if (eventId != null) {
+        if (eventId != null && replay != null) {
+            long id = EventIds.hash(eventId);
+            if (!replay.first(s, id)) {
+                return Outcome.DUPLICATE;
+            }
+            if (slice == null) {
+                slice = new KeyState.Slice(aggs.length);
+                st.slices.put(s, slice);
+            }
+            if (!slice.has(id)) {
+                slice.add(id);
+            }
+        } else if (eventId != null) {
             long id = EventIds.hash(eventId);
             if (slice != null && slice.has(id)) {
                 return Outcome.DUPLICATE;
@@ -197,6 +228,17 @@ final class Aggregator {
             emitPending(st, out);
         }
         return Outcome.ACCEPTED;
+    }
+
+    /**
+     * Compute every view at the entity's boundary and emit those whose value is new (a view adopted
+     * empty gets its value at once, not at the entity's next change).
+     */
+    void refresh(KeyState st, Emitter out) {
+        if (st.boundary != KeyState.NONE) {
+            computeViews(st, st.boundary);
+            emitPending(st, out);
+        }
     }
 
     /** The next boundary after the entity's where one of its slices enters or leaves a window. */

@@ -2,10 +2,15 @@ package dev.headwater.flink.realtime;
 
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
+import java.util.Map;
+import java.util.Set;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import org.apache.flink.types.Row;
 
 /**
  * The realtime plan as the JVM operators read it: compiled by pipelines/realtime/program.py from the
@@ -33,6 +38,48 @@ public final class Program {
     public final String namespace;
     public final Store store;
     public final List<Group> groups;
+    /** Uid of the source's Kafka scan (a backfill rewinds the scan under a new one), default hw-kafka-source. */
+    public final String scanUid;
+    /** The backfill of this start (pipelines/realtime/backfill.py), or null: no view is replayed. */
+    public final Seed seed;
+
+    /**
+     * A backfill at restore: the Kafka source was rewound before the offsets the restored checkpoint
+     * holds (the switch), and rows read before the switch feed only the views being backfilled.
+     */
+    public static final class Seed implements java.io.Serializable {
+        private static final long serialVersionUID = 1L;
+        /** Columns of the record's Kafka partition (INT) and offset (BIGINT) in the routed rows. */
+        public final int partitionColumn;
+        public final int offsetColumn;
+        /** Per partition, the first offset the restored checkpoint had not read. */
+        public final Map<Integer, Long> boundary;
+        /** The views ({@code name@version}) the replay feeds: new or changed since the checkpoint. */
+        public final Set<String> views;
+
+        Seed(JsonNode n) {
+            partitionColumn = n.path("partition_column").asInt();
+            offsetColumn = n.path("offset_column").asInt();
+            Map<Integer, Long> b = new HashMap<>();
+            n.path("boundary").fields()
+                .forEachRemaining(e -> b.put(Integer.parseInt(e.getKey()), e.getValue().asLong()));
+            boundary = Map.copyOf(b);
+            Set<String> v = new HashSet<>();
+            n.path("views").forEach(x -> v.add(x.asText()));
+            views = Set.copyOf(v);
+        }
+
+        /** Whether the row was read before the switch (its partition's restored offset): a replayed row. */
+        public boolean replayed(Row r) {
+            Object p = r.getField(partitionColumn);
+            Object o = r.getField(offsetColumn);
+            if (p == null || o == null) {
+                return false;
+            }
+            Long b = boundary.get(((Number) p).intValue());
+            return b != null && ((Number) o).longValue() < b;
+        }
+    }
 
     /** Where and how the sink writes: the online store's Lua scripts come from Python, byte for byte. */
     public static final class Store {
@@ -193,6 +240,8 @@ public final class Program {
             gs.add(new Group(gs.size(), g));
         }
         groups = List.copyOf(gs);
+        scanUid = n.hasNonNull("scan_uid") ? n.get("scan_uid").asText() : "hw-kafka-" + source;
+        seed = n.hasNonNull("seed") ? new Seed(n.get("seed")) : null;
     }
 
     /** Parse the JSON text written by pipelines/realtime/program.py. */

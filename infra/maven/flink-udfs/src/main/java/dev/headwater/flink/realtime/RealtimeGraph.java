@@ -37,11 +37,12 @@ public final class RealtimeGraph {
         Program program = Program.parse(programJson);
         String src = program.source;
         DataStream<Row> all = tEnv.toDataStream(tEnv.from(table));
-        pinSourceUid(all, src);
-        DataStream<Row> rejected = all.filter(new Rejected(reasonColumn, true))
+        pinSourceUid(all, program.scanUid, src);
+        // a record the backfill replays (read before the switch) was dead-lettered by the run that read it
+        DataStream<Row> rejected = all.filter(new Rejected(reasonColumn, true, program.seed))
             .name("hw-rejected " + src).uid("hw-rejected-" + src);
         tEnv.createTemporaryView(dlqView, tEnv.fromDataStream(rejected));
-        DataStream<Row> rows = all.filter(new Rejected(reasonColumn, false))
+        DataStream<Row> rows = all.filter(new Rejected(reasonColumn, false, null))
             .name("hw-events " + src).uid("hw-events-" + src);
         for (Program.Group g : program.groups) {
             String id = src + "-" + g.id;
@@ -55,8 +56,9 @@ public final class RealtimeGraph {
     }
 
     /**
-     * Give the source's Kafka table scan the uid {@code hw-kafka-<source>}, so its offsets restore into a
-     * job compiled from another plan.
+     * Give the source's Kafka table scan the uid {@code uid} ({@code hw-kafka-<source>}, or the uid of a
+     * rewound scan, pipelines/realtime/backfill.py), so its offsets restore into a job compiled from
+     * another plan.
      *
      * <p>The table planner sets no uid (Flink 2.x {@code table.exec.uid.generation} is PLAN_ONLY: uids
      * only for a compiled plan, and its {@code table.exec.uid.format} {@code <id>_<transformation>}
@@ -66,7 +68,7 @@ public final class RealtimeGraph {
      * stream's predecessors, and its uid can still be set before the job graph is built. The operators
      * between the scan and here (projection, decode, rules) hold no state.
      */
-    static void pinSourceUid(DataStream<Row> stream, String source) {
+    static void pinSourceUid(DataStream<Row> stream, String uid, String source) {
         List<Transformation<?>> scans = new ArrayList<>();
         for (Transformation<?> t : stream.getTransformation().getTransitivePredecessors()) {
             if (t instanceof SourceTransformation || t instanceof LegacySourceTransformation) {
@@ -78,23 +80,28 @@ public final class RealtimeGraph {
                 + " routed table, found " + scans.size() + " (" + scans + "); the realtime SQL half changed"
                 + " shape (pipelines/realtime/sql.py)");
         }
-        scans.get(0).setUid("hw-kafka-" + source);
+        scans.get(0).setUid(uid);
     }
 
-    /** Rows with a reason (rejected: {@code want} true) or without one (good events). */
+    /**
+     * Rows with a reason (rejected: {@code want} true) or without one (good events); with a
+     * {@code skip} seed, not the rows it replays.
+     */
     static final class Rejected implements FilterFunction<Row> {
-        private static final long serialVersionUID = 1L;
+        private static final long serialVersionUID = 2L;
         private final int column;
         private final boolean want;
+        private final Program.Seed skip;
 
-        Rejected(int column, boolean want) {
+        Rejected(int column, boolean want, Program.Seed skip) {
             this.column = column;
             this.want = want;
+            this.skip = skip;
         }
 
         @Override
         public boolean filter(Row r) {
-            return (r.getField(column) != null) == want;
+            return (r.getField(column) != null) == want && (skip == null || !skip.replayed(r));
         }
     }
 

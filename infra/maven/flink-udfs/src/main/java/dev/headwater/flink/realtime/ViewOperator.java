@@ -1,8 +1,10 @@
 package dev.headwater.flink.realtime;
 
 import java.util.ArrayList;
+import java.util.HashSet;
 import java.util.List;
 import java.util.PriorityQueue;
+import java.util.TreeMap;
 import java.util.stream.Stream;
 
 import org.apache.flink.api.common.operators.ProcessingTimeService.ProcessingTimeCallback;
@@ -37,6 +39,13 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Each time the clock passes a boundary, a progress mark per view goes to the sink, so the
  * freshness log knows the tier published up to it even when no value changed.
+ *
+ * <p>Backfill ({@link Program#seed}, pipelines/realtime/backfill.py): after a restore into a plan with
+ * new or changed views, the Kafka source starts before the offsets the checkpoint holds (the switch).
+ * A row read before the switch is folded into the backfilled views' features only, with its own
+ * de-duplication ({@link Aggregator.ReplayIds}); a group without such views skips it. Rows from the
+ * switch on are the live stream, for every view. So a kept view sees every event once and a
+ * backfilled one every event of its windows once, as in an uninterrupted run.
  */
 public final class ViewOperator extends AbstractStreamOperator<Update>
         implements OneInputStreamOperator<Row, Update>, ProcessingTimeCallback {
@@ -68,6 +77,14 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     private transient Counter outside;
     private transient Counter ignored;
     private transient Counter emitted;
+    private transient Counter replayed;
+    /** Per feature, whether a backfill replays into it; null when this group backfills no view. */
+    private transient boolean[] replayMask;
+    /** The replay's event ids per slice (entity mixed in), pruned once the clock is far past the slice. */
+    private transient TreeMap<Long, HashSet<Long>> replayIds;
+    private transient Aggregator.ReplayIds replayDedupe;
+    /** The last row was a replayed one: no progress marks for the past boundaries the replay crosses. */
+    private transient boolean replaying;
 
     /** An entity's next change boundary in the queue (stale when the entity's state says otherwise). */
     private static final class Due {
@@ -108,11 +125,35 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         outside = m.counter("hw_outside_window");
         ignored = m.counter("hw_no_feature");
         emitted = m.counter("hw_values_emitted");
+        replayed = m.counter("hw_replayed");
+        replayMask = replayMask(program, group);
+        replayIds = new TreeMap<>();
+        replayDedupe = (slice, idHash) -> replayIds.computeIfAbsent(slice, x -> new HashSet<>())
+            .add(idHash * 0x9E3779B97F4A7C15L + currentKey.hashCode());
+        replaying = false;
         m.gauge("hw_clock_lag_ms", () -> clock == Long.MIN_VALUE ? -1L : now() - clock);
         m.gauge("hw_queued_entities", () -> (long) queue.size());
         restoreQueue();
         lastElementAt = now();
         getProcessingTimeService().registerTimer(now() + TICK_MS, this);
+    }
+
+    /** Per feature of the group, whether its view is one the program's seed backfills; null if none is. */
+    static boolean[] replayMask(Program program, Program.Group group) {
+        if (program.seed == null) {
+            return null;
+        }
+        boolean[] mask = new boolean[group.features.size()];
+        boolean any = false;
+        for (Program.View v : group.views) {
+            if (program.seed.views.contains(v.name + "@" + v.version)) {
+                for (int j = 0; j < v.features.size(); j++) {
+                    mask[v.firstFeature + j] = true;
+                }
+                any = true;
+            }
+        }
+        return any ? mask : null;
     }
 
     /**
@@ -145,6 +186,10 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
                 adopted++;
                 st.scheduled = KeyState.NONE;  // the windows changed: so may the next change boundary
                 schedule(st, key);
+                if (replayMask != null) {
+                    currentKey = key;  // a backfilled view has a value from the switch on, as in a run without restart
+                    agg.refresh(st, emitter);
+                }
                 state.update(st);
             } else if (st.scheduled != KeyState.NONE) {
                 queue.add(new Due(st.scheduled, key));
@@ -167,10 +212,18 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     @Override
     public void processElement(StreamRecord<Row> element) throws Exception {
         Row r = element.getValue();
+        boolean replay = program.seed != null && program.seed.replayed(r);
+        lastElementAt = now();
+        replaying = replay;
+        if (replay && replayMask == null) {
+            return;  // read before the switch, and every view of this group has it in its restored state
+        }
         long t = (Long) r.getField(program.eventTimeColumn);
         String id = program.eventIdColumn < 0 ? null : (String) r.getField(program.eventIdColumn);
         events.inc();
-        lastElementAt = now();
+        if (replay) {
+            replayed.inc();
+        }
         // an accepted event from the near future (within the source's max_future) moves the clock only
         // up to the wall clock: else it would publish boundaries ahead of the events still on their way
         maxEventTime = Math.max(maxEventTime, Math.min(t, lastElementAt));
@@ -180,7 +233,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             st = agg.newState();
         }
         currentKey = getCurrentKey();
-        Aggregator.Outcome outcome = agg.add(st, r, t, id, emitter);
+        Aggregator.Outcome outcome = replay
+            ? agg.add(st, r, t, id, replayMask, replayDedupe, emitter)
+            : agg.add(st, r, t, id, emitter);
         switch (outcome) {
             case ACCEPTED:
                 if (fresh) {
@@ -229,6 +284,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         long now = now();
         long c = Math.max(maxEventTime, watermarkClock);
         boolean idle = now - lastElementAt >= program.idleAdvanceMs;
+        replaying &= !idle;
         if (program.idleAdvanceMs > 0 && idle && c != Long.MIN_VALUE && now - c <= LIVE_HORIZON_MS) {
             c = Math.max(c, now - program.idleAdvanceMs);  // a quiet live stream: windows still slide
         }
@@ -253,7 +309,10 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
                 schedule(st, due.key);
             }
         }
-        if (upTo > published) {
+        if (!replayIds.isEmpty()) {  // a replayed slice this old is outside every entity's windows
+            replayIds.headMap(upTo - 2 * (group.maxWindowMs + group.slideMs) - program.outOfOrdernessMs).clear();
+        }
+        if (upTo > published && !replaying) {
             published = upTo;
             for (int v = 0; v < group.views.size(); v++) {
                 output.collect(record.replace(Update.progress(v, upTo)));
