@@ -74,6 +74,11 @@ from headwater.registry.options import STATE_HELP, resolved_state_dir
 )
 @click.option("--no-restore", is_flag=True, help="Ignore existing checkpoints.")
 @click.option(
+    "--no-backfill",
+    is_flag=True,
+    help="At a restore, start new and changed views empty instead of replaying their windows from Kafka.",
+)
+@click.option(
     "--jvm-heap",
     default="2g",
     show_default=True,
@@ -94,6 +99,7 @@ def realtime(
     from_earliest: bool,
     from_latest: bool,
     no_restore: bool,
+    no_backfill: bool,
     jvm_heap: str,
     explain_only: bool,
 ) -> None:
@@ -140,6 +146,7 @@ def realtime(
         checkpoint_interval_s=checkpoint_interval_s,
         jobmanager=jobmanager,
         restore=not no_restore,
+        backfill=not no_backfill,
         jvm_heap=jvm_heap,
     )
     try:
@@ -151,7 +158,7 @@ def realtime(
     except (RealtimePlanError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     job_id = str(client.get_job_id())
-    record_views(run, job_id, plan, running)
+    record_views(run, job_id, plan, running, programs)
     click.echo(f"realtime job {job_id} submitted:")
     for program in programs:
         src = next(s for s in plan.sources if s.name == program.source)
@@ -160,7 +167,7 @@ def realtime(
             f"  source {src.name}: reading {options.topic(src)}; views {views} "
             f"(operators {', '.join(program.groups)})"
         )
-    report = state_report(restoring, plan, running) if restoring is not None else None
+    report = state_report(restoring, plan, running, programs) if restoring is not None else None
     for line in report.lines() if report is not None else []:
         click.echo(f"  {line}")
     if jobmanager:

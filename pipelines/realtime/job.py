@@ -34,8 +34,12 @@ process group with SIGKILL mid-stream and checks this, test_realtime_versions.py
 edited plan; Flink numbers the restored job's checkpoints after the one it loaded).
 
 Each job also writes ``<checkpoint_dir>/<job id>/views.json`` (``{view: version}``), so the next start
-prints what it keeps, starts empty (and for how long those values are partial: the view's longest
-window, as nothing backfills them yet) and drops (:func:`state_report`).
+prints what it keeps, backfills and drops (:func:`state_report`), and ``scans.json`` (``{source: scan
+uid}``). A new or changed view is backfilled in the restarted job itself (:mod:`.backfill`): its
+source's scan is rewound (under a new uid) to cover its windows before the checkpoint's offsets, the
+rows before those offsets feed only the backfilled views, and from them on the stream goes on for
+every view: full windows at once, no gap, no double count. ``--no-backfill`` starts them empty
+(partial values for their longest window).
 
 Before one folder per job, checkpoints went to ``<checkpoint_dir>/<short registry version>/``; when
 the job folder has none, the legacy folder of this very registry version is restored (its key state,
@@ -58,11 +62,13 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.pipelines import jvm
+from headwater.pipelines.realtime.backfill import SCANS_FILE, plan_backfill
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import JobOptions, check_plan, compile_job
 from headwater.registry.plans import TierPlan, short_version
@@ -92,6 +98,8 @@ class RunOptions:
     jvm_heap: str = "2g"
     """Heap of the local mini-cluster's JVM (``-Xmx``; ``JVM_ARGS`` set by the caller wins). Without
     a cap the JVM grows towards a quarter of the machine's memory under a high allocation rate."""
+    backfill: bool = True
+    """Backfill new and changed views at restore (:mod:`.backfill`); False: they start empty."""
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -140,34 +148,61 @@ class StateReport:
     new: tuple[str, ...]
     dropped: tuple[str, ...]
     warm_after_s: dict[str, float]
-    """Per restarted or new view: its longest window; its values are partial until that much stream
-    has been read after the restore (no backfill yet)."""
+    """Per restarted or new view: its longest window; without a backfill its values are partial until
+    that much stream has been read after the restore."""
+    backfilled: dict[str, str] = field(default_factory=dict)
+    """Per restarted or new view the job backfills: the line of its source's backfill."""
 
     def lines(self) -> list[str]:
         """Human lines for ``headwater run realtime``."""
         out = [f"state kept (windows go on): {', '.join(self.kept) or '-'}"]
         for label, names in (("changed", self.restarted), ("new", self.new)):
             for name in names:
+                if name in self.backfilled:
+                    out.append(f"state backfilled ({label}): {name}: full windows at once")
+                    continue
                 out.append(
                     f"state empty ({label}): {name}: partial values until {self.warm_after_s[name]:g} s of"
                     " stream after the restore (its longest window)"
                 )
+        out += sorted(set(self.backfilled.values()))
         if self.dropped:
             out.append(f"state dropped (removed): {', '.join(self.dropped)}; their online keys expire")
         return out
 
 
-def record_views(run: RunOptions, job_id: str, plan: TierPlan, sources: list[str]) -> Path:
-    """Write ``{view: version}`` of the views the job runs into its checkpoint folder; return the file."""
+def record_views(
+    run: RunOptions, job_id: str, plan: TierPlan, sources: list[str], programs: Sequence[RealtimeProgram] = ()
+) -> Path:
+    """Write ``{view: version}`` of the views the job runs into its checkpoint folder; return the file.
+
+    Also ``scans.json``: the Kafka scan uid of each of ``programs`` (so the next start restores it).
+    """
     folder = run.checkpoint_dir / job_id
     folder.mkdir(parents=True, exist_ok=True)
     views = {v.name: v.version for v in plan.views if v.source in sources}
     path = folder / VIEWS_FILE
     path.write_text(json.dumps(views, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    scans = {p.source: p.data["scan_uid"] for p in programs if "scan_uid" in p.data}
+    if scans:
+        (folder / SCANS_FILE).write_text(json.dumps(scans, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     return path
 
 
-def state_report(checkpoint: Path, plan: TierPlan, sources: list[str]) -> StateReport | None:
+def backfilled_views(programs: Sequence[RealtimeProgram]) -> dict[str, str]:
+    """Per view the programs backfill (their ``seed``): a line saying from where."""
+    out = {}
+    for p in programs:
+        seed = p.data.get("seed")
+        if seed:
+            for view in seed["views"]:
+                out[view.split("@")[0]] = seed.get("line", f"backfill {p.source}")
+    return out
+
+
+def state_report(
+    checkpoint: Path, plan: TierPlan, sources: list[str], programs: Sequence[RealtimeProgram] = ()
+) -> StateReport | None:
     """Compare the views of the job that wrote ``checkpoint`` with the plan's; None when it recorded none."""
     path = checkpoint.parent / VIEWS_FILE
     if not path.is_file():
@@ -178,7 +213,8 @@ def state_report(checkpoint: Path, plan: TierPlan, sources: list[str]) -> StateR
     restarted = sorted(n for n, v in now.items() if n in before and before[n] != v.version)
     new = sorted(n for n in now if n not in before)
     warm = {n: max(f.window_s for f in now[n].features) for n in [*restarted, *new]}
-    return StateReport(tuple(kept), tuple(restarted), tuple(new), tuple(sorted(set(before) - set(now))), warm)
+    dropped = tuple(sorted(set(before) - set(now)))
+    return StateReport(tuple(kept), tuple(restarted), tuple(new), dropped, warm, backfilled_views(programs))
 
 
 def job_jars() -> list[Path]:
@@ -186,8 +222,11 @@ def job_jars() -> list[Path]:
     return [*jvm.jars("flink"), *jvm.jars("flink-udfs")]
 
 
-def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
-    """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target)."""
+def configuration(run: RunOptions, plan: TierPlan, chk: Path | None = None) -> dict[str, str]:
+    """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target).
+
+    ``chk``: the checkpoint to restore (default: :func:`checkpoint_to_restore`, when ``run.restore``).
+    """
     folder = run.checkpoint_dir.resolve()
     conf = {
         "pipeline.name": f"headwater-realtime-{short_version(plan.registry_hash)}",
@@ -210,7 +249,7 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
         "pipeline.object-reuse": "true",
     }
     if run.restore:
-        chk = checkpoint_to_restore(run, plan)
+        chk = chk or checkpoint_to_restore(run, plan)
         if chk is not None:
             conf["execution.state-recovery.path"] = chk.as_uri()
             # the state of a group (or source) the new plan no longer has is dropped, not an error
@@ -228,6 +267,21 @@ def configuration(run: RunOptions, plan: TierPlan) -> dict[str, str]:
     return conf
 
 
+def start_gateway(jvm_heap: str | None = None) -> None:
+    """Start PyFlink's gateway JVM (``-Xmx jvm_heap`` unless ``JVM_ARGS`` is set) with the job's jars.
+
+    The JVM half (dev.headwater.flink.realtime) is called through the gateway: its jars are loaded
+    there too. The heap takes effect only if this call starts the JVM.
+    """
+    from pyflink.java_gateway import get_gateway
+    from pyflink.util.java_utils import add_jars_to_context_class_loader
+
+    if jvm_heap:  # read when PyFlink starts its gateway JVM
+        os.environ.setdefault("JVM_ARGS", f"-Xmx{jvm_heap} -XX:+UseG1GC")
+    get_gateway()
+    add_jars_to_context_class_loader([jar.as_uri() for jar in job_jars()])
+
+
 def table_environment(
     conf: dict[str, str], jvm_heap: str | None = None
 ) -> tuple[StreamExecutionEnvironment, StreamTableEnvironment]:
@@ -239,15 +293,11 @@ def table_environment(
     from pyflink.common import Configuration
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
-    from pyflink.util.java_utils import add_jars_to_context_class_loader
 
-    if jvm_heap:  # read when PyFlink starts its gateway JVM, at the first Java object below
-        os.environ.setdefault("JVM_ARGS", f"-Xmx{jvm_heap} -XX:+UseG1GC")
+    start_gateway(jvm_heap)
     config = Configuration()
     for key, value in conf.items():
         config.set_string(key, value)
-    # the JVM half (dev.headwater.flink.realtime) is called through the gateway: load its jars there too
-    add_jars_to_context_class_loader(conf["pipeline.jars"].split(";"))
     env = StreamExecutionEnvironment.get_execution_environment(config)
     settings = EnvironmentSettings.new_instance().in_streaming_mode().with_configuration(config).build()
     return env, StreamTableEnvironment.create(env, environment_settings=settings)
@@ -262,9 +312,14 @@ def build(
     from headwater.pipelines.realtime import udfs
 
     store = StoreTarget(run.redis_url, run.namespace, run.flush_ms)
-    programs = [compile_program(plan, src, store) for src in check_plan(plan, options.sources)]
+    sources = check_plan(plan, options.sources)
+    chk = checkpoint_to_restore(run, plan) if run.restore else None
+    start_gateway(run.jvm_heap)  # the backfill reads the checkpoint's Kafka offsets in the JVM
+    backfill = plan_backfill(chk, plan, [s.name for s in sources], options, enabled=run.backfill)
+    programs = backfill.apply([compile_program(plan, src, store) for src in sources])
+    options = replace(options, start_offsets={**options.start_offsets, **backfill.start_offsets()})
     compiled = compile_job(plan, options, programs)
-    env, t_env = table_environment(configuration(run, plan), run.jvm_heap)
+    env, t_env = table_environment(configuration(run, plan, chk), run.jvm_heap)
     udfs.register(t_env, compiled.functions)
     for statement in compiled.ddl:
         t_env.execute_sql(statement)

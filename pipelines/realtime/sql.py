@@ -61,6 +61,9 @@ class JobOptions:
     """The sources to run (``--source``); empty: every source that has a realtime view."""
     startup_mode: str = "group-offsets"
     idle_timeout_s: float = 5.0
+    start_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    """Per source, the offset per partition its scan starts at (a backfill's rewind, :mod:`.backfill`);
+    overrides ``startup_mode`` for that source."""
 
     def topic(self, source: PlanSource) -> str:
         """Return the topic the job reads ``source`` from."""
@@ -219,6 +222,12 @@ def compile_job(plan: TierPlan, options: JobOptions, programs: Sequence[Realtime
 
 def _source_ddl(n: int, src: PlanSource, options: JobOptions) -> str:
     args = "`hw_value`, `hw_headers`['schema-fp'], `hw_headers`['produce-ts']"
+    startup = f"'scan.startup.mode' = {literal(options.startup_mode)}"
+    if src.name in options.start_offsets:
+        at = ";".join(f"partition:{p},offset:{o}" for p, o in sorted(options.start_offsets[src.name].items()))
+        startup = (
+            f"'scan.startup.mode' = 'specific-offsets',\n  'scan.startup.specific-offsets' = {literal(at)}"
+        )
     return f"""CREATE TABLE hw_source_{n} (
   `hw_k` BYTES,
   `hw_value` BYTES,
@@ -234,7 +243,7 @@ def _source_ddl(n: int, src: PlanSource, options: JobOptions) -> str:
   'properties.bootstrap.servers' = {literal(options.kafka_bootstrap)},
   'properties.group.id' = {literal(options.group_id)},
   'properties.auto.offset.reset' = 'earliest',
-  'scan.startup.mode' = {literal(options.startup_mode)},
+  {startup},
   'scan.watermark.idle-timeout' = '{options.idle_timeout_s:g} s',
   'key.format' = 'raw',
   'key.fields' = 'hw_k',
