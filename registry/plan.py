@@ -186,8 +186,10 @@ def backfill_plan(view: dict[str, Any]) -> str:
             " after the replay"
         )
     return (
-        f"the realtime job restores the other views' state; this view's windows ({span}) fill from the"
-        " live stream: values are partial until one longest window has passed"
+        f"replayed by the realtime job itself when `run realtime` restarts from its checkpoint: the"
+        f" source {source} is read again from its longest window ({span}) plus the lateness margins"
+        " before the checkpoint's Kafka offsets into this view only, then continued live from those"
+        " offsets (the other views keep their state); full windows at once"
     )
 
 

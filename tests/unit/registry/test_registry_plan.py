@@ -28,9 +28,8 @@ def test_plan_before_any_apply_adds_everything(repo: ScratchRepo, tmp_path: Path
     assert "+ v1 [realtime] cost 0.00 -> 10.00 (+10.00 CPU-h/day), sla 10s" in out.output
     assert "1 to add, 0 to change (state restarts), 0 metadata only, 0 to remove" in out.output
     assert "version new: its state starts anew; the other views keep theirs" in out.output
-    assert "backfill: the realtime job restores the other views' state; this view's windows (30s)" in (
-        out.output
-    )
+    assert "backfill: replayed by the realtime job itself when `run realtime` restarts" in out.output
+    assert "longest window (30s) plus the lateness margins" in out.output
 
 
 def test_plan_shows_the_diff_after_an_edit(repo: ScratchRepo, tmp_path: Path) -> None:
