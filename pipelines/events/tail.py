@@ -85,6 +85,7 @@ def tail(
             enable_auto_commit=False,
             consumer_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(connect_timeout_s * 1000),
+            isolation_level="read_committed",  # nearline dead letters are written in transactions
         )
     except KafkaTimeoutError:
         msg = f"no Kafka broker answers at {bootstrap} within {connect_timeout_s:g}s; run `make services-up`"
