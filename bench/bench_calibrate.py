@@ -207,6 +207,9 @@ def run_worker(
     stats = [json.loads(p.read_text()) for p in sorted(env.store_dir.glob("stats-*.json"))]
     c = stats[0]["counters"]
     state = sum(sum(s["state_bytes"].values()) for s in stats)
+    # what the stores hold (keys + values of panes and dedup ids, written at close): not the folder
+    live = [b for s in stats for part in s.get("live_bytes", {}).values() for b in [part]]
+    live_state = sum(v for part in live for k, v in part.items() if k != "other")
     redis = Redis.from_url(env.settings.redis_url)
     keys = list(redis.scan_iter(match=f"{env.namespace}:{{{view}}}:*", count=1000)) if view else []
     memory = sum(int(redis.memory_usage(k) or 0) for k in keys)
@@ -219,6 +222,7 @@ def run_worker(
         "cpu_s": float(c["cpu_s"]),
         "written": int(c.get("written", 0)),
         "state_bytes": state,
+        "live_state_bytes": live_state,
         "entities": sum(sum(t["entities"].values()) for t in stats[0]["tasks"]),
         "pane_records": sum(sum(t["panes"].values()) for t in stats[0]["tasks"]),
         "dedup_ids": sum(t["dedup_ids"] for t in stats[0]["tasks"]),
@@ -336,7 +340,30 @@ def main() -> None:
         action="store_true",
         help="realtime: fit the constants from the shapes; re-estimate the example rows already measured",
     )
+    ap.add_argument(
+        "--rt-jobs",
+        action="store_true",
+        help="realtime: jobs of 1, 2, 3 views, each view alone, payments; fit the per-job model, table",
+    )
+    ap.add_argument("--rt-jobs-refit", action="store_true", help="--rt-jobs on the last runs' figures")
+    ap.add_argument(
+        "--nl-state", action="store_true", help="nearline: state constants from live bytes; state table"
+    )
     args = ap.parse_args()
+    if args.nl_state:
+        command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
+        out = ROOT / "bench/results/bench_calibrate.json"
+        doc = json.loads(out.read_text())
+        doc["tiers"]["nearline"]["state"] = nearline_state(args, command)
+        out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return
+    if args.rt_jobs or args.rt_jobs_refit:
+        import calibrate_realtime as rt
+
+        rates = tuple(float(r) for r in args.rt_rates.split(","))
+        command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
+        rt.calibrate_jobs(args.rt_jobs_refit, rates, args.rt_phase_s, not args.no_write, command)
+        return
     if args.table_only:
         recompute_table()
         return
@@ -755,6 +782,106 @@ def check_examples(
             print(f"  {view.name} @ {stream_rate:g}/s: {r}")
         out[view.name] = row
     return out
+
+
+IDLE_EXIT_STATE_S = 30.0
+"""State runs measure no CPU: the worker waits longer for its partitions on a loaded machine."""
+
+
+def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Nearline state only: each shape and example view once, the stores' live bytes (not the folder).
+
+    The state constants (bytes per slice, per aggregation in a slice, per dedup id) are fitted on the
+    shapes' live bytes; each example view alone at both rates is then compared with its estimate
+    (windows capped to the stream's span, entities as the worker counted). The CPU constants and
+    rows of the last full calibration are kept (this mode runs each view once, without the paired
+    reference runs that CPU needs).
+    """
+    settings = Settings.from_env()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cal-st-"))
+    started, load0 = time.monotonic(), os.getloadavg()
+    stream = Stream(settings, tmp, args.events, (args.sim_rate, args.second_rate))
+    print(f"stream: {stream.records} records; produced in {time.monotonic() - started:.0f} s", flush=True)
+    try:
+        shapes = shape_views()
+        topics = {"events": stream.topics["events"], "payments": stream.topics["empty"]}
+        per_shape: dict[str, Any] = {}
+        runs = [(name, text, "events") for name, text in shapes.items()]
+        runs.append(("cal_base_slow", shapes["cal_base"], "events_b"))
+        for name, text, topic_key in runs:
+            view_name = "cal_base" if name == "cal_base_slow" else name
+            repo = make_repo(tmp, {view_name: text})
+            plan, _ = plan_of(repo, {**topics, "events": stream.topics[topic_key]})
+            run = run_worker(stream, plan, topic_key, view_name, idle_exit_s=IDLE_EXIT_STATE_S)
+            run["state_net"] = run["live_state_bytes"]
+            per_shape[name] = run
+            print(f"  {name}: live {run['live_state_bytes']:,} B (folder {run['state_bytes']:,}), "
+                  f"{run['events']} events, {run['pane_records']} slices, {run['dedup_ids']} ids, "
+                  f"load {run['load_1m']}",
+                  flush=True)  # fmt: skip
+        constants = state_constants(per_shape, result_shapes(tmp, shapes))
+        path = calibration_path("nearline")
+        cal_data = json.loads(path.read_text(encoding="utf-8"))
+        cal_data["constants"].update(constants)
+        cal_data["state_command"] = command
+        cal_data["state_isolation"] = (
+            "the stores' live bytes (keys + values of pane records and dedup ids, PartitionStore.live_bytes "
+            "at the worker's close), least squares on the worker's slice and id counts per shape"
+        )
+        cal = parse_calibration("nearline", cal_data, path)
+        example = check_repo(FEATURES)
+        tier = TIERS["nearline"]
+        accuracy: dict[str, Any] = {}
+        for view in sorted((v for v in example.views if v.tier == "nearline"), key=lambda v: v.name):
+            source = example.sources[view.source]
+            text = Path(ROOT / view.file).read_text(encoding="utf-8")
+            pairs = ([("events", args.sim_rate), ("events_b", args.second_rate)] if view.source == "events"
+                     else [("payments", 5.0)])  # fmt: skip
+            row: dict[str, Any] = {"source": view.source, "rates": []}
+            for key, rate in pairs:
+                t = {"events": stream.topics[key], "payments": stream.topics["empty"]}
+                if view.source == "payments":
+                    t = {"events": stream.topics["empty"], "payments": stream.topics["payments"]}
+                plan, _ = plan_of(make_repo(tmp, {view.name: text}), t)
+                run = run_worker(stream, plan, key, view.name, idle_exit_s=IDLE_EXIT_STATE_S)
+                timing = resolve_timing(source.spec)
+                lag_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000
+                dedup_s = lag_s + DEDUP_BUCKET_S
+                span_s = run["records"] / rate
+                fp = estimate_footprint(
+                    capped(view.features, span_s), rate, tier, run["entities"] or None, 12, cal, dedup_s
+                )
+                meas = run["live_state_bytes"]
+                row["rates"].append({
+                    "rate": rate, "records": run["records"], "stream_span_s": round(span_s),
+                    "entities": run["entities"], "state_bytes": meas, "folder_bytes": run["state_bytes"],
+                    "state_estimate": round(fp.state_bytes),
+                    "state_error": round(fp.state_bytes / meas - 1, 3) if meas else None,
+                    "redis_bytes": run["redis_bytes"], "redis_keys": run["redis_keys"],
+                    "online_estimate": round(fp.online_bytes * run["redis_keys"] / max(1, fp.entities)),
+                    "load_1m": run["load_1m"],
+                })  # fmt: skip
+                r = row["rates"][-1]
+                redis_b = r["redis_bytes"]
+                r["online_error"] = round(r["online_estimate"] / redis_b - 1, 3) if redis_b else None
+                print(f"  {view.name} @ {rate:g}/s: state est {r['state_estimate']:,} vs live {meas:,} "
+                      f"({r['state_error']}), redis est {r['online_estimate']:,} vs {redis_b:,}",
+                      flush=True)  # fmt: skip
+            accuracy[view.name] = row
+        measured = cal_data.setdefault("measured", {})
+        for name, row in accuracy.items():
+            measured.setdefault(name, {})["state_bytes"] = row["rates"][0]["state_bytes"]
+        write_calibration("nearline", cal_data, args)
+        return {
+            "command": command, "constants": constants, "shapes": per_shape, "accuracy": accuracy,
+            "stream_records": stream.records, "load_average_start": [round(x, 2) for x in load0],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "seconds": round(time.monotonic() - started),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }  # fmt: skip
+    finally:
+        stream.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def capped(features: tuple[Any, ...], span_s: float) -> tuple[Any, ...]:

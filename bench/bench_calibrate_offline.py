@@ -1,0 +1,324 @@
+"""Calibrate the offline tier's cost constants: each example offline view alone in Spark, CPU measured.
+
+The stream: the event generator (seed 17, 5,000 users, no late/duplicate/malformed events: landing
+drops those before bronze) and a payments stream, each at two rates of event time (``--rates``,
+events per day) over ``--days`` days, written to bronze Delta tables (``append_events``, what
+landing writes). Then each offline example view is computed alone (``pipelines.offline.job.run_view``:
+the daily values, the Delta write and the Z-order, one chunk per run, into a fresh lake) over each
+stream, in one local Spark session (``offline_session``, 2 shuffle partitions: local runs have 2 cores).
+
+How the tier's CPU is isolated: the CPU seconds (user + system, ``psutil``) of this process and all
+its children (the Spark driver + executor JVM, PySpark's Python workers) over ``run_view``, less
+nothing: the session is started (and warmed up by one view run, discarded) before. A view's daily
+job costs ``fixed_s`` (planning, Delta commit, Z-order: paid once a run, whatever the events) plus
+``us`` per event; the two rates give both per view. The fit (least squares over the views, negative
+terms pinned at 0): ``event_us`` per event, ``agg_us`` per aggregation (one figure for every kind:
+six views do not separate eight kinds) and ``fixed_cores`` = the median ``fixed_s`` / 86,400 (one run
+a day). State: the feature table's bytes (the Delta folder, Parquet) over the rows written gives
+``table_row_bytes`` per slot and ``state_pane_bytes`` per row.
+
+Accuracy: each view at both rates, the estimate (CPU-h/day at the stream's events/day) vs the
+measured CPU per day of events; the table's size vs the state estimate (entities x days written).
+
+Usage: python bench/bench_calibrate_offline.py [--days 2] [--rates 40000,160000] [--no-write]
+Writes registry/calibration/offline.json and bench/results/bench_calibrate.json (``tiers.offline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from headwater.registry.calibration import AGG_KINDS, calibration_path, parse_calibration
+from headwater.registry.cost import SECONDS_PER_DAY, estimate_footprint, estimate_view, view_shape
+from headwater.registry.tiers import TIERS
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_calibrate import machine  # noqa: E402
+
+SEED = 17
+USERS = 5_000
+ACCOUNTS = 2_000
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00Z
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and every child (the Spark JVM, Python workers)."""
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def behaviour_events(per_day: float, days: int) -> list[dict[str, Any]]:
+    """Return behaviour events generated at ``per_day`` events a day of event time for ``days`` days."""
+    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+
+    config = GeneratorConfig(
+        seed=SEED, start_ms=START_MS, rate=per_day / SECONDS_PER_DAY, users=USERS, late_share=0.0,
+        out_of_order_share=0.0, duplicate_share=0.0, malformed_share=0.0,
+    )  # fmt: skip
+    out = []
+    for em in EventGenerator(config).take(int(per_day * days)):
+        if em.event is not None:
+            out.append(dict(em.event))
+    return out
+
+
+def payment_events(per_day: float, days: int) -> list[dict[str, Any]]:
+    """Return payments at ``per_day`` a day for ``days`` days (even gaps; ``occurred_at`` in micros)."""
+    rng = random.Random(SEED)
+    n = int(per_day * days)
+    gap_us = SECONDS_PER_DAY * 1e6 / per_day
+    statuses = ["authorized", "captured", "declined", "refunded"]
+    return [
+        {
+            "payment_id": f"p{i:08d}",
+            "account_id": f"acct-{rng.randrange(ACCOUNTS):05d}",
+            "merchant_id": f"m-{rng.randrange(200):03d}",
+            "method": rng.choice(["card", "wallet", "bank_transfer"]),
+            "status": rng.choices(statuses, weights=[20, 60, 15, 5])[0],
+            "amount": round(rng.uniform(1, 500), 2),
+            "currency": "EUR",
+            "risk_score": round(rng.random(), 4),
+            "occurred_at": int(START_MS * 1000 + i * gap_us),
+        }
+        for i in range(n)
+    ]
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (a Delta table: Parquet files and its log)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def data_bytes(spark: Any, path: Path) -> int:
+    """Bytes of the live Parquet files of a Delta table (what it holds, without its log and old files)."""
+    return int(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0]["sizeInBytes"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--days", type=int, default=2)
+    ap.add_argument("--rates", default="40000,160000", help="events per day of the two streams (behaviour)")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    command = "python bench/bench_calibrate_offline.py " + " ".join(sys.argv[1:])
+    rates = [float(r) for r in args.rates.split(",")]
+    started, load0 = time.monotonic(), os.getloadavg()
+
+    from headwater.pipelines.offline.bronze import append_events
+    from headwater.pipelines.offline.job import read_bronze, run_view
+    from headwater.pipelines.offline.lake import bronze_path, day_of_ms, days, feature_path
+    from headwater.pipelines.offline.session import offline_session
+    from headwater.registry.plans import build_plans, registry_hash
+    from headwater.registry.validate import check_repo
+
+    example = check_repo(ROOT / "features")
+    plan = build_plans(example, registry_hash(example))["offline"]
+    sources = {s.name: s for s in plan.sources}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cal-off-"))
+    spark = offline_session("calibrate-offline")
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    runs: dict[str, Any] = {}
+    try:
+        bronze: dict[tuple[str, float], Any] = {}
+        counts: dict[tuple[str, float], int] = {}
+        for rate in rates:
+            for name, events in (
+                ("events", behaviour_events(rate, args.days)),
+                ("payments", payment_events(rate / 4, args.days)),
+            ):
+                lake = tmp / f"bronze-{name}-{rate:g}"
+                append_events(spark, sources[name], events, bronze_path(lake, name))
+                bronze[(name, rate)] = read_bronze(spark, lake, sources[name]).cache()
+                counts[(name, rate)] = bronze[(name, rate)].count()
+                print(f"bronze {name} @ {rate:g}/day: {counts[(name, rate)]} events", flush=True)
+        all_days = days(day_of_ms(START_MS), day_of_ms(START_MS + (args.days - 1) * SECONDS_PER_DAY * 1000))
+        views = sorted(plan.views, key=lambda v: v.name)
+        # warm-up: the first job of a session pays class loading and JIT; not measured
+        warm = views[-1]
+        run_view(spark, bronze[("events", rates[0])], warm, sources[warm.source], tmp / "warm", all_days,
+                 chunk_days=len(all_days))  # fmt: skip
+        for view in views:
+            row: dict[str, Any] = {"source": view.source, "runs": []}
+            for rate in rates:
+                key = (view.source, rate)
+                lake = tmp / f"lake-{view.name}-{rate:g}"
+                cpu0, t0 = tree_cpu_s(), time.monotonic()
+                done = run_view(spark, bronze[key], view, sources[view.source], lake, all_days,
+                                chunk_days=len(all_days))  # fmt: skip
+                cpu = tree_cpu_s() - cpu0
+                table = feature_path(lake, view.name)
+                row["runs"].append({
+                    "events_per_day": counts[key] / args.days, "events": counts[key], "days": args.days,
+                    "cpu_s": round(cpu, 2), "wall_s": round(time.monotonic() - t0, 2),
+                    "rows": sum(r.rows for r in done), "table_bytes": data_bytes(spark, table),
+                    "folder_bytes": folder_bytes(table), "load_1m": round(os.getloadavg()[0], 2),
+                })  # fmt: skip
+                print(f"  {view.name} @ {rate:g}/day: {row['runs'][-1]}", flush=True)
+            runs[view.name] = row
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    constants, per_view = fit_offline(runs, example)
+    accuracy = check_accuracy(runs, example, constants)
+    cal_data = {
+        "tier": "offline",
+        "model": "registry/cost.py",
+        "constants": constants,
+        "machine": machine(),
+        "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": command,
+        "isolation": "CPU seconds (user + system, psutil) of the Python driver and its children (the local "
+        "Spark JVM, PySpark workers) over run_view of one view (daily values, Delta write, Z-order), "
+        "the session warmed up first; two rates give each view's fixed seconds a run and us/event",
+        "stream": {
+            "days": args.days,
+            "events_per_day": rates,
+            "payments_per_day": [r / 4 for r in rates],
+            "users": USERS,
+            "accounts": ACCOUNTS,
+            "seed": SEED,
+        },
+        "measured": {
+            name: {
+                "cpu_s_per_day": [round(r["cpu_s"] / r["days"], 2) for r in row["runs"]],
+                "events_per_day": [r["events_per_day"] for r in row["runs"]],
+                "state_bytes": [r["table_bytes"] for r in row["runs"]],
+            }
+            for name, row in runs.items()
+        },
+    }
+    if not args.no_write:
+        path = calibration_path("offline")
+        path.write_text(json.dumps(cal_data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)}")
+    out = ROOT / "bench/results/bench_calibrate.json"
+    doc = json.loads(out.read_text()) if out.is_file() else {"benchmark": "calibrate", "tiers": {}}
+    doc["tiers"]["offline"] = {
+        "command": command, "constants": constants, "per_view_fit": per_view, "runs": runs,
+        "accuracy": accuracy, "machine": machine(), "load_average_start": [round(x, 2) for x in load0],
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "seconds": round(time.monotonic() - started),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }  # fmt: skip
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print_table(accuracy)
+
+
+def fit_offline(runs: dict[str, Any], example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Constants from the runs: per view fixed s + us/event (two rates), then event_us + agg_us by shape."""
+    per_view: dict[str, Any] = {}
+    rows, us = [], []
+    for name, row in runs.items():
+        (a, b) = row["runs"][:2]
+        slope = (b["cpu_s"] - a["cpu_s"]) / max(1, b["events"] - a["events"])
+        fixed = a["cpu_s"] - slope * a["events"]
+        if slope <= 0:  # noise above the events' cost: all of it fixed
+            slope, fixed = 0.0, (a["cpu_s"] + b["cpu_s"]) / 2
+        per_view[name] = {"fixed_s": round(fixed, 2), "us_per_event": round(slope * 1e6, 3)}
+        view = next(v for v in example.views if v.name == name)
+        rows.append([1.0, float(len(view_shape(view.features).aggs))])
+        us.append(slope * 1e6)
+    a, b = np.asarray(rows), np.asarray(us)
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    if coef[1] < 0:
+        coef = np.array([float(b.mean()), 0.0])
+    if coef[0] < 0:
+        coef = np.array([0.0, float((b / a[:, 1]).mean())])
+    fixed_s = float(np.median([max(0.0, p["fixed_s"]) for p in per_view.values()]))
+    state = state_fit(runs, example)
+    constants = {
+        "event_us": round(float(coef[0]), 3),
+        "agg_us": dict.fromkeys(AGG_KINDS, round(float(coef[1]), 3)),
+        "where_us": 0.0,
+        "pane_us": 0.0,
+        "selectivity": 1.0,
+        "rekey_us": 0.0,
+        "fixed_cores": round(fixed_s / SECONDS_PER_DAY, 7),
+        **state,
+    }
+    return constants, per_view
+
+
+def state_fit(runs: dict[str, Any], example: Any) -> dict[str, float]:
+    """Least squares of each table's Parquet bytes on its rows and rows x slots."""
+    a, b = [], []
+    for name, row in runs.items():
+        view = next(v for v in example.views if v.name == name)
+        slots = view_shape(view.features).slots
+        for r in row["runs"]:
+            a.append([r["rows"], r["rows"] * slots])
+            b.append(r["table_bytes"])
+    coef, *_ = np.linalg.lstsq(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rcond=None)
+    if coef[0] < 0:
+        coef = np.array([0.0, float(np.sum(b) / np.sum([x[1] for x in a]))])
+    return {
+        "state_pane_bytes": round(float(coef[0]), 2),
+        "table_row_bytes": round(float(max(0.0, coef[1])), 2),
+    }
+
+
+def check_accuracy(runs: dict[str, Any], example: Any, constants: dict[str, Any]) -> dict[str, Any]:
+    """Per view and rate: estimated vs measured CPU a day; estimated vs measured table bytes."""
+    cal = parse_calibration(
+        "offline", {"constants": constants, "measured_at": "now"}, calibration_path("offline")
+    )
+    tier = TIERS["offline"]
+    out: dict[str, Any] = {}
+    for name, row in runs.items():
+        view = next(v for v in example.views if v.name == name)
+        rates = []
+        for r in row["runs"]:
+            rate = r["events_per_day"] / SECONDS_PER_DAY
+            est = estimate_view(view.features, rate, tier, False, None, cal)
+            est_s = est.cpu_hours_per_day * 3600
+            meas_s = r["cpu_s"] / r["days"]
+            # the table holds one row per entity and day computed: entities = rows / days written
+            entities = r["rows"] / r["days"]
+            fp = estimate_footprint(view.features, rate, tier, entities, 12, cal)
+            days_kept = max(1, -(-view_shape(view.features).longest_window_s // SECONDS_PER_DAY))
+            state_est = fp.state_bytes * r["days"] / days_kept  # the stream wrote `days` days, not the window
+            rates.append({
+                "events_per_day": r["events_per_day"], "estimated_cpu_s_per_day": round(est_s, 2),
+                "measured_cpu_s_per_day": round(meas_s, 2), "cpu_error": round(est_s / meas_s - 1, 3),
+                "state_estimate": round(state_est), "state_bytes": r["table_bytes"],
+                "state_error": round(state_est / r["table_bytes"] - 1, 3) if r["table_bytes"] else None,
+                "load_1m": r["load_1m"],
+            })  # fmt: skip
+        out[name] = {"source": view.source, "rates": rates}
+    return out
+
+
+def print_table(accuracy: dict[str, Any]) -> None:
+    """Estimate vs measured per view and rate: CPU seconds a day, table bytes."""
+    print(f"\n{'view':<28} {'events/day':>10} {'est cpu s':>9} {'meas cpu s':>10} {'err':>6}  "
+          f"{'state est':>10} {'state meas':>10} {'err':>6}")  # fmt: skip
+    for name, row in accuracy.items():
+        for r in row["rates"]:
+            print(f"{name:<28} {r['events_per_day']:>10,.0f} {r['estimated_cpu_s_per_day']:>9.1f} "
+                  f"{r['measured_cpu_s_per_day']:>10.1f} {r['cpu_error']:>+6.0%}  {r['state_estimate']:>10,} "
+                  f"{r['state_bytes']:>10,} {(r['state_error'] or 0):>+6.0%}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
