@@ -5,8 +5,8 @@ cluster (REST 8281), Spark standalone (7077), the 3-broker Kafka (19092-19094). 
 stops a part starts it again before it ends, so the next test finds the whole profile. Without the
 profile the tests skip, naming the command that starts it.
 
-The realtime job writes to the single Redis (6379): its JVM sink (Jedis, RealtimeStore) cannot write
-to a Redis Cluster yet.
+The realtime job writes to the single Redis (6379) unless a test names the profile's Redis Cluster
+(``REDIS_CLUSTER``, 7000-7005): the JVM sink opens a JedisCluster for a ``redis-cluster://`` URL.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ KAFKA_BASE = int(os.environ.get("HEADWATER_KAFKA_CLUSTER_PORT", "19092"))
 KAFKA = ",".join(f"{HOST}:{KAFKA_BASE + i}" for i in range(3))
 SPARK_MASTER = f"spark://{HOST}:{os.environ.get('HEADWATER_SPARK_MASTER_PORT', '7077')}"
 SPARK_UI = f"http://{HOST}:{os.environ.get('HEADWATER_SPARK_UI_PORT', '8380')}"
+REDIS_CLUSTER_PORT = int(os.environ.get("HEADWATER_REDIS_CLUSTER_PORT", "7000"))
+REDIS_CLUSTER = f"redis-cluster://{HOST}:{REDIS_CLUSTER_PORT}"
 
 # The realtime tier's fixtures and helpers (scratch plan with the test views, Feed, reference checks).
 _spec = importlib.util.spec_from_file_location(
@@ -149,7 +151,9 @@ def names(cluster: None, redis_url: str) -> Iterator[Names]:
 class ClusterJob:
     """``headwater run realtime --jobmanager``: submitted to the session cluster, cancelled at the end."""
 
-    def __init__(self, state: Path, names: Names, checkpoints: Path, log: Path) -> None:
+    def __init__(
+        self, state: Path, names: Names, checkpoints: Path, log: Path, redis_url: str | None = None
+    ) -> None:
         cmd = [
             sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
             "--checkpoint-dir", str(checkpoints), "--source", "events", "--topic", f"events={names.topic}",
@@ -157,6 +161,8 @@ class ClusterJob:
             "--checkpoint-interval", "2", "--parallelism", "1", "--jobmanager", JOBMANAGER,
         ]  # fmt: skip
         env = {**os.environ, "HEADWATER_KAFKA_BOOTSTRAP": KAFKA}
+        if redis_url:
+            env["HEADWATER_REDIS_URL"] = redis_url
         done = subprocess.run(
             cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
         )

@@ -17,7 +17,7 @@ import org.apache.flink.metrics.MetricGroup;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
-import redis.clients.jedis.exceptions.JedisConnectionException;
+import redis.clients.jedis.exceptions.JedisException;
 
 /**
  * Buffers the values of one group's views and writes them in batches: every {@code flush_ms}, when
@@ -27,8 +27,9 @@ import redis.clients.jedis.exceptions.JedisConnectionException;
  * replaces a buffered one: under catch-up most intermediate values are never written); 2. text slots
  * get their dictionary ids; 3. values are packed and written by write.lua in chunks, all chunks in one
  * pipeline; 4. a view whose progress mark is ahead of every row written gets a progress entry in its
- * freshness log. A broken connection is retried with backoff until Redis answers (the job waits;
- * nothing is dropped, and the retried writes are idempotent).
+ * freshness log. A broken connection (on a Redis Cluster also a failover in progress,
+ * {@link RedisStore#retriable}) is retried with backoff until Redis answers (the job waits; nothing
+ * is dropped, and the retried writes are idempotent).
  */
 final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.ProcessingTimeCallback {
     private static final Logger LOG = LoggerFactory.getLogger(StoreWriter.class);
@@ -115,7 +116,10 @@ final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.Pro
             try {
                 writeOnce();
                 return;
-            } catch (JedisConnectionException e) {
+            } catch (JedisException e) {
+                if (!RedisStore.retriable(e)) {
+                    throw e;
+                }
                 LOG.warn("online store at {} unreachable ({}); retrying in {} ms", program.store.url,
                     e.getMessage(), backoff);
                 store.reset();
