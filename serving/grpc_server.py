@@ -2,8 +2,10 @@
 
 :class:`GrpcEdge` is a ``grpc.aio`` server on its own port that runs on the REST app's event loop
 and calls the very function ``POST /v1/rank`` calls (``app.state.rank``): the same admission, engine,
-fallback chain, impressions and metrics. It is one of ``app.state.servers``, so it starts after the
-app's engine and stops before it (``headwater serve --grpc-port``).
+fallback chain, impressions and metrics. ``Recommend`` likewise calls ``app.state.recommend`` (the
+funnel of ``POST /v1/recommend``); an app without the funnel answers it UNAVAILABLE, as REST's 503.
+The edge is one of ``app.state.servers``, so it starts after the app's engine and stops before it
+(``headwater serve --grpc-port``).
 
 Errors are status codes with the REST message:
 
@@ -34,20 +36,30 @@ from pydantic import ValidationError
 from headwater.serving.admission import CLASS_HEADER, Throttled
 from headwater.serving.batcher import QueueFullError
 from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
-from headwater.serving.schemas import RankRequest, readable_errors
+from headwater.serving.schemas import RankRequest, RecommendRequest, readable_errors
 
 logger = logging.getLogger(__name__)
 SERVICE = "headwater.v1.Ranking"
 OPTIONAL_FIELDS = ("priority", "deadline_ms", "session_id", "device", "log_impressions", "user_class")
 """Fields of ``RankRequest`` the message marks ``optional``: absent means the REST default."""
 RankFunction = Callable[[RankRequest, str | None], Awaitable[dict[str, Any]]]
+RecommendFunction = Callable[[RecommendRequest, str | None], Awaitable[dict[str, Any]]]
+RECOMMEND_OPTIONAL = ("priority", "deadline_ms", "session_id", "device", "log_impressions", "user_class")
 
 
 class GrpcEdge:
     """A ``grpc.aio`` server of ``headwater.v1.Ranking`` on ``host:port``, sharing ``rank`` with REST."""
 
-    def __init__(self, rank: RankFunction, host: str, port: int, on_invalid: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        rank: RankFunction,
+        host: str,
+        port: int,
+        on_invalid: Callable[[], None],
+        recommend: RecommendFunction | None = None,
+    ) -> None:
         self._rank = rank
+        self._recommend = recommend
         self.address = f"{host}:{port}"
         self._on_invalid = on_invalid
         self._server: grpc.aio.Server | None = None
@@ -58,7 +70,8 @@ class GrpcEdge:
     def for_app(cls, app: Any, host: str, port: int) -> GrpcEdge:
         """Return the edge of a :func:`headwater.serving.app.create_app` app, added to its servers."""
         telemetry = app.state.telemetry
-        edge = cls(app.state.rank, host, port, lambda: telemetry.rejected.labels("invalid").inc())
+        on_invalid = lambda: telemetry.rejected.labels("invalid").inc()  # noqa: E731
+        edge = cls(app.state.rank, host, port, on_invalid, getattr(app.state, "recommend", None))
         app.state.servers.append(edge)
         return edge
 
@@ -68,7 +81,14 @@ class GrpcEdge:
         handler = grpc.unary_unary_rpc_method_handler(
             self._serve, request_deserializer=None, response_serializer=pb.RankResponse.SerializeToString
         )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Rank": handler}),))
+        handlers = {"Rank": handler}
+        if self._recommend is not None:
+            handlers["Recommend"] = grpc.unary_unary_rpc_method_handler(
+                self._serve_recommend,
+                request_deserializer=None,
+                response_serializer=pb.RecommendResponse.SerializeToString,
+            )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         try:
             bound = server.add_insecure_port(self.address)
         except RuntimeError as exc:
@@ -114,6 +134,55 @@ class GrpcEdge:
             detail = f"the service failed to answer ({type(exc).__name__}); retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, detail)
         return to_message(answer)
+
+    async def _serve_recommend(
+        self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RecommendResponse:
+        assert self._recommend is not None  # the handler is registered only with one
+        try:
+            message = pb.RecommendRequest.FromString(raw)
+        except DecodeError as exc:
+            self._on_invalid()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"not a headwater.v1.RecommendRequest: {exc}"
+            )
+        fields: dict[str, Any] = {"user_id": message.user_id, "k": message.k}
+        fields.update({n: getattr(message, n) for n in RECOMMEND_OPTIONAL if message.HasField(n)})
+        try:
+            body = RecommendRequest.model_validate(fields)
+        except ValidationError as exc:
+            self._on_invalid()
+            errors = readable_errors(exc.errors(), tuple(RecommendRequest.model_fields))
+            detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
+        header = _metadata(context, CLASS_HEADER)
+        try:
+            answer = await self._recommend(body, header)
+        except Throttled as exc:
+            await _exhausted(context, str(exc), exc.retry_after_s)
+        except QueueFullError as exc:
+            await _exhausted(context, str(exc), float(exc.retry_after_s))
+        except Exception as exc:  # FunnelOff (no funnel) and the net under a bug: retryable, as REST's 503
+            if type(exc).__name__ != "FunnelOff":
+                logger.exception("unhandled error serving gRPC Recommend")
+            detail = f"the service failed to answer ({type(exc).__name__}: {exc}); retry"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, detail)
+        return recommend_message(answer)
+
+
+def recommend_message(answer: dict[str, Any]) -> pb.RecommendResponse:
+    """Return the gRPC answer of a REST recommend answer (``app.state.recommend``'s dict)."""
+    out = pb.RecommendResponse(
+        items=[pb.RecommendedItem(**{k: v for k, v in i.items() if v is not None}) for i in answer["items"]],
+        stages=[pb.FunnelStage(**{k: v for k, v in s.items() if v is not None}) for s in answer["stages"]],
+        fallback=answer["fallback"],
+        latency_ms=answer["latency_ms"],
+        request_id=answer["request_id"],
+    )
+    for name in ("model_version", "reranker_version", "retrieval_version"):
+        if answer[name] is not None:
+            setattr(out, name, answer[name])
+    return out
 
 
 def to_fields(message: pb.RankRequest) -> dict[str, Any]:
