@@ -165,8 +165,10 @@ def serve(
     threads = configure_torch_threads(config.torch_threads)
     switch_ms = configure_switch_interval(config.gil_switch_interval_ms)
     loaded = load_models(model_path, registry, device)
-    arm_loaded, recorder = _experiment_and_recorder(config, registry, device, plans)
     settings = Settings.from_env()
+    arm_loaded, recorder = _experiment_and_recorder(
+        config, registry, device, plans, bootstrap or settings.kafka_bootstrap
+    )
     reader = OnlineStoreReader.from_url(redis_url or settings.redis_url, namespace=namespace)
     feedback = None
     if config.feedback.enabled and not no_feedback:
@@ -217,7 +219,7 @@ def serve(
 
 
 def _experiment_and_recorder(
-    config: ServingConfig, registry: BoundRegistry, device: str | None, plans: Path
+    config: ServingConfig, registry: BoundRegistry, device: str | None, plans: Path, bootstrap: str
 ) -> tuple[dict[str, LoadedModels], Recorder | None]:
     """Load the experiment arms' models and make the request recorder the config asks for."""
     from headwater.serving.experiments import ExperimentModelError, load_arm_models
@@ -233,9 +235,14 @@ def _experiment_and_recorder(
     recorder = None
     if config.recording.enabled:
         path = recording_path(config.recording, plans)
-        recorder = Recorder(config.recording, path)
-        click.echo(
-            f"recording {config.recording.sample_rate:.1%} of the ranking requests to {path}"
-            f" (rotates at {config.recording.max_bytes} bytes, keeps {config.recording.max_files} more)"
-        )
+        rec = config.recording
+        connect = None
+        if rec.topic is not None:
+            from headwater.serving.skew import kafka_connect
+
+            connect = kafka_connect(bootstrap, rec.topic)
+        recorder = Recorder(rec, path, connect=connect)
+        where = [f"{path} (rotates at {rec.max_bytes} bytes, keeps {rec.max_files} more)"] if rec.file else []
+        where += [f"topic {rec.topic}"] if rec.topic is not None else []
+        click.echo(f"recording {rec.sample_rate:.1%} of the ranking requests to {' and '.join(where)}")
     return arm_loaded, recorder

@@ -1,4 +1,4 @@
-"""Record a sample of ranking requests with their answers and timing, to rotating JSON Lines files.
+"""Record a sample of ranking requests with their answers and timing, to rotating JSON Lines files or a topic.
 
 The service never waits for the disk: :meth:`Recorder.offer` samples the request (``sample_rate``)
 and puts one line into a bounded buffer; a full buffer drops the line (counted). One writer thread
@@ -15,6 +15,11 @@ One line per recorded request (:data:`RECORD_VERSION` 1)::
 ``at_ms`` is when the request arrived (UTC ms): ``headwater replay`` sends the lines again at
 the same pacing. ``request`` holds the fields the client set, so a replay sends the same body.
 :func:`read_records` reads such files back and names the file and line of anything else.
+
+With ``topic`` set, the same records also go to Kafka (one JSON record each, keyed by user id; the
+writer thread sends them, so the service never waits for Kafka either), and ``file: false`` keeps
+the topic only; :func:`read_topic_records` reads a topic back, naming partition and offset of a
+record that is not one. A topic is what several replicas can record into together.
 """
 
 from __future__ import annotations
@@ -26,14 +31,14 @@ import math
 import queue
 import random
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 logger = logging.getLogger(__name__)
 RECORD_VERSION = 1
@@ -58,6 +63,17 @@ class RecordingConfig(BaseModel):
     """Rotated files kept beside the current one (``path.1`` is the newest)."""
     max_buffer: int = Field(default=10_000, ge=1)
     """Lines waiting for the writer; when full, new ones are dropped (and counted)."""
+    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    """Kafka topic the records go to as well (created when missing); None: the file only."""
+    file: bool = True
+    """Write the JSON Lines file; false (with a ``topic``): the topic only."""
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> RecordingConfig:
+        if not self.file and self.topic is None:
+            msg = "file: false needs a topic: the recording would go nowhere"
+            raise ValueError(msg)
+        return self
 
 
 @dataclass
@@ -75,10 +91,21 @@ class RecorderCounters:
 class Recorder:
     """Samples requests into a bounded buffer; a thread writes them to rotating files."""
 
-    def __init__(self, config: RecordingConfig, path: Path, seed: int | None = None) -> None:
-        """Record to ``path`` (the config's, resolved by the caller) as ``config`` says."""
+    def __init__(
+        self,
+        config: RecordingConfig,
+        path: Path,
+        seed: int | None = None,
+        connect: Callable[[], Any] | None = None,
+    ) -> None:
+        """Record to ``path`` (the config's, resolved by the caller) as ``config`` says.
+
+        ``connect``: returns the Kafka producer (kafka-python's) of ``config.topic``; called by the
+        writer thread at the first record, and again after a failed send.
+        """
         self.config = config
         self.path = path
+        self._connect = connect if config.topic is not None else None
         self.counters = RecorderCounters()
         self._rng = random.Random(seed)
         self._buffer: queue.Queue[object] = queue.Queue(maxsize=config.max_buffer)
@@ -109,7 +136,8 @@ class Recorder:
     def start_thread(self) -> None:
         """Create the folder and start the writer (idempotent)."""
         if self._thread is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.config.file:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
             self._thread = threading.Thread(target=self._run, name="headwater-recorder", daemon=True)
             self._thread.start()
 
@@ -156,43 +184,44 @@ class Recorder:
                 self.counters.dropped += 1
 
     def _run(self) -> None:
-        out = None
-        size = 0
+        sink = _FileSink(self) if self.config.file else None
+        producer = None
         try:
             while True:
                 item = self._buffer.get()
                 if item is _STOP:
                     break
                 line = orjson.dumps(item) + b"\n"
-                try:
-                    if out is None:
-                        out = self.path.open("ab")
-                        size = out.tell()
-                    if size and size + len(line) > self.config.max_bytes:
-                        out.close()
-                        self._rotate()
-                        out = self.path.open("ab")
-                        size = 0
-                    out.write(line)
-                    size += len(line)
-                    if self._buffer.empty():
-                        out.flush()  # a reader (or a crash) sees whole lines
-                    with self._lock:
+                ok = sink.write(line) if sink is not None else True
+                if self._connect is not None:
+                    sent, producer = self._send(producer, line, item)
+                    ok = ok and sent
+                with self._lock:
+                    if ok:
                         self.counters.recorded += 1
-                except OSError as exc:
-                    with self._lock:
+                    else:
                         self.counters.failed += 1
-                    logger.warning(
-                        "recording %s: write failed (%s); the request is not recorded", self.path, exc
-                    )
-                    if out is not None:
-                        with contextlib.suppress(OSError):
-                            out.close()
-                    out = None
         finally:
-            if out is not None:
-                with contextlib.suppress(OSError):
-                    out.close()
+            if sink is not None:
+                sink.close()
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    producer.flush(timeout=2.0)
+                    producer.close(timeout=2.0)
+
+    def _send(self, producer: Any, line: bytes, item: Any) -> tuple[bool, Any]:
+        """Send one record to the topic; return whether it was handed to the producer, and the producer."""
+        from kafka.errors import KafkaError
+
+        try:
+            producer = producer or (self._connect() if self._connect is not None else None)
+            key = str(item["request"].get("user_id", "")).encode()
+            producer.send(self.config.topic, value=line[:-1], key=key)
+        except (KafkaError, OSError) as exc:
+            logger.warning("recording to topic %s: not sent (%s); the request is not recorded there",
+                           self.config.topic, exc)  # fmt: skip
+            return False, None
+        return True, producer
 
     def _rotate(self) -> None:
         """Shift ``path.i`` to ``path.i+1`` (dropping the last) and ``path`` to ``path.1``."""
@@ -209,6 +238,44 @@ class Recorder:
             self.path.rename(self.path.with_name(f"{self.path.name}.1"))
         with self._lock:
             self.counters.rotations += 1
+
+
+class _FileSink:
+    """The recorder's rotating file: appends whole lines, rotates before one would pass ``max_bytes``."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.out: Any = None
+        self.size = 0
+
+    def write(self, line: bytes) -> bool:
+        """Append ``line``; return False (logged) when the disk refused it."""
+        rec = self.recorder
+        try:
+            if self.out is None:
+                self.out = rec.path.open("ab")
+                self.size = self.out.tell()
+            if self.size and self.size + len(line) > rec.config.max_bytes:
+                self.out.close()
+                rec._rotate()
+                self.out = rec.path.open("ab")
+                self.size = 0
+            self.out.write(line)
+            self.size += len(line)
+            if rec._buffer.empty():
+                self.out.flush()  # a reader (or a crash) sees whole lines
+        except OSError as exc:
+            logger.warning("recording %s: write failed (%s); the request is not recorded", rec.path, exc)
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the file (the next write reopens it)."""
+        if self.out is not None:
+            with contextlib.suppress(OSError):
+                self.out.close()
+        self.out = None
 
 
 def recording_path(config: RecordingConfig, state_dir: Path) -> Path:
@@ -333,3 +400,45 @@ def _parse_line(raw: bytes, where: str) -> Recorded:
         if fallback is not None:
             fallback = f"{fallback} ({answer.get('fallback_reason') or 'unknown'})"
     return Recorded(at, request, status, None if latency is None else float(latency), items, fallback, where)
+
+
+def read_topic_records(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[Recorded]:
+    """Read every record of ``topic`` (as :class:`Recorder` sends them) from its start to its current end.
+
+    Raises:
+        RecordFileError: the topic does not exist, Kafka stops answering, or a record is not one
+            (the message names the topic, partition and offset).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             client_id="headwater-replay")  # fmt: skip
+    try:
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        if not partitions:
+            msg = (
+                f"topic {topic!r} does not exist at {bootstrap}; serve with `recording: {{topic: ...}}` first"
+            )
+            raise RecordFileError(msg)
+        parts = [TopicPartition(topic, p) for p in partitions]
+        end = consumer.end_offsets(parts)
+        left = {tp for tp in parts if end[tp] > 0}
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        out: list[Recorded] = []
+        while left:
+            left = {tp for tp in left if consumer.position(tp) < end[tp]}
+            if not left:
+                break
+            polled = consumer.poll(timeout_ms=int(timeout_s * 1000))
+            if not polled:
+                msg = f"topic {topic!r}: Kafka at {bootstrap} sent nothing for {timeout_s:g} s before its end"
+                raise RecordFileError(msg)
+            for tp, records in polled.items():
+                for r in records:
+                    if r.offset < end[tp] and (r.value or b"").strip():
+                        out.append(_parse_line(r.value, f"{topic}[{tp.partition}]@{r.offset}"))
+    finally:
+        consumer.close()
+    out.sort(key=lambda r: r.at_ms)
+    return out

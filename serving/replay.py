@@ -2,7 +2,8 @@
 
 Steps of one replay:
 
-1. Read the recordings (:func:`~headwater.serving.recording.read_records`), sorted by arrival.
+1. Read the recordings, files (:func:`~headwater.serving.recording.read_records`) or a topic
+   (:func:`~headwater.serving.recording.read_topic_records`), sorted by arrival.
 2. Send request ``i`` at ``start + (at_ms[i] - at_ms[0]) / speed``, without waiting for earlier
    answers (an open loop, as real traffic is), at most ``max_in_flight`` at once; a send that
    had to wait for a slot is counted as behind schedule.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from headwater.serving.recording import Recorded, RecordFileError, read_records
+from headwater.serving.recording import Recorded, RecordFileError, read_records, read_topic_records
 
 BEHIND_TOLERANCE_MS = 10.0
 """A send later than its due time by more than this counts as behind schedule."""
@@ -258,7 +259,11 @@ async def _send(
 
 
 @click.command("replay")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--topic", default=None, help="Read the recording from this Kafka topic (recording.topic) instead."
+)
+@click.option("--bootstrap", default=None, help="Kafka of --topic (default: HEADWATER_* settings).")
 @click.option("--url", required=True, help="Base URL of the ranking service, e.g. http://127.0.0.1:8080.")
 @click.option(
     "--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
@@ -277,6 +282,8 @@ async def _send(
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def replay_command(
     files: tuple[Path, ...],
+    topic: str | None,
+    bootstrap: str | None,
     url: str,
     speed: float,
     max_in_flight: int,
@@ -287,15 +294,24 @@ def replay_command(
 ) -> None:
     """Send recorded ranking requests (`serve` with recording on) again and compare the answers.
 
-    FILES are JSON Lines recordings (a rotated set may be given together). Reports latency
-    p50/p95/p99, errors, fallbacks and the share of answers whose ranked ids changed.
+    FILES are JSON Lines recordings (a rotated set may be given together), or --topic the Kafka
+    topic the service recorded to. Reports latency p50/p95/p99, errors, fallbacks and the share
+    of answers whose ranked ids changed.
     """
+    if bool(files) == (topic is not None):
+        msg = "pass recording FILES or --topic, one of the two"
+        raise click.UsageError(msg)
     try:
-        records = read_records(list(files))
+        if topic is not None:
+            from headwater.pipelines.settings import Settings
+
+            records = read_topic_records(bootstrap or Settings.from_env().kafka_bootstrap, topic)
+        else:
+            records = read_records(list(files))
     except RecordFileError as exc:
         raise click.ClickException(str(exc)) from exc
     if not records:
-        raise click.ClickException(f"no records in {', '.join(map(str, files))}")
+        raise click.ClickException(f"no records in {topic or ', '.join(map(str, files))}")
     report = asyncio.run(replay(records, url, speed, max_in_flight, timeout_s, log_impressions))
     click.echo(json.dumps(report.as_dict(), indent=2) if fmt == "json" else report.text())
     share = report.changed_share

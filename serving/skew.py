@@ -165,7 +165,7 @@ class PredictionLog:
 
 
 def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]:
-    """Return a factory of the prediction log's Kafka producer; it creates ``topic`` when missing.
+    """Return a factory of a Kafka producer (prediction log, recording); it creates ``topic`` if missing.
 
     The factory runs on the log's own thread at the first record, so a broker that is down
     costs the service nothing (the record is counted as failed and the next one tries again).

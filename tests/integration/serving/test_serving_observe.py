@@ -32,7 +32,7 @@ from headwater.pipelines.offline.landing import Lander, LandingConfig
 from headwater.pipelines.offline.testing import behaviour
 from headwater.serving.config import DEFAULT_POPULARITY
 from headwater.serving.experiments import ArmConfig, Assigner, ExperimentConfig
-from headwater.serving.recording import read_records
+from headwater.serving.recording import read_records, read_topic_records
 from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
 from headwater.serving.synthetic import make_world, training_set, write_world
@@ -100,7 +100,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, kafka_boots
     arms[1] = arms[1].model_copy(update={"model": tmp / "models-v2"})
     config = {
         "experiment": EXPERIMENT.model_copy(update={"arms": tuple(arms)}).model_dump(mode="json"),
-        "recording": {"enabled": True, "path": str(recording), "sample_rate": 1.0},
+        "recording": {"enabled": True, "path": str(recording), "sample_rate": 1.0, "topic": f"{topic}.rec"},
         "default_deadline_ms": 5000.0,  # under load the DCN must answer: the test checks each arm's model
     }
     (tmp / "serving.yaml").write_text(json.dumps(config))  # JSON is YAML
@@ -126,7 +126,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, kafka_boots
     finally:
         proc.terminate()
         proc.wait(30)
-        admin.delete_topics([topic, f"{topic}.dlq"])
+        admin.delete_topics([topic, f"{topic}.dlq", f"{topic}.rec"])
         admin.close()
         client = redis.Redis.from_url(redis_url)
         for key in client.scan_iter(match=f"{namespace}:*", count=1000):
@@ -233,26 +233,25 @@ def test_experiment_report_from_the_landed_events(served: Any, spark: Any, kafka
     assert done.returncode == (1 if srm.flagged else 0)
 
 
-def test_replay_reports_no_change_then_the_changed_share(served: Any) -> None:
+def test_replay_reports_no_change_then_the_changed_share(served: Any, kafka_bootstrap: str) -> None:
     assert served["answers"], "runs after the ranking test"
     records = read_records([served["recording"]])
     assert len(records) == USERS  # every rank request; the invalid or feedback posts are not recorded
     assert [r.items for r in records] == [
         [x["item_id"] for x in served["answers"][r.request["user_id"]]["items"]] for r in records
     ]
-    cmd = [
-        HEADWATER,
-        "replay",
-        str(served["recording"]),
-        "--url",
-        served["url"],
-        "--speed",
-        "4",
-        "--format",
-        "json",
+    # The same records went to the recording topic as well.
+    sent = read_topic_records(kafka_bootstrap, f"{served['topic']}.rec")
+    key = lambda r: (r.at_ms, r.request["user_id"])  # noqa: E731
+    assert [(r.at_ms, r.request, r.status, r.items) for r in sorted(sent, key=key)] == [
+        (r.at_ms, r.request, r.status, r.items) for r in sorted(records, key=key)
     ]
+    cmd = [HEADWATER, "replay", str(served["recording"]), "--url", served["url"], "--speed", "4",
+           "--format", "json"]  # fmt: skip
+    from_topic = [HEADWATER, "replay", "--topic", f"{served['topic']}.rec", "--bootstrap", kafka_bootstrap,
+                  "--url", served["url"], "--speed", "4", "--format", "json"]  # fmt: skip
     first = json.loads(
-        subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, timeout=300).stdout
+        subprocess.run(from_topic, cwd=ROOT, capture_output=True, text=True, check=True, timeout=300).stdout
     )
     assert (first["requests"], first["error_count"], first["compared"]) == (USERS, 0, USERS)
     assert first["changed"] == 0

@@ -62,6 +62,53 @@ def test_recorded_lines_read_back_in_arrival_order(tmp_path: Path) -> None:
     assert json.loads(path.read_text().splitlines()[0])["v"] == RECORD_VERSION
 
 
+class FakeProducer:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+        self.fail_first = fail_first
+
+    def send(self, topic: str, *, value: bytes, key: bytes) -> None:
+        from kafka.errors import KafkaTimeoutError
+
+        if self.fail_first:
+            self.fail_first -= 1
+            raise KafkaTimeoutError("no broker")
+        self.sent.append((topic, value, key))
+
+    def flush(self, timeout: float | None = None) -> None:
+        return None
+
+    def close(self, timeout: float | None = None) -> None:
+        return None
+
+
+def test_records_go_to_the_topic_as_well_or_only(tmp_path: Path) -> None:
+    producer = FakeProducer()
+    path = tmp_path / "both.jsonl"
+    config = RecordingConfig(enabled=True, sample_rate=1.0, topic="rec")
+    recorder = Recorder(config, path, connect=lambda: producer)
+    recorder.start_thread()
+    recorder.offer(1_000, {"user_id": "u1", "candidates": ["a"], "k": 1}, 200, 1.0, answer(["a"]))
+    recorder.stop_thread()
+    ((topic, value, key),) = producer.sent
+    assert (topic, key) == ("rec", b"u1")
+    assert value + b"\n" == path.read_bytes()  # the same record in both places
+    assert recorder.counters.recorded == 1
+
+    only = RecordingConfig(enabled=True, sample_rate=1.0, topic="rec", file=False)
+    flaky = FakeProducer(fail_first=1)
+    recorder = Recorder(only, tmp_path / "never.jsonl", connect=lambda: flaky)
+    recorder.start_thread()
+    for n in range(3):
+        recorder.offer(n, {"user_id": f"u{n}", "candidates": ["a"], "k": 1}, 200, 1.0, answer(["a"]))
+    recorder.stop_thread()
+    assert not (tmp_path / "never.jsonl").exists()
+    assert [k for _, _, k in flaky.sent] == [b"u1", b"u2"]  # the first send failed: counted, not retried
+    assert (recorder.counters.recorded, recorder.counters.failed) == (2, 1)
+    with pytest.raises(ValueError, match="file: false needs a topic"):
+        RecordingConfig(enabled=True, file=False)
+
+
 def test_rotation_bounds_the_disk_and_keeps_whole_lines(tmp_path: Path) -> None:
     path = tmp_path / "requests.jsonl"
     config = RecordingConfig(enabled=True, sample_rate=1.0, max_bytes=4096, max_files=2)
