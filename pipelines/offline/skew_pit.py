@@ -240,8 +240,9 @@ def _differs(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDAr
     both_nan = np.isnan(a64) & np.isnan(b64)
     scale = np.maximum(1.0, np.maximum(np.abs(np.nan_to_num(a64)), np.abs(np.nan_to_num(b64))))
     with np.errstate(invalid="ignore"):
-        far = ~(np.abs(a64 - b64) <= RELATIVE_TOLERANCE * scale)
-    return far & ~both_nan
+        far: npt.NDArray[np.bool_] = ~(np.abs(a64 - b64) <= RELATIVE_TOLERANCE * scale)
+    out: npt.NDArray[np.bool_] = far & ~both_nan
+    return out
 
 
 def feature_skew(
