@@ -437,35 +437,50 @@ def fit_jobs(runs: dict[str, Any], example: Any) -> dict[str, Any]:
 AGG_KINDS_RT = ("count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k")
 
 
-def state_terms(views: list[Any], run: dict[str, Any]) -> tuple[list[float], dict[str, float]]:
-    """Return a run's state terms at its end: slices, slices x aggregations and event ids, per the model.
+def state_inputs(view: Any, run: dict[str, Any]) -> tuple[tuple[Any, ...], float, float]:
+    """Return what the model is given for a view's state at a run's end.
 
-    Entities: the views' Redis keys (an entity with state has a value); the events of each group's
-    longest window (capped to the run) from what was sent when. Groups of one entity share state.
+    Its windows capped to the run, the rate of its longest window's events (as sent), its live
+    entities (its Redis keys: one per entity with state).
     """
-    from headwater.registry.cost import Shape, live_slices, view_shape
+    import dataclasses
 
-    slices = slots = ids = 0.0
-    by_entity: dict[str, list[Any]] = {}
-    for v in views:
-        by_entity.setdefault(v.entity, []).append(v)
-    facts: dict[str, float] = {}
-    for entity, group in by_entity.items():
-        shapes = [view_shape(v.features) for v in group]
-        window = max(s.longest_window_s for s in shapes)
-        slide = min(s.shortest_slide_s for s in shapes)
-        events = events_in_last(run["timeline"], window)
-        live = max(run["redis"][v.name]["keys"] for v in group) or 1
-        shape = Shape(
-            aggs=(), filters=0, slots=0, rekeyed=False, shortest_slide_s=slide, longest_window_s=window
-        )
-        per_entity = live_slices(shape, events / window, live)
-        n = live * per_entity
-        slices += n
-        slots += n * sum(len(s.aggs) for s in shapes)
-        ids += events
-        facts[entity] = round(events)
-    return [slices, slots, ids], facts
+    from headwater.registry.cost import view_shape
+    from headwater.registry.durations import parse_duration
+
+    span = -min(a for a, _, _ in run["timeline"])
+    window = min(view_shape(view.features).longest_window_s, span)
+    events = events_in_last(run["timeline"], window)
+    capped = tuple(
+        dataclasses.replace(f, window=parse_duration(f"{max(int(window), int(f.slide.seconds))}s"))
+        if f.window.seconds > window else f
+        for f in view.features
+    )  # fmt: skip
+    return capped, events / window, float(run["redis"][view.name]["keys"] or 1)
+
+
+def state_terms(views: list[Any], run: dict[str, Any]) -> list[float]:
+    """Return a run's state terms per the model (its own code): slices, slices x aggregations, ids.
+
+    Each term is the model's state with one constant at 1 and the others at 0, summed over the views.
+    """
+    from headwater.registry.calibration import parse_calibration
+    from headwater.registry.cost import estimate_footprint
+    from headwater.registry.tiers import TIERS
+
+    units = [
+        {"state_pane_bytes": a, "state_slot_bytes": dict.fromkeys(AGG_KINDS_RT, b), "state_dedup_id_bytes": c}
+        for a, b, c in ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
+    ]
+    terms = []
+    for unit in units:
+        cal = parse_calibration("realtime", {"constants": {**unit, "selectivity": 1.0}})
+        total = 0.0
+        for v in views:
+            feats, rate, live = state_inputs(v, run)
+            total += estimate_footprint(feats, rate, TIERS["realtime"], live, 12, cal).state_bytes
+        terms.append(total)
+    return terms
 
 
 def fit_state(runs: dict[str, Any], example: Any) -> dict[str, Any]:
@@ -475,7 +490,7 @@ def fit_state(runs: dict[str, Any], example: Any) -> dict[str, Any]:
         if "error" in run or not run.get("checkpoint_bytes"):
             continue
         views = [v for v in example.views if v.name in run["views"]]
-        rows.append(state_terms(views, run)[0])
+        rows.append(state_terms(views, run))
         sizes.append(run["checkpoint_bytes"])
     coef = _nonneg_lstsq(np.asarray(rows), np.asarray(sizes, dtype=float))
     return {
@@ -493,10 +508,7 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
     run, entities = the views' Redis keys, rate = the events of the longest window) vs the newest
     checkpoint; online: the model vs Redis MEMORY USAGE of each view's keys.
     """
-    import dataclasses
-
-    from headwater.registry.cost import estimate_footprint, estimate_view, job_share, view_shape
-    from headwater.registry.durations import parse_duration
+    from headwater.registry.cost import estimate_footprint, estimate_view, job_share
     from headwater.registry.tiers import TIERS
 
     tier = TIERS["realtime"]
@@ -524,16 +536,8 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
         state_est = 0.0
         online_est = online_meas = 0.0
         for v in views:
-            shape = view_shape(v.features)
-            window = min(shape.longest_window_s, span)
-            events = events_in_last(run["timeline"], window)
-            capped = tuple(
-                dataclasses.replace(f, window=parse_duration(f"{max(int(window), int(f.slide.seconds))}s"))
-                if f.window.seconds > window else f
-                for f in v.features
-            )  # fmt: skip
-            live = run["redis"][v.name]["keys"] or 1
-            fp = estimate_footprint(capped, events / window, tier, live, 12, cal)
+            feats, srate, live = state_inputs(v, run)
+            fp = estimate_footprint(feats, srate, tier, live, 12, cal)
             state_est += fp.state_bytes
             online_est += fp.online_bytes
             online_meas += run["redis"][v.name]["bytes"]
