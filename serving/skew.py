@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from headwater.pipelines.offline.skew_pit import VersionSkew
+
 logger = logging.getLogger(__name__)
 PREDICTION_VERSION = 1
 DEFAULT_TOPIC = "predictions"
@@ -189,6 +191,29 @@ def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]
 # --- offline: land, rescore from the point-in-time path, compare -------------------------------------
 
 
+def summary_line(result: Sequence[VersionSkew], threshold: float, answers: int) -> str:
+    """Return one line over every model version: |online - offline| p99, max, verdict; worst features.
+
+    The features named are the three that differ on the largest share of rows in any version.
+    """
+    versions = "; ".join(
+        f"{r.model_version[:12]} ({r.kind}) {r.scores} scores p99 {r.p99:.2e} max {r.max:.2e}"
+        f" {'BREACH' if r.breached(threshold) else 'ok'}"
+        for r in result
+    )
+    worst: dict[str, float] = {}
+    for r in result:
+        for f in r.features:
+            if f.differ:
+                worst[f.feature] = max(worst.get(f.feature, 0.0), f.share)
+    named = sorted(worst.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    features = ", ".join(f"{name} ({share:.0%} of rows)" for name, share in named) or "none"
+    return (
+        f"prediction skew over {answers} logged answers vs {threshold:g}: {versions};"
+        f" features differing most: {features}"
+    )
+
+
 @click.command("skew")
 @click.option("--topic", default=DEFAULT_TOPIC, show_default=True, help="The service's prediction log topic.")
 @click.option(
@@ -203,7 +228,10 @@ def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]
               help="Only the answers logged in the last N minutes (default: all landed).")  # fmt: skip
 @click.option("--top", type=click.IntRange(1, 100), default=5, show_default=True, help="Features named.")
 @click.option("--bootstrap", default=None, help="Kafka (default: HEADWATER_* settings).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "line"]), default="text", show_default=True,
+    help="line: one line for every model version together (the demo prints it).",
+)  # fmt: skip
 @LAKE
 @STATE
 @MASTER
@@ -293,6 +321,8 @@ def skew_command(
             "notes": notes[:20],
         }
         click.echo(json.dumps(data, indent=2))
+    elif fmt == "line":
+        click.echo(summary_line(result, threshold, len(logged)))
     else:
         click.echo(
             f"prediction log {topic}: {landed.landed} new record(s) landed in {landed.path}"
