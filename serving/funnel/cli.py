@@ -69,3 +69,53 @@ def train_reranker(
     for name, values in metrics["holdout"].items():
         click.echo(f"{name:<14}{values['auc']:>8.4f}{values['ndcg@10']:>10.4f}")
     click.echo(f"wrote reranker-{saved.version}.pt in {out_dir} (reranker {saved.version})")
+
+
+@funnel.command("categories")
+@click.option(
+    "--csv", "csv_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    help="item_id,category rows (a header line is skipped) [default: the event generator's catalog].",
+)  # fmt: skip
+@click.option("--seed", type=int, default=None, help="The generator's seed [default: its config's].")
+@click.option("--items", type=click.IntRange(min=1), default=None, help="The generator's catalog size.")
+@click.option("--redis-url", default=None, help="Default: HEADWATER_REDIS_URL or the local Redis.")
+@click.option("--namespace", default=None, help="Key namespace of the online store (default: the store's).")
+def categories(
+    csv_path: Path | None, seed: int | None, items: int | None, redis_url: str | None, namespace: str | None
+) -> None:
+    """Load each item's category into Redis for the funnel's diversity rule.
+
+    Without --csv, the categories of the event generator's catalog (same seed and size as
+    `headwater events`): the items the demo's traffic is about.
+    """
+    import csv
+    import random
+    from dataclasses import replace
+
+    from headwater.pipelines.events.generator import GeneratorConfig
+    from headwater.pipelines.events.world import build_catalog
+    from headwater.pipelines.settings import Settings
+    from headwater.pipelines.store import OnlineStore
+    from headwater.serving.funnel.recent import RedisRecentItems
+
+    if csv_path is not None:
+        with csv_path.open(encoding="utf-8", newline="") as f:
+            rows = [r for r in csv.reader(f) if len(r) >= 2 and r[0] and r[1]]
+        if rows and rows[0][0] == "item_id":
+            rows = rows[1:]
+        mapping = {r[0]: r[1] for r in rows}
+        source = str(csv_path)
+    else:
+        cfg = GeneratorConfig()
+        cfg = replace(
+            cfg, seed=cfg.seed if seed is None else seed, items=cfg.items if items is None else items
+        )
+        catalog = build_catalog(random.Random(cfg.seed), cfg.items, cfg.categories, cfg.zipf_s)
+        names = catalog.category_names
+        mapping = {i: names[c] for i, c in zip(catalog.item_ids, catalog.category, strict=True)}
+        source = f"the generator's catalog (seed {cfg.seed}, {cfg.items} items)"
+    url = redis_url or Settings.from_env().redis_url
+    store = OnlineStore.from_url(url, namespace) if namespace else OnlineStore.from_url(url)
+    written = RedisRecentItems(store.client, store.namespace).put_categories(mapping)
+    click.echo(f"{written} item categories from {source} -> {store.namespace}:funnel:category")
+    store.close()
