@@ -35,6 +35,12 @@ window), the job backfills it, exactly, in the same run:
 5. The restored state of kept views continues untouched; the backfilled views' values are written as
    the replay folds events (their last write is the value at the switch). The next start uses the
    new scan uid (``scans.json`` in the job's checkpoint folder), so its offsets restore again.
+6. **A restart during the replay** (a crash, a kill) restores a checkpoint taken before the switch:
+   the job goes on with the same seed (``seeds.json``: switch, views), its scan restored mid-replay
+   (no rewind, even with ``--no-backfill``, or the kept views would count the rest again); a view new
+   in that restart's plan starts empty (restart again after the switch to backfill it). Limit: the
+   replay's de-duplication set is in memory, so a duplicate (same event id) of an event replayed
+   before that checkpoint, replayed after it, counts twice in the backfilled views.
 
 No backfill (the view starts empty, as before) when the checkpoint has no ``views.json`` (a legacy
 folder), when the source has no restored offsets (a new source: it starts from ``scan.startup.mode``,
@@ -62,6 +68,9 @@ from headwater.registry.plans import PlanSource, TierPlan
 
 log = logging.getLogger(__name__)
 
+SEEDS_FILE = "seeds.json"
+"""Per job folder: ``{source: seed}`` of the backfills the job ran, so a restart from a checkpoint
+taken during one goes on with it (:func:`plan_backfill`)."""
 SCANS_FILE = "scans.json"
 """Per job folder: ``{source: scan uid}`` of the job, so the next start restores the same scan."""
 VIEWS_FILE = "views.json"
@@ -125,6 +134,9 @@ class SourceBackfill:
     short: bool
     """The retained history does not reach back to ``T0``: partial windows until a full one passes."""
     scan_uid: str
+    resumed: bool = False
+    """A replay the restored checkpoint was taken in the middle of: it goes on from there (same switch,
+    same scan, no rewind), so the kept views still skip what they already hold."""
 
     @property
     def records(self) -> int:
@@ -133,7 +145,12 @@ class SourceBackfill:
 
     def line(self) -> str:
         """One line for ``headwater run realtime``."""
-        names = ", ".join(v.split("@")[0] for v in self.views)
+        names = ", ".join(v.split("@")[0] for v in self.views) or "(no view left)"
+        if self.resumed:
+            return (
+                f"backfill {self.source}: {names} goes on from the checkpoint taken during it, up to offsets "
+                f"{_ranges(self.start, self.boundary)}, then live"
+            )
         text = (
             f"backfill {self.source}: {names} replayed from Kafka ({self.records} records, offsets "
             f"{_ranges(self.start, self.boundary)}), then live from the checkpoint's offsets"
@@ -156,7 +173,7 @@ class Backfill:
 
     def start_offsets(self) -> dict[str, dict[int, int]]:
         """Per backfilled source, where its rewound scan starts."""
-        return {name: b.start for name, b in self.sources.items()}
+        return {name: b.start for name, b in self.sources.items() if not b.resumed}
 
     def apply(self, programs: Sequence[RealtimeProgram]) -> list[RealtimeProgram]:
         """Return the programs with their scan uid and, for a backfilled source, its seed."""
@@ -168,6 +185,7 @@ class Backfill:
             if b is not None:
                 routed = len(program.columns) + 2 + len(RAW)  # cols, reason, detail, raw: sql._routed_view
                 data["seed"] = {
+                    "topic": b.topic,
                     "partition_column": routed,
                     "offset_column": routed + 1,
                     "boundary": {str(p): o for p, o in b.boundary.items()},
@@ -199,13 +217,40 @@ def plan_backfill(
     """
     uids = scan_uids(checkpoint)
     scans = {name: uids.get(name, default_scan_uid(name)) for name in sources}
-    views_path = checkpoint.parent / VIEWS_FILE if checkpoint is not None else None
-    if not enabled or checkpoint is None or views_path is None or not views_path.is_file():
+    if checkpoint is None:
         return Backfill(scans, {})
-    before: dict[str, str] = json.loads(views_path.read_text(encoding="utf-8"))
-    by_name = {s.name: s for s in plan.sources}
     restored: dict[str, dict[int, int]] | None = None
     out: dict[str, SourceBackfill] = {}
+    seeds_path = checkpoint.parent / SEEDS_FILE
+    pending = json.loads(seeds_path.read_text(encoding="utf-8")) if seeds_path.is_file() else {}
+    for name, seed in pending.items():
+        if name not in sources:
+            continue
+        restored = offsets(checkpoint) if restored is None else restored
+        at = restored.get(seed["topic"], {})
+        switch = {int(p): int(o) for p, o in seed["boundary"].items()}
+        if all(at.get(p, -1) >= b for p, b in switch.items()):
+            continue  # the checkpoint is past the switch: that backfill is over
+        # checkpointed mid-replay (a crash, a kill): go on with the same switch, whatever --no-backfill says,
+        # or the kept views would count the rest of the replay again
+        ids = {f"{v.name}@{v.version}" for v in plan.views if v.source == name}
+        out[name] = SourceBackfill(
+            source=name,
+            topic=seed["topic"],
+            views=tuple(v for v in seed["views"] if v in ids),
+            boundary=switch,
+            start={p: min(max(at.get(p, b), 0), b) for p, b in switch.items()},
+            from_ms=seed.get("from_ms"),
+            short=bool(seed.get("short")),
+            scan_uid=scans[name],
+            resumed=True,
+        )
+        log.warning("%s", out[name].line())
+    views_path = checkpoint.parent / VIEWS_FILE
+    if not enabled or not views_path.is_file():
+        return Backfill(scans, out)
+    before: dict[str, str] = json.loads(views_path.read_text(encoding="utf-8"))
+    by_name = {s.name: s for s in plan.sources}
     for name in sources:
         seeded = tuple(
             f"{v.name}@{v.version}"
@@ -213,6 +258,14 @@ def plan_backfill(
             if v.source == name and before.get(v.name) != v.version
         )
         if not seeded:
+            continue
+        if name in out:
+            log.warning(
+                "source %s: the restored checkpoint was taken during a backfill, which goes on: %s start "
+                "empty; restart once it is over to backfill them",
+                name,
+                ", ".join(seeded),
+            )
             continue
         if restored is None:
             restored = offsets(checkpoint)

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.pipelines import jvm
-from headwater.pipelines.realtime.backfill import SCANS_FILE, plan_backfill
+from headwater.pipelines.realtime.backfill import SCANS_FILE, SEEDS_FILE, plan_backfill
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import JobOptions, check_plan, compile_job
 from headwater.registry.plans import TierPlan, short_version
@@ -176,7 +176,8 @@ def record_views(
 ) -> Path:
     """Write ``{view: version}`` of the views the job runs into its checkpoint folder; return the file.
 
-    Also ``scans.json``: the Kafka scan uid of each of ``programs`` (so the next start restores it).
+    Also ``scans.json``: the Kafka scan uid of each of ``programs`` (so the next start restores it), and
+    ``seeds.json``: their backfills (so a restart from a checkpoint taken during one goes on with it).
     """
     folder = run.checkpoint_dir / job_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -186,6 +187,9 @@ def record_views(
     scans = {p.source: p.data["scan_uid"] for p in programs if "scan_uid" in p.data}
     if scans:
         (folder / SCANS_FILE).write_text(json.dumps(scans, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    seeds = {p.source: p.data["seed"] for p in programs if p.data.get("seed")}
+    if seeds:
+        (folder / SEEDS_FILE).write_text(json.dumps(seeds, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     return path
 
 
