@@ -186,3 +186,19 @@ def test_any_bytes_land_as_one_row_and_only_json_objects_get_a_request_id(value:
         data = None
     if not isinstance(data, dict):
         assert row["request_id"] is None
+
+
+def test_the_demo_line_gives_each_version_and_the_features_that_differ_most() -> None:
+    from headwater.pipelines.offline.skew_pit import FeatureSkew, VersionSkew
+    from headwater.serving.skew import summary_line
+
+    same = [FeatureSkew("user.x", 10, 0, 0.0)]
+    clean = VersionSkew("a" * 16, "dcn", 10, 50, 1e-8, 2e-8, 3e-8, 1e-8, 0, same)
+    differ = [FeatureSkew("user.clicks", 4, 2, 3.0), FeatureSkew("item.p", 20, 1, 0.1)]
+    skewed = VersionSkew("b" * 16, "linear", 4, 20, 0.001, 0.02, 0.05, 1e-8, 1, differ)
+    assert summary_line([clean, skewed], 0.003, 14) == (
+        "prediction skew over 14 logged answers vs 0.003: aaaaaaaaaaaa (dcn) 50 scores p99 2.00e-08"
+        " max 3.00e-08 ok; bbbbbbbbbbbb (linear) 20 scores p99 2.00e-02 max 5.00e-02 BREACH; features"
+        " differing most:"
+        " user.clicks (50% of rows), item.p (5% of rows)"
+    )
