@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +182,38 @@ def test_training_set_pairs_round_trip_and_become_ranker_inputs(tmp_path: Path) 
     assert ranker.item[:, 1].tolist() == [3.0, 1.0]
     assert np.isnan(ranker.item[:, 2]).all()
     assert not ranker.pair
+
+
+def test_a_ranker_trained_on_on_demand_features_serves_them(
+    bound: tuple[BoundRegistry, list[PlanView]], tmp_path: Path
+) -> None:
+    """Train on a training set with pair columns, load it as the service does, rank over HTTP."""
+    from fastapi.testclient import TestClient
+
+    from headwater.serving.app import create_app
+    from headwater.serving.config import ServingConfig
+    from headwater.serving.runtime import load_models
+    from headwater.serving.store import now_ms
+    from headwater.serving.synthetic import make_world, training_set, write_world
+    from headwater.serving.train import TrainOptions, train_and_save
+
+    reg, _ = bound
+    assert reg.on_demand is not None
+    world = make_world(reg, users=30, items=30, seed=5, empty_share=0.0)
+    base = training_set(reg, world, slates=60, seed=5)
+    pairs = reg.on_demand.compute(base.user, base.item, base.event_time_ms)
+    ts = replace(base, pair={n: pairs[:, j] for j, n in enumerate(reg.on_demand.names)})
+    report = train_and_save(ts, tmp_path / "models", TrainOptions(epochs=1, deep=(16,), device="cpu"))
+    assert report is not None
+    loaded = load_models(tmp_path / "models", reg, "cpu")
+    assert loaded.models().neural_version is not None
+    store = InMemoryFeatureStore()
+    write_world(store, reg, world, now_ms())
+    with TestClient(create_app(ServingConfig(default_deadline_ms=5000.0), reg, store, loaded)) as client:
+        answer = client.post(
+            "/v1/rank", json={"user_id": world.user_ids[0], "candidates": world.item_ids[:20], "k": 5}
+        )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["fallback"] is None  # the DCN answered, with the on-demand slots as inputs
+    assert len(body["items"]) == 5
