@@ -217,3 +217,55 @@ def test_a_ranker_trained_on_on_demand_features_serves_them(
     body = answer.json()
     assert body["fallback"] is None  # the DCN answered, with the on-demand slots as inputs
     assert len(body["items"]) == 5
+
+
+def test_the_training_set_writer_adds_pair_columns_from_its_packed_slots(
+    bound: tuple[BoundRegistry, list[PlanView]], plans: list[TierPlan]
+) -> None:
+    """``_flatten`` (each Spark batch of ``headwater training-set``) writes ``pair.*`` after the slots."""
+    from headwater.pipelines.offline.training import LABEL_COLUMNS, _flatten
+
+    reg, views = bound
+    rng = np.random.default_rng(3)
+    n = 8
+    used = [v for v in views if v.join_key in ("user_id", "item_id")]
+    part: dict[str, pa.Array] = {
+        "group": pa.array(np.arange(n)), "user_id": pa.array([f"u{i}" for i in range(n)]),
+        "item_id": pa.array([f"i{i}" for i in range(n)]),
+        "event_time": pa.array(AT_MS + np.arange(n, dtype=np.int64) * 3_600_000),
+        "label": pa.array(np.zeros(n, np.float32)),
+    }  # fmt: skip
+    top_k = pa.list_(pa.struct([("value", pa.string()), ("share", pa.float64())]))
+    for view in used:
+        for f in view.features:
+            if f.agg == "top_k":
+                rows = [
+                    [{"value": c, "share": 0.5} for c in rng.choice(["a", "b", "c"], 2, replace=False)]
+                    for _ in range(n)
+                ]
+                part[f"{view.name}.{f.name}"] = pa.array(rows, type=top_k)
+            elif f.dtype == "string":
+                part[f"{view.name}.{f.name}"] = pa.array(rng.choice(["x", "y"], n).tolist())
+            else:
+                values = rng.uniform(0.0, 3.0, n)
+                values[0] = 0.0  # a zero divisor on the first row
+                part[f"{view.name}.{f.name}"] = pa.array(values)
+    ids = {"a": 1, "b": 2, "c": 3, "x": 4, "y": 5}
+    table = _flatten(
+        pa.table(part),
+        used,
+        lambda _field, vals: [ids[v] for v in vals],
+        "sha256:" + "0" * 64,
+        plans[0].on_demand,
+    )
+    names = table.column_names
+    assert names[: len(LABEL_COLUMNS)] == list(LABEL_COLUMNS)
+    assert names[-len(OD_NAMES) :] == [f"pair.{x}" for x in OD_NAMES]
+    users = np.column_stack([table.column(f"user.{s}").to_numpy() for s in reg.user.slots])
+    items = np.column_stack([table.column(f"item.{s}").to_numpy() for s in reg.item.slots])
+    assert reg.on_demand is not None
+    expect = reg.on_demand.compute(users, items, table.column("event_time").to_numpy())
+    got = np.column_stack([table.column(f"pair.{x}").to_numpy(zero_copy_only=False) for x in OD_NAMES])
+    np.testing.assert_allclose(got, expect, rtol=1e-6, equal_nan=True)
+    assert got[:, OD_NAMES.index("request_hour")].tolist() == [5.0 + h for h in range(n)]
+    assert np.isnan(got[0, OD_NAMES.index("price_vs_usual")])
