@@ -86,6 +86,13 @@ class Reranker:
     max_clicks: int
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def warm(self) -> None:
+        """Run one forward so the first request does not pay torch's per-thread set-up."""
+        dim = self.model.item_dim
+        self.score(
+            np.zeros((2, dim), np.float32), np.full(2, 0.5, np.float32), np.zeros((1, dim), np.float32)
+        )
+
     def score(
         self,
         candidates: npt.NDArray[np.float32],
