@@ -74,7 +74,7 @@ class Broker:
             check=True,
             cwd=ROOT,
             capture_output=True,
-            timeout=300,
+            timeout=900,  # a JVM broker start takes minutes on a loaded machine (5 min at load 45)
         )
 
     def start(self) -> None:

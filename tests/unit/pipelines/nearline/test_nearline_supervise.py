@@ -9,6 +9,7 @@ import pytest
 from kafka.errors import KafkaConnectionError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from headwater.pipelines.nearline.fence import NearlineFencedError
 from headwater.pipelines.nearline.runner import NearlineCommitError, NearlineSetupError
 from headwater.pipelines.nearline.supervise import Backoff, error_kind, supervise_worker
 
@@ -35,20 +36,22 @@ def test_a_failing_worker_is_replaced_until_one_runs_and_every_failure_is_counte
         NearlineSetupError("opening partitions t:0 failed"),
         NearlineCommitError("step 1"),
         ValueError("a bug"),
+        NearlineFencedError("transaction t was fenced"),
     ]
     made: list[Scripted] = []
     fast = Backoff(initial_s=0.001, max_s=0.004)
     counters = supervise_worker(lambda: Scripted(failures, made), threading.Event(), backoff=fast)
-    assert len(made) == 7
-    assert counters["restarts"] == 6
+    assert len(made) == 8
+    assert counters["restarts"] == 7
     assert {k: v for k, v in counters.items() if k.startswith("errors_")} == {
+        "errors_fenced": 1,
         "errors_redis": 2,
         "errors_kafka": 1,
         "errors_setup": 1,
         "errors_commit": 1,
         "errors_other": 1,
     }
-    assert counters["batches"] == 7  # one dict across workers: the totals of the process
+    assert counters["batches"] == 8  # one dict across workers: the totals of the process
     assert all(w.counters is counters for w in made)
 
 
