@@ -180,10 +180,31 @@ async def recommend_level(
     }
 
 
-def summarize_profile(raw: Path, top: int = 25) -> dict[str, Any]:
-    """Inclusive and self shares of functions in py-spy's raw (collapsed) stacks."""
+BUCKETS = (
+    ("rerank (torch)", ("(serving/funnel/reranker.py",)),
+    ("DCN forward (torch)", ("NeuralScorer.score_batch",)),
+    ("retrieval: user tower + ANN search", ("TwoTowerRetriever.retrieve",)),
+    ("recent-items writes (Redis)", ("RedisRecentItems._write",)),
+    ("recent/categories/popular reads (Redis)", ("RedisRecentItems.",)),
+    ("feature reads (Redis) + assembly", ("read_many", "Funnel._user_vector", "FeatureFetcher.")),
+    ("Kafka impressions producer", ("FeedbackProducer.", "kafka/")),
+    ("index refresh thread", ("IndexRefresher.", "RetrievalRuntime.")),
+    ("funnel + rules (Python)", ("(serving/funnel/",)),
+    ("ranking engine (Python)", ("(serving/engine.py", "(serving/batcher.py")),
+    (
+        "HTTP, JSON, validation (uvicorn, FastAPI, pydantic)",
+        ("uvicorn/", "starlette/", "fastapi/", "pydantic"),
+    ),
+    ("asyncio loop", ("asyncio/",)),
+)
+"""Each sample goes to the first bucket (in this order) that any of its frames matches."""
+
+
+def summarize_profile(raw: Path, top: int = 30) -> dict[str, Any]:
+    """Shares of py-spy's raw (--threads) samples: by thread, by bucket, by function (inclusive)."""
     inclusive: collections.Counter[str] = collections.Counter()
-    self_time: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
+    buckets: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text(encoding="utf-8", errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
@@ -191,13 +212,24 @@ def summarize_profile(raw: Path, top: int = 25) -> dict[str, Any]:
             continue
         n = int(count)
         total += n
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"
-                  if " (" in f else f for f in stack.split(";")]  # fmt: skip
+        head, *frames = stack.split(";")
+        name = head.split(": ", 1)[-1]
+        threads["headwater-io" if name.startswith("headwater-io") else name] += n
         for frame in set(frames):
-            inclusive[frame] += n
-        self_time[frames[-1]] += n
-    share = lambda c: [(f, round(v / total, 4)) for f, v in c.most_common(top)]  # noqa: E731
-    return {"samples": total, "inclusive": share(inclusive), "self": share(self_time)}
+            inclusive[frame.split(" (")[0] + " (" + frame.rsplit(" (", 1)[-1].split(":")[0] + ")"] += n
+        text = ";".join(frames)
+        label = next((b for b, keys in BUCKETS if any(k in text for k in keys)), "other")
+        buckets[label] += n
+
+    def share(c: collections.Counter[str], k: int | None = None) -> list[tuple[str, float]]:
+        return [(f, round(v / total, 4)) for f, v in c.most_common(k)]
+
+    return {
+        "samples": total,
+        "threads": share(threads),
+        "buckets": share(buckets),
+        "inclusive": share(inclusive, top),
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -346,9 +378,12 @@ def run_profile(
         k: r[k] for k in ("concurrency", "qps", "p50_ms", "p99_ms", "server_cpu_ms_per_request")
     }
     (RESULTS / f"bench_recommend_{args.items}_profile.txt").write_text(raw.read_text(), encoding="utf-8")
-    print(f"profile: {summary['samples']} samples; inclusive shares:", flush=True)
-    for frame, share in summary["inclusive"][:20]:
-        print(f"  {share:7.2%}  {frame}", flush=True)
+    print(f"profile: {summary['samples']} samples (100/s, all threads); by thread:", flush=True)
+    for name, share in summary["threads"]:
+        print(f"  {share:7.2%}  {name}", flush=True)
+    print("by bucket:", flush=True)
+    for name, share in summary["buckets"]:
+        print(f"  {share:7.2%}  {name}", flush=True)
     return summary
 
 

@@ -51,7 +51,6 @@ def build_funnel(
     model_path: Path | None,
     loaded: LoadedModels,
     retrieval: bool = True,
-    refresh_s: float = 30.0,
 ) -> FunnelParts:
     """Load what exists under ``model_path`` (a models folder) and the store's recent-items memory."""
     recent = RedisRecentItems(store.client, store.namespace, config)
@@ -71,4 +70,5 @@ def build_funnel(
                 "retrieval index could not be built (%s: %s); popularity candidates", type(exc).__name__, exc
             )
     reranker = load_funnel_reranker(model_path, loaded)
-    return FunnelParts(recent, runtime.retriever if runtime else None, reranker, runtime, refresh_s)
+    retriever = runtime.retriever if runtime else None
+    return FunnelParts(recent, retriever, reranker, runtime, config.index_refresh_s)

@@ -31,6 +31,8 @@ class FunnelConfig(BaseModel):
     """At most this many items of one category in the top k (None = no limit); pins are exempt."""
     pins: dict[str, int] = Field(default_factory=dict)
     """Editorial pins: item id -> 1-based position in every answer (the item is placed there)."""
+    index_refresh_s: float = Field(default=30.0, gt=0.0)
+    """How often the item index is refreshed from the store (a scan of the catalog's write times)."""
     write_buffer: int = Field(default=10_000, ge=1)
     """Recent-items writes waiting for Redis; beyond it new ones are dropped and counted."""
 
