@@ -30,7 +30,7 @@ from headwater.registry.plan import (
 from headwater.registry.plans import plan_views, registry_hash
 from headwater.registry.report import check_json, check_text
 from headwater.registry.validate import check_repo
-from headwater.registry.validate_on_demand import plan_lines
+from headwater.registry.validate_on_demand import describe_on_demand, plan_lines
 
 _repo_arg = click.argument("repo", type=click.Path(path_type=Path), default=None, required=False)
 _format_opt = click.option(
@@ -155,6 +155,10 @@ def list_views(repo: Path | None) -> None:
             f"{v.name:<34} {v.tier:<9} {format_seconds(v.freshness_sla.seconds):>6} "
             f"{v.compute_cost:>6.2f} {v.estimated_cost:>6.2f}  {v.owner:<18} {len(v.features)}"
         )
+    for od in result.on_demand:  # computed by the service: no SLA, no tier cost
+        click.echo(
+            f"{od.name:<34} {'on_demand':<9} {'-':>6} {0:>6.2f} {0:>6.2f}  {od.owner:<18} {len(od.features)}"
+        )
 
 
 @features.command()
@@ -166,8 +170,12 @@ def describe(view: str, repo: Path | None) -> None:
 
     result = _checked(repo, quiet=True)
     found = {v.name: v for v in result.views}.get(view)
+    on_demand = {v.name: v for v in result.on_demand}
+    if found is None and view in on_demand:
+        click.echo("\n".join(describe_on_demand(on_demand[view])))
+        return
     if found is None:
-        known = ", ".join(sorted(v.name for v in result.views))
+        known = ", ".join(sorted([*(v.name for v in result.views), *on_demand]))
         click.echo(f"no feature view '{view}' in {features_dir(repo)}; known: {known}", err=True)
         sys.exit(1)
     click.echo(f"{found.name}  ({found.file}:{found.line})\n  {found.description}")

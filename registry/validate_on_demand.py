@@ -345,3 +345,15 @@ def plan_lines(result: CheckResult, state_dir: Path) -> list[str]:
             " vector ops per request in the service, 0 CPU-h/day on every tier"
         )
     return (["On-demand views (computed per request by the ranking service):", *lines]) if lines else []
+
+
+def describe_on_demand(view: CompiledOnDemandView) -> list[str]:
+    """Lines ``headwater features describe`` prints for an on-demand view."""
+    lines = [
+        f"{view.name}  ({view.file}:{view.line})\n  {view.description}",
+        f"  tier on_demand: computed by the ranking service per (user, candidate, request),"
+        f" owner {view.owner}; {view.ops} vector ops per request, 0 CPU-h/day on every tier",
+        f"  inputs: {', '.join(view.inputs)}",
+    ]
+    lines += [f"  - {f.name} = {f.expression}" for f in view.features]
+    return lines

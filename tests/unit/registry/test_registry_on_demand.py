@@ -377,3 +377,14 @@ def test_plan_lists_on_demand_views_against_the_applied_ones(repo: ScratchRepo, 
     assert "  = pair_features [on_demand]" in plan_text()
     repo.write("pair_features.yaml", GOOD.replace("* 2 +", "* 3 +"))
     assert "  ! pair_features [on_demand]" in plan_text()
+
+
+def test_features_list_and_describe_show_on_demand_views() -> None:
+    from headwater.registry.commands import features
+
+    listed = CliRunner().invoke(features, ["list", str(EXAMPLE)])
+    assert listed.exit_code == 0, listed.output
+    assert "user_item_on_demand                on_demand" in listed.output
+    described = CliRunner().invoke(features, ["describe", "user_item_on_demand", str(EXAMPLE)])
+    assert described.exit_code == 0, described.output
+    assert "  - request_hour = request.hour_of_day" in described.output
