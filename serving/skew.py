@@ -301,7 +301,7 @@ def skew_command(
             bronze = BronzeTables(spark, root, plan.sources)
             out = Path(tmp) / "pit.parquet"
             pit = point_in_time(
-                spark, labels_table(logged), views, root, plan.registry_hash, ids, bronze, out
+                spark, labels_table(logged), views, root, plan.registry_hash, ids, bronze, out, plan.on_demand
             )
         result, compare_notes = compare(logged, pit, scorers, top)
         notes += compare_notes

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from headwater.pipelines.offline.job import BronzeTables
     from headwater.pipelines.offline.vectors import IdLookup
-    from headwater.registry.plans import PlanView
+    from headwater.registry.plans import PlanOnDemandView, PlanView
     from headwater.serving.trainset import TrainingSet
 
 DEFAULT_THRESHOLD = 0.003
@@ -207,8 +207,12 @@ def point_in_time(
     ids: IdLookup,
     bronze: BronzeTables,
     out: Path,
+    on_demand: Sequence[PlanOnDemandView] = (),
 ) -> TrainingSet:
     """Join ``labels`` to ``views`` by the training-set path; return the rows in ``group`` order.
+
+    ``on_demand``: the registry's on-demand views; their values join the item inputs, as the ranker
+    was trained (:meth:`~headwater.serving.trainset.TrainingSet.for_ranker`).
 
     Raises:
         SkewError: the training-set path cannot serve these times (a missing day, no bronze...).
@@ -220,7 +224,7 @@ def point_in_time(
     with staging_dir(lake / "_staging") as folder:
         frame: DataFrame = arrow_to_spark(spark, labels, folder)
         try:
-            build_training_set(spark, frame, views, lake, out, registry_hash, ids, bronze)
+            build_training_set(spark, frame, views, lake, out, registry_hash, ids, bronze, on_demand)
         except TrainingSetError as exc:
             msg = f"the point-in-time features of the logged requests: {exc}"
             raise SkewError(msg) from exc
@@ -232,7 +236,7 @@ def point_in_time(
             " (request, item) pairs"
         )
         raise SkewError(msg)
-    return ts.take(order)
+    return ts.take(order).for_ranker()
 
 
 def _differs(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
