@@ -40,7 +40,7 @@ def train_reranker(
     from headwater.serving.trainset import TrainingFileError, read_parquet
 
     try:
-        ts = read_parquet(training_set)
+        ts = read_parquet(training_set).for_ranker()  # the DCN's item rows: on-demand slots included
         dcn = load_artifact(resolve_model_path(out_dir))
     except (TrainingFileError, ArtifactError) as exc:
         raise click.ClickException(str(exc)) from exc
