@@ -113,7 +113,7 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     assert "holdout" in run.output
     latest = json.loads((models / "latest.json").read_text())
     metrics = json.loads((models / latest["metrics"]).read_text())
-    assert set(metrics["holdout"]) == {"dcn", "linear", "popularity"}
+    assert set(metrics["holdout"]) == {"dcn", "linear", "popularity", "best_feature"}
     assert metrics["rows"]["train"] + metrics["rows"]["holdout"] == built.rows
     for scores in metrics["holdout"].values():
         assert 0.0 <= scores["auc"] <= 1.0
