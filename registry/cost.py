@@ -28,7 +28,9 @@ State (streaming tiers: RocksDB / Flink keyed state, one record per entity and s
       live entities = min(entities, rate x longest window)
       live slices   = min(longest window / shortest slide + 1, rate x longest window / live entities)
 
-      + event ids kept for de-duplication (nearline): rate x dedup window x state_dedup_id_bytes
+      + event ids kept for de-duplication: rate x dedup window x state_dedup_id_bytes
+        (nearline: out-of-orderness + lateness + a bucket; realtime: the longest window, the ids of
+        the events that hit a feature live in their slice)
 
 State (offline): the feature table, rows = entities x days kept (the longest window), each
 ``state_pane_bytes + slots x table_row_bytes``. Online memory (every tier, one Redis key per entity,
@@ -304,7 +306,8 @@ def estimate_footprint(
     """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown).
 
     ``dedup_window_s``: how long the tier keeps each event id for de-duplication (nearline: the
-    source's out-of-orderness + allowed lateness + one bucket); those ids are part of its state.
+    source's out-of-orderness + allowed lateness + one bucket; realtime: the longest window, the ids
+    live in their slice); those ids are part of its state.
     """
     cal = calibration or load_calibration(tier.name)
     shape = view_shape(features)
@@ -315,11 +318,17 @@ def estimate_footprint(
         state = live * days * row
         state_basis = f"{live:,.0f} entities x {days} days x {row:.0f} bytes/row (feature table)"
     else:
-        slices = live_slices(shape, rate_per_s, live)
+        # realtime: a slice holds the 64-bit id hash of every event that hit one of its features, for
+        # as long as the slice lives (the longest window); an all-filtered view keeps the selected share
+        hit = 1.0
+        if tier.name == "realtime":
+            hit = 1.0 if any(not f for _, f, _ in shape.aggs) else cal.scalar("selectivity")
+            dedup_window_s = max(dedup_window_s, shape.longest_window_s)
+        slices = live_slices(shape, rate_per_s * hit, live)
         pane = cal.scalar("state_pane_bytes") + sum(
             cal.per_agg("state_slot_bytes", k) for k, _, _ in shape.aggs
         )
-        ids = rate_per_s * dedup_window_s
+        ids = rate_per_s * hit * dedup_window_s
         state = live * slices * pane + ids * cal.scalar("state_dedup_id_bytes")
         state_basis = f"{live:,.0f} entities x {slices:,.1f} live slices x {pane:.0f} bytes/slice"
         if ids and cal.scalar("state_dedup_id_bytes"):
