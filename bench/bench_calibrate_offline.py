@@ -52,6 +52,8 @@ SEED = 17
 USERS = 5_000
 ACCOUNTS = 2_000
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00Z
+PARTIAL = ROOT / "bench/results/bench_calibrate_offline_runs.json"
+"""The runs so far, written after each view (``--refit`` fits from it: a long run that stopped)."""
 
 
 def tree_cpu_s() -> float:
@@ -119,10 +121,25 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=2)
     ap.add_argument("--rates", default="40000,160000", help="events per day of the two streams (behaviour)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--refit", action="store_true", help=f"fit from {PARTIAL.name} (the runs so far)")
     args = ap.parse_args()
     command = "python bench/bench_calibrate_offline.py " + " ".join(sys.argv[1:])
     rates = [float(r) for r in args.rates.split(",")]
     started, load0 = time.monotonic(), os.getloadavg()
+    if args.refit:
+        saved = json.loads(PARTIAL.read_text())
+        from headwater.registry.validate import check_repo
+
+        finish(
+            saved["runs"],
+            check_repo(ROOT / "features"),
+            args,
+            f"{saved['command']} (refit)",
+            rates,
+            load0,
+            started,
+        )
+        return
 
     from headwater.pipelines.offline.bronze import append_events
     from headwater.pipelines.offline.job import read_bronze, run_view
@@ -175,10 +192,26 @@ def main() -> None:
                 })  # fmt: skip
                 print(f"  {view.name} @ {rate:g}/day: {row['runs'][-1]}", flush=True)
             runs[view.name] = row
+            PARTIAL.write_text(
+                json.dumps({"command": command, "runs": runs}, indent=2) + "\n", encoding="utf-8"
+            )
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    finish(runs, example, args, command, rates, load0, started)
+
+
+def finish(
+    runs: dict[str, Any],
+    example: Any,
+    args: argparse.Namespace,
+    command: str,
+    rates: list[float],
+    load0: tuple[float, float, float],
+    started: float,
+) -> None:
+    """Fit, write offline.json (unless ``--no-write``) and the results, print the table."""
     constants, per_view = fit_offline(runs, example)
     accuracy = check_accuracy(runs, example, constants)
     cal_data = {
