@@ -8,13 +8,15 @@ partitions, on the cluster profile's 3-broker Kafka, RF 3) that was produced bef
 (``--from-earliest``, parallelism 2, checkpoints every 2 s). The figure is the drain rate: growth of
 the job's committed offsets (committed at each checkpoint) per second, between the first commit
 and the commit that reaches the backlog's end. Both targets read the same Kafka and write the same
-single Redis (the realtime sink cannot write to Redis Cluster yet); only the Flink engine differs:
+single Redis (the sink writes to Redis Cluster too, tests/integration/cluster/test_cluster_redis.py;
+one store for both keeps the comparison to the engine); only the Flink engine differs:
 ``mini``: `headwater run realtime` (local mini-cluster in the CLI's JVM); ``session``: the same with
 ``--jobmanager`` (JobManager + 2 TaskManagers of infra/cluster.sh, 1280m each, 2 slots).
 
 Recovery (``--failures``): runs tests/integration/cluster (pytest -m cluster) with
 HEADWATER_CLUSTER_FIGURES set; each test records the seconds from the failure to the job running
-again / the values published / the Spark job done.
+again / the values published / the Spark job done. ``--tests FILE,...`` runs only those test files
+and keeps the other figures of the previous JSON (each entry carries its own load and time).
 
 This 2-core machine is shared by other agents: the load averages are in the JSON next to the figures.
 Needs `make cluster-up`. Usage: python bench/bench_cluster.py [--events 200000] [--failures]
@@ -168,17 +170,25 @@ def drain(
     }  # fmt: skip
 
 
-def failures(out_json: Path) -> dict[str, Any]:
-    """Run the cluster failure tests; return the recovery figures they recorded."""
+def failures(out_json: Path, tests: list[str]) -> dict[str, Any]:
+    """Run the cluster failure tests (``tests``: files, default all); return their recovery figures.
+
+    Each figure carries the load averages and the time of its run.
+    """
     figures = out_json.with_suffix(".figures.json")
     figures.unlink(missing_ok=True)
     env = {**os.environ, "HEADWATER_CLUSTER_FIGURES": str(figures)}
-    cmd = [sys.executable, "-m", "pytest", "-m", "cluster", "-q", "tests/integration/cluster"]
+    load_start = load()
+    cmd = [sys.executable, "-m", "pytest", "-m", "cluster", "-q", *(tests or ["tests/integration/cluster"])]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     print(done.stdout[-3000:])
     result = json.loads(figures.read_text()) if figures.exists() else {}
     figures.unlink(missing_ok=True)
-    return {"tests_passed": done.returncode == 0, **result}
+    stamp = {"load_average_start": load_start, "load_average_end": load(),
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    result = {name: {**value, **stamp} for name, value in result.items()}
+    ran = tests or ["tests/integration/cluster"]
+    return {"tests_passed": done.returncode == 0, "tests_run": ran, **result}
 
 
 def main() -> None:
@@ -189,6 +199,7 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per target")
     ap.add_argument("--targets", default="mini,session")
     ap.add_argument("--failures", action="store_true", help="also run the failure tests (about 10 min)")
+    ap.add_argument("--tests", default="", help="with --failures: only these test files (comma-separated)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/bench_cluster.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_cluster_"))
@@ -216,7 +227,7 @@ def main() -> None:
         print(json.dumps(figure))
         result["throughput"][target] = figure
     if args.failures:
-        result["recovery"] = failures(args.out)
+        result["recovery"] = failures(args.out, [t for t in args.tests.split(",") if t])
     result["machine"]["load_average_at_end"] = load()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -226,6 +237,12 @@ def main() -> None:
     if "recovery" not in result and "recovery" in previous:
         result["recovery"] = previous["recovery"]  # figures of an earlier --failures run stay
         result["recovery_measured_at"] = previous.get("recovery_measured_at", previous.get("measured_at"))
+    elif "recovery" in result and args.tests and "recovery" in previous:  # a partial run adds to the rest
+        kept = {k: v for k, v in previous["recovery"].items() if k not in result["recovery"]}
+        result["recovery"] = {**kept, **result["recovery"], "tests_passed": previous["recovery"].get(
+            "tests_passed", False) and result["recovery"]["tests_passed"]}  # fmt: skip
+        result["recovery_measured_at"] = previous.get("recovery_measured_at", previous.get("measured_at"))
+        result["recovery_partial_run_at"] = result["measured_at"]
     elif "recovery" in result:
         result["recovery_measured_at"] = result["measured_at"]
     args.out.write_text(json.dumps(result, indent=2) + "\n")
