@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headwater.pipelines.offline.training import _on_demand_columns
 from headwater.registry.plans import PlanView, TierPlan, build_plans, registry_hash
@@ -269,3 +271,37 @@ def test_the_training_set_writer_adds_pair_columns_from_its_packed_slots(
     np.testing.assert_allclose(got, expect, rtol=1e-6, equal_nan=True)
     assert got[:, OD_NAMES.index("request_hour")].tolist() == [5.0 + h for h in range(n)]
     assert np.isnan(got[0, OD_NAMES.index("price_vs_usual")])
+
+
+VALUES = st.one_of(
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.just(float("nan")),
+    st.just(0.0),
+    st.sampled_from([1.0, 2.0, 3.0]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_one_user_broadcast_equals_one_row_per_item(
+    bound: tuple[BoundRegistry, list[PlanView]], data: st.DataObject
+) -> None:
+    """The service's form (one user vector for all candidates) and the training set's (one user row
+    per item row) give the same values, whatever the slots hold (NaN, 0, ids that match or not)."""
+    reg, _ = bound
+    od = reg.on_demand
+    assert od is not None
+    n = data.draw(st.integers(1, 5))
+    user = np.full(reg.user.dim, np.nan, dtype=np.float32)
+    items = np.full((n, reg.item.dim), np.nan, dtype=np.float32)
+    for j in od.user_columns.values():
+        user[j] = data.draw(VALUES)
+    for j in od.item_columns.values():
+        items[:, j] = data.draw(st.lists(VALUES, min_size=n, max_size=n))
+    at = data.draw(st.integers(0, 4_102_444_800_000))
+    with np.errstate(all="ignore"):
+        served = od.compute(user, items, at)
+        trained = od.compute(np.tile(user, (n, 1)), items, np.full(n, at, dtype=np.int64))
+    np.testing.assert_array_equal(served, trained)
+    if user[od.user_columns["user_purchase_offline.avg_order_value_30d"]] == 0.0:  # safe division
+        assert np.isnan(served[:, OD_NAMES.index("price_vs_usual")]).all()
