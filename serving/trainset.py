@@ -10,7 +10,9 @@ registry version and the view versions are the file's metadata
 (:mod:`headwater.pipelines.offline.trainset_format`). An optional ``oracle`` column (and
 ``oracle_relevance``) holds a score known from outside the features, e.g. the synthetic generator's
 true click probability (``EventGenerator(record_truth=True)``, NaN where unknown): evaluation then
-reports it as the ceiling on the same holdout.
+reports it as the ceiling on the same holdout. On-demand features (``tier: on_demand`` views) are
+``pair.<feature>`` columns (:attr:`TrainingSet.pair`): the ranker takes them as item inputs
+(:meth:`TrainingSet.for_ranker`), the two-tower model does not (its item tower sees no user).
 """
 
 from __future__ import annotations
