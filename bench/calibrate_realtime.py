@@ -344,8 +344,8 @@ JOBS = {
     "behaviour_all": ["user_session_realtime", "user_dwell_realtime", "item_trending_realtime"],
     "account_payments": ["account_payments_realtime"],
     "item_trending": ["item_trending_realtime"],
-    "user_session+user_dwell": ["user_session_realtime", "user_dwell_realtime"],
     "user_dwell": ["user_dwell_realtime"],
+    "user_session+user_dwell": ["user_session_realtime", "user_dwell_realtime"],
 }
 
 
@@ -404,6 +404,16 @@ def job_terms(views: list[Any], rate: float) -> list[float]:
     return [1.0, float(groups), rate, rate * len(views), rate * aggs]
 
 
+def holds(phase: dict[str, Any]) -> bool:
+    """Whether the job kept up in ``phase``: its lag at the end under 2 s of the offered rate.
+
+    A job that fell behind was starved of CPU by the other processes on the machine: the cores it
+    got are the scheduler's share, not its cost at that rate. Prior runs (no lag figure) held.
+    """
+    lag = phase.get("lag_end")
+    return lag is None or lag <= 2 * phase["rate"]
+
+
 def fit_jobs(runs: dict[str, Any], example: Any) -> dict[str, Any]:
     """Fit job_fixed_cores, group_fixed_cores, job_event_us, event_us and agg_us from the jobs' phases.
 
@@ -418,6 +428,8 @@ def fit_jobs(runs: dict[str, Any], example: Any) -> dict[str, Any]:
             continue
         views = [v for v in example.views if v.name in run["views"]]
         for p in run["phases"]:
+            if not holds(p):  # starved: its cores are the scheduler's share, not what the job needs
+                continue
             rows.append(job_terms(views, p["consumed_eps"] or p["rate"]))
             cores.append(p["job_cpu_cores"])
     coef = _nonneg_lstsq(np.asarray(rows), np.asarray(cores))
@@ -487,7 +499,7 @@ def fit_state(runs: dict[str, Any], example: Any) -> dict[str, Any]:
     """Bytes per slice, per aggregation in a slice and per event id, from the checkpoints' sizes."""
     rows, sizes = [], []
     for run in runs.values():
-        if "error" in run or not run.get("checkpoint_bytes"):
+        if "error" in run or not run.get("checkpoint_bytes") or "timeline" not in run:
             continue
         views = [v for v in example.views if v.name in run["views"]]
         rows.append(state_terms(views, run))
@@ -530,8 +542,11 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
             rows.append({
                 "rate": p["rate"], "consumed_eps": rate, "estimated_cores": round(est, 4),
                 "measured_cores": p["job_cpu_cores"], "cpu_error": round(est / p["job_cpu_cores"] - 1, 3),
-                "load_1m": p["load_1m"],
+                "load_1m": p["load_1m"], "holds": holds(p),
             })  # fmt: skip
+        if "timeline" not in run:  # a prior run: CPU only
+            out[name] = {"views": run["views"], "phases": rows, "state_estimate": None}
+            continue
         span = -min(a for a, _, _ in run["timeline"])
         state_est = 0.0
         online_est = online_meas = 0.0
@@ -562,13 +577,50 @@ def print_job_table(acc: dict[str, Any]) -> None:
             continue
         for i, p in enumerate(row["phases"]):
             tail = ""
-            if i == len(row["phases"]) - 1:
+            if i == len(row["phases"]) - 1 and row.get("state_estimate") is not None:
                 tail = (f"  {row['state_estimate']:>10,} {row['checkpoint_bytes']:>10,} "
                         f"{(row['state_error'] or 0):>+6.0%}  {row['online_estimate']:>9,} "
                         f"{row['redis_bytes']:>9,} {(row['online_error'] or 0):>+6.0%}")  # fmt: skip
             label = f"{name} ({len(row['views'])})" if i == 0 else ""
+            held = ("" if p["holds"] else " (starved)") + f" load {p['load_1m']:g}"
             print(f"{label:<44} {p['consumed_eps']:>7.0f} {p['estimated_cores']:>9.3f} "
-                  f"{p['measured_cores']:>6.2f} {p['cpu_error']:>+6.0%}{tail}")  # fmt: skip
+                  f"{p['measured_cores']:>6.2f} {p['cpu_error']:>+6.0%}{tail}{held}")  # fmt: skip
+
+
+def prior_runs() -> dict[str, Any]:
+    """Return the realtime jobs measured before, in this module's run form (CPU only: no state figures).
+
+    ``prior:registry``: bench/results/realtime.json's run ``registry`` (the 3 behaviour views, 120 s
+    phases at 1k..20k events/s, load under 5: the quiet machine, the per-event slope) and
+    ``registry-10k-20k``; ``prior:<view>``: each behaviour view alone (bench_calibrate.json,
+    ``--rt-examples-only``, 20 s phases, load 10-18).
+    """
+    out: dict[str, Any] = {}
+    rt_file = ROOT / "bench/results/realtime.json"
+    if rt_file.is_file():
+        for label, run in json.loads(rt_file.read_text())["runs"].items():
+            if label not in ("registry", "registry-10k-20k"):
+                continue
+            out[f"prior:{label}"] = {
+                "views": run["setup"]["views"], "source": "events", "measured_at": run["measured_at"],
+                "phases": [{"rate": p["rate"], "consumed_eps": p.get("consumed_eps") or p["rate"],
+                            "job_cpu_cores": p["job_cpu_cores"], "load_1m": p["load_average_end"][0]}
+                           for p in run["phases"]],
+            }  # fmt: skip
+    cal_file = ROOT / "bench/results/bench_calibrate.json"
+    if cal_file.is_file():
+        acc = json.loads(cal_file.read_text())["tiers"].get("realtime", {}).get("accuracy", {})
+        for view, row in acc.items():
+            run = row.get("run") or {}
+            if not run.get("phases"):
+                continue
+            out[f"prior:{view}"] = {
+                "views": [view], "source": row["source"], "measured_at": "2026-12-01 (bench_calibrate.json)",
+                "phases": [{"rate": p["offered_eps"], "consumed_eps": p["rate"],
+                            "job_cpu_cores": p["job_cpu_cores"], "load_1m": run["load_average"][0]}
+                           for p in run["phases"]],
+            }  # fmt: skip
+    return out
 
 
 def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write: bool, command: str) -> None:
@@ -583,7 +635,7 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
     if not refit:
         measure_jobs(out, rates, phase_s)
     doc = json.loads(out.read_text())
-    runs = doc["runs"]
+    runs = {**prior_runs(), **doc["runs"]}
     example = check_repo(ROOT / "features")
     path = calibration_path("realtime")
     kept = json.loads(path.read_text(encoding="utf-8"))
