@@ -183,9 +183,18 @@ class Stream:
 
 
 def run_worker(
-    stream: Stream, plan: TierPlan, topic_key: str, view: str | None, idle_exit_s: float = 5.0
+    stream: Stream,
+    plan: TierPlan,
+    topic_key: str,
+    view: str | None,
+    idle_exit_s: float = 5.0,
+    deadline_s: float = 600.0,
 ) -> dict[str, Any]:
-    """Run the nearline worker alone on one topic until it has committed every record; its figures."""
+    """Run the nearline worker alone on one topic until it has committed every record; its figures.
+
+    A worker that has not committed everything after ``deadline_s`` is stopped (SIGTERM: it writes
+    its stats and closes); its figures say so (``complete``).
+    """
     from redis import Redis
 
     env = stream.env
@@ -196,15 +205,21 @@ def run_worker(
     topic = stream.topics[topic_key]
     records = stream.records[topic_key]
     proc = env.start(idle_exit_s, 5_000, 1)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + deadline_s
+    complete = False
     while time.monotonic() < deadline:
         if records and env.committed(topic) >= records:
+            complete = True
             break
         if proc.poll() is not None:
             break
         time.sleep(0.5)
+    if not complete and proc.poll() is None:
+        proc.terminate()
     proc.wait(timeout=300)
     stats = [json.loads(p.read_text()) for p in sorted(env.store_dir.glob("stats-*.json"))]
+    if not stats:  # the worker never wrote its stats (stopped before its first checkpoint)
+        return {"records": records, "complete": False, "events": 0}
     c = stats[0]["counters"]
     state = sum(sum(s["state_bytes"].values()) for s in stats)
     # what the stores hold (keys + values of panes and dedup ids, written at close): not the folder
@@ -223,6 +238,7 @@ def run_worker(
         "written": int(c.get("written", 0)),
         "state_bytes": state,
         "live_state_bytes": live_state,
+        "complete": complete or env.committed(topic) >= records,
         "entities": sum(sum(t["entities"].values()) for t in stats[0]["tasks"]),
         "pane_records": sum(sum(t["panes"].values()) for t in stats[0]["tasks"]),
         "dedup_ids": sum(t["dedup_ids"] for t in stats[0]["tasks"]),
@@ -349,6 +365,8 @@ def main() -> None:
     ap.add_argument(
         "--nl-state", action="store_true", help="nearline: state constants from live bytes; state table"
     )
+    ap.add_argument("--nl-shapes", default="", help="--nl-state: only these shapes (and cal_base)")
+    ap.add_argument("--nl-one-rate", action="store_true", help="--nl-state: examples at the first rate only")
     args = ap.parse_args()
     if args.nl_state:
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
@@ -786,6 +804,7 @@ def check_examples(
 
 IDLE_EXIT_STATE_S = 30.0
 """State runs measure no CPU: the worker waits longer for its partitions on a loaded machine."""
+DEADLINE_STATE_S = 300.0
 
 
 def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -804,6 +823,8 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
     print(f"stream: {stream.records} records; produced in {time.monotonic() - started:.0f} s", flush=True)
     try:
         shapes = shape_views()
+        if args.nl_shapes:
+            shapes = {k: v for k, v in shapes.items() if k in args.nl_shapes.split(",") or k == "cal_base"}
         topics = {"events": stream.topics["events"], "payments": stream.topics["empty"]}
         per_shape: dict[str, Any] = {}
         runs = [(name, text, "events") for name, text in shapes.items()]
@@ -812,8 +833,11 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
             view_name = "cal_base" if name == "cal_base_slow" else name
             repo = make_repo(tmp, {view_name: text})
             plan, _ = plan_of(repo, {**topics, "events": stream.topics[topic_key]})
-            run = run_worker(stream, plan, topic_key, view_name, idle_exit_s=IDLE_EXIT_STATE_S)
+            run = run_worker(stream, plan, topic_key, view_name, IDLE_EXIT_STATE_S, DEADLINE_STATE_S)
             run["state_net"] = run["live_state_bytes"]
+            if not run["complete"]:
+                print(f"  {name}: did not consume the stream in {DEADLINE_STATE_S:g} s: left out", flush=True)
+                continue
             per_shape[name] = run
             print(f"  {name}: live {run['live_state_bytes']:,} B (folder {run['state_bytes']:,}), "
                   f"{run['events']} events, {run['pane_records']} slices, {run['dedup_ids']} ids, "
@@ -822,6 +846,9 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
         constants = state_constants(per_shape, result_shapes(tmp, shapes))
         path = calibration_path("nearline")
         cal_data = json.loads(path.read_text(encoding="utf-8"))
+        kinds_run = {k for name in per_shape for k in result_shapes(tmp, shapes).get(name, {})}
+        kept = {k: v for k, v in cal_data["constants"]["state_slot_bytes"].items() if k not in kinds_run}
+        constants["state_slot_bytes"] = {**constants["state_slot_bytes"], **kept}  # kinds not run: as before
         cal_data["constants"].update(constants)
         cal_data["state_command"] = command
         cal_data["state_isolation"] = (
@@ -837,13 +864,17 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
             text = Path(ROOT / view.file).read_text(encoding="utf-8")
             pairs = ([("events", args.sim_rate), ("events_b", args.second_rate)] if view.source == "events"
                      else [("payments", 5.0)])  # fmt: skip
+            pairs = pairs[:1] if args.nl_one_rate else pairs
             row: dict[str, Any] = {"source": view.source, "rates": []}
             for key, rate in pairs:
                 t = {"events": stream.topics[key], "payments": stream.topics["empty"]}
                 if view.source == "payments":
                     t = {"events": stream.topics["empty"], "payments": stream.topics["payments"]}
                 plan, _ = plan_of(make_repo(tmp, {view.name: text}), t)
-                run = run_worker(stream, plan, key, view.name, idle_exit_s=IDLE_EXIT_STATE_S)
+                run = run_worker(stream, plan, key, view.name, IDLE_EXIT_STATE_S, DEADLINE_STATE_S)
+                if not run["complete"]:
+                    print(f"  {view.name} @ {rate:g}/s: incomplete in {DEADLINE_STATE_S:g} s", flush=True)
+                    continue
                 timing = resolve_timing(source.spec)
                 lag_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000
                 dedup_s = lag_s + DEDUP_BUCKET_S
