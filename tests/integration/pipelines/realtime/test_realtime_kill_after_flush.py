@@ -35,6 +35,7 @@ from .conftest import (
     Names,
     checkpoints,
     expected_vectors,
+    last_change_ms,
     read_store,
     unique,
     wait_for,
@@ -80,7 +81,20 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
         )
         last = max(n for n, _, _ in checkpoints(chk))
         feed.send(*after_kill())
-        wait_for(lambda: published(B_FINAL, "u1"), 120, "the flush of T0+30 s", log)
+        accepted = unique([*before_kill(), *after_kill()])
+        final = {
+            view: last_change_ms(tier_plan, view, accepted, ids, client, names.namespace, B_FINAL)
+            for view, ids in VIEWS
+        }
+
+        def flushed_all() -> bool:  # every row at its last change up to T0+30 s: the whole flush is out
+            return all(
+                read_store(redis_url, names.namespace, tier_plan, view, ids)[1].event_time_ms.tolist()
+                == final[view]
+                for view, ids in VIEWS
+            )
+
+        wait_for(flushed_all, 120, "the whole flush of T0+30 s", log)
         flushed = _snapshot(redis_url, names, tier_plan)
         newest = max(n for n, _, _ in checkpoints(chk))
         job.kill()
@@ -106,7 +120,6 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
             written_again = sum(int(f[b"n"]) for _, f in entries)
             assert written_again == 0, (view, entries)
         after = _snapshot(redis_url, names, tier_plan)
-        accepted = unique([*before_kill(), *after_kill()])
         for view, ids in VIEWS:
             assert after[view][0] == flushed[view][0], view  # same boundaries
             assert after[view][1] == flushed[view][1], view  # the first flush's write times: not rewritten
