@@ -249,9 +249,10 @@ def skew_command(
     to every user and item view by the training-set path (`headwater training-set`); the model
     version the service used rescores those features. Reports per model version the p50, p99 and
     largest |online - offline| score and the features whose served values differ most from the
-    point-in-time ones.
+    point-in-time ones. Exit 1: a version is over --threshold; exit 2: no figures (an error).
     """
     from headwater.pipelines.offline.cli import _plan, _store, _tier_views
+    from headwater.pipelines.offline.experiment_report import NotComputed
     from headwater.pipelines.offline.job import BronzeTables, OfflineJobError
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.landing_state import LandingError
@@ -275,12 +276,15 @@ def skew_command(
     from headwater.registry.config import state_dir as resolved_state
 
     models = models_dir or resolved_state(state_dir) / "models"
-    plan = _plan(state_dir, "offline")
+    try:
+        plan = _plan(state_dir, "offline")
+    except click.ClickException as exc:
+        raise NotComputed(exc.message) from exc
     views = [v for tier in ("realtime", "nearline", "offline") for v in _tier_views(state_dir, tier)]
     root = lake_root(lake)
     scorers, notes = load_scorers(models)
     if not scorers:
-        raise click.ClickException(f"no model artifact (*.pt) loads from {models}; pass --models DIR")
+        raise NotComputed(f"no model artifact (*.pt) loads from {models}; pass --models DIR")
     store = _store(redis_url, namespace)
     spark = offline_session("headwater-skew", master)
     try:
@@ -292,7 +296,7 @@ def skew_command(
         logged, parse_notes = parse_logged(texts)
         notes += parse_notes
         if not logged:
-            raise click.ClickException(
+            raise NotComputed(
                 f"no logged answer of a model in {landed.path} ({landed.total} rows landed); serve with"
                 " `predictions: {enabled: true}` and rank some requests"
             )
@@ -306,7 +310,7 @@ def skew_command(
         result, compare_notes = compare(logged, pit, scorers, top)
         notes += compare_notes
     except (PredictionLandingError, LandingError, SkewError, OfflineJobError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise NotComputed(str(exc)) from exc
     finally:
         store.close()
     if fmt == "json":
@@ -333,6 +337,6 @@ def skew_command(
         for note in notes[:5]:
             click.echo(f"note: {note}")
     if not result:
-        raise click.ClickException(f"no logged answer of a model in {models} on topic {topic!r}")
+        raise NotComputed(f"no logged answer of a model in {models} on topic {topic!r}")
     if any(r.breached(threshold) for r in result):
         raise SystemExit(1)

@@ -55,6 +55,12 @@ class ExperimentReportError(ValueError):
     """The report cannot be computed (no arm column, no such experiment, bad weights)."""
 
 
+class NotComputed(click.ClickException):
+    """A check could not compute its figures: exit 2, so that exit 1 stays the verdict (flagged, breached)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class ArmCounts:
     """What landed for one arm: users with an impression, the sums, and the per-user moments."""
@@ -326,8 +332,10 @@ def report(
     try:
         name, expected, weights_from = _expected(config_path, weights, name)
         source = report_source(_plan(state_dir, "offline").sources, source_name)
+    except click.ClickException as exc:
+        raise NotComputed(exc.message) from exc
     except ExperimentReportError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise NotComputed(str(exc)) from exc
     spark = offline_session("headwater-experiment-report", master)
     try:
         bronze = read_bronze(spark, lake_root(lake), source)
@@ -346,15 +354,15 @@ def report(
             name = found[0]
         counts = arm_counts(bronze, source, name, lo, hi)
     except (OfflineJobError, ExperimentReportError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise NotComputed(str(exc)) from exc
     if expected is None:
         if not counts:
-            raise click.ClickException(f"no event of experiment {name!r} has landed")
+            raise NotComputed(f"no event of experiment {name!r} has landed")
         expected = {arm: 1.0 for arm in sorted(counts)}
     try:
         result = build_report(name, counts, expected, weights_from)
     except ExperimentReportError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise NotComputed(str(exc)) from exc
     if fmt == "json":
         click.echo(json.dumps(result.as_dict(), indent=2))
     else:

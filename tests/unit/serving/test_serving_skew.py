@@ -202,3 +202,18 @@ def test_the_demo_line_gives_each_version_and_the_features_that_differ_most() ->
         " differing most:"
         " user.clicks (50% of rows), item.p (5% of rows)"
     )
+
+
+def test_exit_2_when_no_figures_so_that_1_stays_the_verdict(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from headwater.pipelines.offline.experiment_report import report
+    from headwater.serving.skew import skew_command
+
+    missing = str(tmp_path / "no-state")
+    skew = CliRunner().invoke(skew_command, ["--state-dir", missing, "--topic", "t"])
+    assert skew.exit_code == 2
+    assert f"no offline plan at {missing}/plans/offline.json" in skew.output
+    experiment = CliRunner().invoke(report, ["--state-dir", missing, "--weights", "a=1,b=1"])
+    assert experiment.exit_code == 2
+    assert f"no offline plan at {missing}/plans/offline.json" in experiment.output
