@@ -70,7 +70,10 @@ def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[
     model = implicit.als.AlternatingLeastSquares(
         factors=32, regularization=0.05, iterations=20, random_state=seed, use_gpu=False
     )
-    model.fit(matrix, show_progress=False)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, "blas"):  # implicit's own threads; OpenBLAS threads under it thrash
+        model.fit(matrix, show_progress=False)
     uf, itf = np.asarray(model.user_factors), np.asarray(model.item_factors)
     out = np.zeros(len(test), np.float64)
     for r, (u, i) in enumerate(zip(test.user_ids.tolist(), test.item_ids.tolist(), strict=True)):
@@ -127,11 +130,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(title: str, summary: dict[str, Any]) -> str:
     """Return the summary as a text table, best AUC first."""
-    lines = [title, f"{'model':<18}{'AUC':>8}{'sd':>7}{'NDCG@10':>10}{'sd':>7}"]
+    labels = {n: n if "names" not in e else f"{n} ({','.join(e['names'])})" for n, e in summary.items()}
+    width = max(len(label) for label in labels.values()) + 2
+    lines = [title, f"{'model':<{width}}{'AUC':>8}{'sd':>7}{'NDCG@10':>10}{'sd':>7}"]
     for name, e in sorted(summary.items(), key=lambda kv: -kv[1]["auc"]):
-        label = name if "names" not in e else f"{name} ({','.join(e['names'])})"
+        label = labels[name]
         lines.append(
-            f"{label:<18}{e['auc']:>8.4f}{e['auc_sd']:>7.4f}{e['ndcg@10']:>10.4f}{e['ndcg@10_sd']:>7.4f}"
+            f"{label:<{width}}{e['auc']:>8.4f}{e['auc_sd']:>7.4f}{e['ndcg@10']:>10.4f}{e['ndcg@10_sd']:>7.4f}"
         )
     return "\n".join(lines)
 
