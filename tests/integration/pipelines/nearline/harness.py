@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import CoordinatorNotAvailableError, NotCoordinatorError
+from kafka.errors import CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec, parse_dead_letter
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
@@ -271,7 +271,7 @@ class Env:
         admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
         try:
             offsets = admin.list_group_offsets(self.group).get(self.group, {})
-        except (CoordinatorNotAvailableError, NotCoordinatorError):
+        except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
             return 0  # a fresh broker creates __consumer_offsets on the first group's request
         finally:
             admin.close()
