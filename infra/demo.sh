@@ -120,7 +120,9 @@ sleep 10  # the watermarks pass the last boundaries before the tiers stop
 cleanup; pids=()
 $HW run landing > /dev/null  # the live events too, so offline can recompute what the tiers wrote
 $HW consistency --tier nearline --sample 200  # both sources; realtime skipped the history: see bench/bench_soak.py
-$HW experiment report --config infra/demo/serving.yaml --format line || true  # exit 1 = split flagged
-$HW skew --topic demo.predictions || true  # exit 1 = online and offline scores differ
+# One line each. Exit 1 is a verdict (the split is flagged; a model's |online - offline| score is over
+# 0.003 against the point-in-time features) and the demo goes on; exit 2 (no figures) stops it.
+$HW experiment report --config infra/demo/serving.yaml --format line || [ $? -eq 1 ]
+$HW skew --topic demo.predictions --format line || [ $? -eq 1 ]
 
 step "done in $(($(date +%s) - started_at)) s: the tiers and the service are stopped; Kafka and Redis stop with make demo"
