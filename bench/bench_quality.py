@@ -141,9 +141,11 @@ def table(title: str, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_set(name: str, built: quality_data.Built, seeds: list[int], epochs: int) -> dict[str, Any]:
-    """Evaluate every model on one data set for each seed; print its table."""
-    ts = read_parquet(built.path)
+def run_set(
+    name: str, built: quality_data.Built, seeds: list[int], epochs: int, ts: TrainingSet | None = None
+) -> dict[str, Any]:
+    """Evaluate every model on one data set (``ts``, else ``built.path``) per seed; print a table."""
+    ts = ts if ts is not None else read_parquet(built.path)
     ts = ts.for_ranker() if hasattr(ts, "for_ranker") else ts
     runs = [evaluate(ts, seed, epochs) for seed in seeds]
     summary = summarize(runs)
@@ -172,6 +174,13 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="training seeds")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--movielens", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--stream-only",
+        type=int,
+        default=0,
+        metavar="EVENTS",
+        help="skip the offline tier: only the Python stream set of this many emissions (stream_set)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -184,6 +193,15 @@ def main() -> None:
         "epochs": args.epochs,
         "sets": {},
     }
+    if args.stream_only:
+        started = time.monotonic()
+        ts = quality_data.stream_set(args.stream_only, args.generator_seed)
+        built = quality_data.Built(
+            Path("-"), len(ts), int(ts.label.sum()), time.monotonic() - started, {"events": args.stream_only}
+        )
+        title = "synthetic stream set (Python point-in-time features, oracle = true click probability)"
+        result["sets"]["stream"] = run_set(title, built, seeds, args.epochs, ts)
+        return finish(result, args.out, load)
     synthetic = quality_data.synthetic(args.cache, args.events, args.days, args.generator_seed, 5000, 2000)
     result["sets"]["synthetic"] = run_set(
         "synthetic (generator, oracle = true click probability)", synthetic, seeds, args.epochs
@@ -193,11 +211,16 @@ def main() -> None:
         result["sets"]["movielens"] = run_set(
             "MovieLens 100k (last 7 weeks, rating >= 4 = click)", movielens, seeds, args.epochs
         )
+    finish(result, args.out, load)
+
+
+def finish(result: dict[str, Any], out: Path, load: dict[str, float]) -> None:
+    """Write the JSON with the machine's load before and after."""
     load["after"] = os.getloadavg()[0]
     result["load_1min"] = load
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"\nload {load}; wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"\nload {load}; wrote {out}")
 
 
 if __name__ == "__main__":

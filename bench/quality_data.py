@@ -237,3 +237,67 @@ def movielens(cache: Path) -> Built:
     seconds = (datetime.now(UTC) - started).total_seconds()
     meta.write_text(json.dumps({"rows": n, "positives": positives, "seconds": seconds, "info": info}))
     return Built(out, n, positives, seconds, info)
+
+
+def stream_set(events: int, seed: int, users: int = 2000, items: int = 1000) -> Any:
+    """Return a training set computed in Python from the generator's stream (no Spark), with the oracle.
+
+    The fallback when the offline tier cannot run (a loaded machine): per impression, point-in-time
+    features from the events before it, in one pass: item impressions, clicks and click rate so far;
+    user clicks so far; and ``pair_affinity``, the share of the user's clicks so far in this item's
+    category (what an on-demand user x category affinity feature gives). Slates: one page of a
+    session (a new one at each position-1 impression). Impressions in the last 10% of the stream's
+    time are left out (their clicks may not have been emitted yet).
+    """
+    from collections import defaultdict
+
+    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+    from headwater.serving.trainset import TrainingSet
+
+    config = GeneratorConfig(seed=seed, users=users, items=items, duplicate_share=0.0, malformed_share=0.0)
+    generator = EventGenerator(config, record_truth=True)
+    stream = [e.event for e in generator.take(events) if e.event is not None and not e.late]
+    clicked = {(e["session_id"], e["item_id"], e["position"]) for e in stream if e["event_type"] == "click"}
+    truth = {t.event_id: t for t in generator.truth or []}
+    cut = config.start_ms + 0.9 * (stream[-1]["event_time"] - config.start_ms)
+    item_imp: dict[str, int] = defaultdict(int)
+    item_clk: dict[str, int] = defaultdict(int)
+    user_clk: dict[str, int] = defaultdict(int)
+    user_cat: dict[tuple[str, str], int] = defaultdict(int)
+    pages: dict[str, int] = defaultdict(int)
+    slates: dict[tuple[str, int], int] = {}
+    rows: list[tuple[Any, ...]] = []
+    for e in stream:
+        user, item, kind = e["user_id"], e["item_id"] or "", e["event_type"]
+        if kind == "impression":
+            if e["position"] == 1:
+                pages[e["session_id"]] += 1
+            t = truth.get(e["event_id"])
+            if t is not None and e["event_time"] < cut:
+                imp, clk, uc = item_imp[item], item_clk[item], user_clk[user]
+                affinity = user_cat[(user, e["category"] or "")] / uc if uc else np.nan
+                rows.append((
+                    slates.setdefault((e["session_id"], pages[e["session_id"]]), len(slates)), user, item,
+                    e["event_time"], float((e["session_id"], item, e["position"]) in clicked),
+                    float(uc), float(imp), float(clk), clk / imp if imp else np.nan, affinity,
+                    t.p_click, t.relevance,
+                ))  # fmt: skip
+            item_imp[item] += 1
+        elif kind == "click":
+            item_clk[item] += 1
+            user_clk[user] += 1
+            user_cat[(user, e["category"] or "")] += 1
+    col = list(zip(*rows, strict=True))
+    return TrainingSet(
+        ("clicks_so_far",),
+        ("item_impressions", "item_clicks", "item_ctr", "pair_affinity"),
+        "stream",
+        np.asarray([col[5]], np.float32).T,
+        np.asarray(col[6:10], np.float32).T,
+        np.asarray(col[4], np.float32),
+        np.asarray(col[0], np.int64),
+        np.asarray(col[3], np.int64),
+        np.asarray(col[1]),
+        np.asarray(col[2]),
+        oracle={"oracle": np.asarray(col[10]), "oracle_relevance": np.asarray(col[11])},
+    )

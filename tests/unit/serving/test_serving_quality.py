@@ -82,10 +82,11 @@ def _oracle_set(seed: int, n: int) -> TrainingSet:
     cut = config.start_ms + 0.6 * (end - config.start_ms)
     truth = [t for t in generator.truth or [] if t.event_time < cut]
     pages: dict[str, int] = {}
+    slates: dict[tuple[str, int], int] = {}
     group = []
     for t in truth:
         pages[t.session_id] = pages.get(t.session_id, 0) + (t.position == 1)
-        group.append(hash((t.session_id, pages[t.session_id])) & 0x7FFF_FFFF_FFFF)
+        group.append(slates.setdefault((t.session_id, pages[t.session_id]), len(slates)))
     rows = len(truth)
     quality = np.asarray([t.relevance for t in truth], dtype=np.float32)[:, None]
     return TrainingSet(
