@@ -298,12 +298,18 @@ class Run:
         wait_for(
             lambda: self.u1_at(plan, end_ms), 240, f"u1's rt_all at T0+{(end_ms - T0) / 1000:g} s", self.log
         )
-        seen = time.time()
         # a figure for the report, not an assertion: (re)start to the phase's last value written
         print(f"{plan.registry_hash[7:19]}: started -> u1 at T0+{(end_ms - T0) / 1000:g} s written in "
               f"{time.monotonic() - started:.1f} s (load {os.getloadavg()[0]:.1f})")  # fmt: skip
+        # a checkpoint triggered after the value was seen, so it holds every event read: a checkpoint
+        # completed after it may have been triggered before (its _metadata is written at completion,
+        # which takes long under load); the one after the next visible one is triggered later
+        after = max([n for n, _, _ in checkpoints(self.chk)] + [self.newest, 0]) + 2
         wait_for(
-            lambda: any(t > seen for _, _, t in checkpoints(self.chk)), 60, "a checkpoint after it", self.log
+            lambda: any(n >= after for n, _, _ in checkpoints(self.chk)),
+            60,
+            "a checkpoint after it",
+            self.log,
         )
         self.job.kill()
         found = checkpoints(self.chk)
