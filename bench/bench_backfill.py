@@ -1,18 +1,27 @@
-"""Nearline backfill benchmark (issue 14): from `apply` of a new view to the view serving full windows.
+"""Backfill benchmark (issue 14): from `apply` of a new view to the view serving full windows.
 
-The example repo's nearline plan without ``user_search_nearline`` runs over N behaviour events (and
-payments) until idle; then the full plan is applied and the worker restarted: it keeps every other
-view's state and replays each partition's retained history into the new view before it reads on
-(``pipelines/nearline/backfill.py``). Measured: records replayed, replay seconds (sum over the
-partitions, one process), replayed records per second, and the wall time from the restart to the
-moment every entity of the new view is in Redis (polled every 0.1 s; the final count is the one
-after the worker exits). Then the same figures extrapolated to the example source's declared rate
-(``expected_rate_per_s``) and the new view's longest window plus the replay margins: what a new
-24 h view costs at that rate in one process.
+``--tier nearline`` (default): the example repo's nearline plan without ``user_search_nearline``
+runs over N behaviour events (and payments) until idle; then the full plan is applied and the worker
+restarted: it keeps every other view's state and replays each partition's retained history into the
+new view before it reads on (``pipelines/nearline/backfill.py``). Measured: records replayed, replay
+seconds (sum over the partitions, one process), replayed records per second, and the wall time from
+the restart to the moment every entity of the new view is in Redis (polled every 0.1 s; the final
+count is the one after the worker exits). Then the same figures extrapolated to the example source's
+declared rate (``expected_rate_per_s``) and the new view's longest window plus the replay margins:
+what a new 24 h view costs at that rate in one process.
+
+``--tier realtime``: the realtime job (a local mini-cluster, parallelism 1, checkpoints every 2 s)
+runs rt_all over N behaviour events of 200 users spread over 10 minutes of event time, checkpoints
+and is killed; then rt_clicks (rt_all's operator) and rt_items (a new operator) are applied and the
+job restarted from its checkpoint: it replays the new views' windows (plus margins) from Kafka before
+the checkpoint's offsets and goes on live (``pipelines/realtime/backfill.py``). Measured: the wall time
+from the restart to the moment every user's rt_clicks holds its value at the last boundary (polled
+every 0.2 s; includes the JVM start), the same for a restart that backfills nothing (the kept views
+only), the records replayed; and every user's rt_clicks and rt_all checked against the reference.
 
 The machine is shared: load averages are recorded with the figures.
-Usage: python bench/bench_backfill.py [--events N]
-Writes bench/results/nearline_backfill.json.
+Usage: python bench/bench_backfill.py [--tier nearline|realtime] [--events N]
+Writes bench/results/nearline_backfill.json or bench/results/realtime_backfill.json.
 """
 
 from __future__ import annotations
@@ -44,8 +53,18 @@ def _keys(store: OnlineStore, namespace: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=100_000, help="behaviour events before the view is added")
+    ap.add_argument("--tier", choices=["nearline", "realtime"], default="nearline")
+    ap.add_argument("--events", type=int, default=None, help="behaviour events before the view is added")
     args = ap.parse_args()
+    if args.tier == "realtime":
+        realtime(args.events or 10_000)
+    else:
+        nearline(args.events or 100_000)
+
+
+def nearline(events: int) -> None:
+    """Measure the nearline worker's backfill (module docstring)."""
+    args = argparse.Namespace(events=events)
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
     env = h.Env(settings=Settings.from_env(), tmp=tmp)
@@ -122,6 +141,156 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     finally:
         env.cleanup()
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def realtime(events: int) -> None:
+    """Measure the realtime job's backfill (module docstring)."""
+    import random
+    import re
+    import uuid
+
+    import numpy as np
+    import redis
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    sys.path.insert(0, str(ROOT / "tests/integration/pipelines"))
+    from realtime.conftest import (  # the realtime integration tests' helpers
+        T0,
+        Feed,
+        JobProcess,
+        Names,
+        apply,
+        checkpoints,
+        event,
+        expected_vectors,
+        read_store,
+    )
+
+    from headwater.pipelines.realtime.testing import ALL_KINDS_VIEW, CLICKS_VIEW, ITEM_VIEW
+
+    load_start = os.getloadavg()
+    settings = Settings.from_env()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rt-backfill-"))
+    tag = uuid.uuid4().hex[:8]
+    names = Names(f"bench.rtbf.{tag}", f"bench.rtbf.{tag}.dlq", f"hwbench{tag}")
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin.create_topics([NewTopic(names.topic, 1, 1), NewTopic(names.dlq, 1, 1)])
+    plan_a, state_a = apply(tmp, "a", {"rt_all.yaml": ALL_KINDS_VIEW})
+    views_b = {"rt_all.yaml": ALL_KINDS_VIEW, "rt_clicks.yaml": CLICKS_VIEW, "rt_items.yaml": ITEM_VIEW}
+    plan_b, state_b = apply(tmp, "b", views_b)
+    users = [f"u{i}" for i in range(200)]
+    rng = random.Random(14)
+    span_ms = 600_000
+    kinds = ["impression", "impression", "click", "purchase", "dwell"]
+
+    def make(i: int, t_ms: int, user: str) -> dict[str, Any]:
+        kind = rng.choice(kinds)
+        extra: dict[str, Any] = {"position": rng.randint(1, 9), "category": f"c{rng.randint(0, 4)}"}
+        if kind == "purchase":
+            extra["price"] = round(rng.uniform(1, 50), 2)
+        if kind == "dwell":
+            extra = {"dwell_ms": rng.randint(100, 9000)}
+        return event(i, user, kind, t_ms, **extra)
+
+    first = [make(i, i * span_ms // events, rng.choice(users)) for i in range(events)]
+    end_a = span_ms + 1_000
+    first += [make(events + k, span_ms - 500, u) for k, u in enumerate(users)]  # every user near the end
+    first.append(event(10**9, "zz", "impression", end_a))
+    end_b = end_a + 5_000
+    second = [make(2 * events + k, end_a + 1_000 + k * 10, users[k % 50]) for k in range(200)]
+    second.append(event(10**9 + 1, "zz", "impression", end_b))
+    feed = Feed(settings.kafka_bootstrap, names.topic)
+    chk, log = tmp / "checkpoints", tmp / "job.log"
+    client = redis.Redis.from_url(settings.redis_url)
+    result: dict[str, Any] = {}
+
+    def written(plan: Any, view: str, b_ms: int) -> bool:
+        _, res = read_store(settings.redis_url, names.namespace, plan, view, users)
+        return (
+            bool(res.found.all())
+            and int(res.event_time_ms.min()) >= b_ms - 60_000
+            and any(int(t) >= b_ms for t in res.event_time_ms)
+        )
+
+    def times(plan: Any, view: str) -> list[float]:
+        _, res = read_store(settings.redis_url, names.namespace, plan, view, users)
+        t = res.event_time_ms[res.found]
+        return [round((int(t.min()) - T0) / 1000, 1), round((int(t.max()) - T0) / 1000, 1)] if len(t) else []
+
+    seen_at: list[dict[str, Any]] = []
+
+    def run(
+        plan: Any, state: Path, events_: list[dict[str, Any]], view: str, b_ms: int, extra: tuple[str, ...]
+    ) -> float:
+        feed.send(*events_)
+        started = time.monotonic()
+        job = JobProcess(state, names, chk, log, extra=extra)
+        try:
+            deadline = started + 900
+            while not written(plan, view, b_ms):
+                assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+                assert job.proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                time.sleep(0.2)
+            took = time.monotonic() - started
+            seen_at.append(
+                {"view": view, "boundary_s": (b_ms - T0) / 1000, "event_times_s": times(plan, view)}
+            )
+            # a checkpoint triggered after the values were seen (see the realtime conftest's Run.phase)
+            after = max([n for n, _, _ in checkpoints(chk)] + [0]) + 2
+            while not any(n >= after for n, _, _ in checkpoints(chk)):
+                time.sleep(0.2)
+            time.sleep(3)  # the sink's last chunks (the check reads them before the job is killed)
+            return took
+        finally:
+            job.kill()
+
+    def exact(plan: Any, view: str, sent: list[dict[str, Any]], b_ms: int) -> int:
+        """Return the number of users whose stored value differs from the reference at ``b_ms``."""
+        _, res = read_store(settings.redis_url, names.namespace, plan, view, users)
+        unique = list({e["event_id"]: e for e in sent}.values())
+        _, want = expected_vectors(plan, view, unique, users, client, names.namespace, b_ms)
+        same = [np.allclose(g, w, rtol=1e-5, equal_nan=True) for g, w in zip(res.values, want, strict=True)]
+        return len(users) - sum(same)
+
+    try:
+        first_s = run(plan_a, state_a, first, "rt_all", end_a, ())
+        backfill_s = run(plan_b, state_b, second, "rt_clicks", end_b, ("--from-latest",))
+        sent = first + second
+        ok = {v: exact(plan_b, v, sent, end_b) for v in ("rt_all", "rt_clicks")}
+        third = [make(3 * events + k, end_b + 1_000 + k * 10, users[k % 50]) for k in range(200)]
+        end_c = end_b + 5_000
+        third.append(event(10**9 + 2, "zz", "impression", end_c))
+        kept_s = run(plan_b, state_b, third, "rt_clicks", end_c, ("--from-latest",))
+        text = log.read_text(errors="replace")
+        replayed = [int(n) for n in re.findall(r"replayed from Kafka \((\d+) records", text)]
+        result = {
+            "command": f"python bench/bench_backfill.py --tier realtime --events {events}",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_avg_start": [round(x, 1) for x in load_start],
+            "load_avg_end": [round(x, 1) for x in os.getloadavg()],
+            "cpus": os.cpu_count(),
+            "events": len(first),
+            "users": len(users),
+            "event_time_span_s": span_ms / 1000,
+            "new_views": ["rt_clicks", "rt_items"],
+            "first_run_s": round(first_s, 1),
+            "restart_to_full_values_backfill_s": round(backfill_s, 1),
+            "restart_to_values_no_backfill_s": round(kept_s, 1),
+            "records_replayed": replayed,
+            "users_differing_from_reference": ok,
+            "event_times_when_seen": seen_at,
+            "note": "wall times include the JVM and mini-cluster start (PyFlink), most of it under load",
+        }
+        out = ROOT / "bench/results/realtime_backfill.json"
+        out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(result, indent=2))
+    finally:
+        feed.close()
+        client.close()
+        admin.delete_topics([names.topic, names.dlq])
+        admin.close()
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 
