@@ -115,8 +115,8 @@ class ReadResult:
 
         Such values were computed from another definition (a tier not yet restarted on the applied plan).
         """
-        other = self._version_raw != self.layout.version.encode("ascii")
-        return int(np.count_nonzero(self.found & other))
+        # One version per found row, in row order (not one per requested key).
+        return int(np.count_nonzero(self._version_raw != self.layout.version.encode("ascii")))
 
     def ages_s(self, now_ms: int | None = None) -> npt.NDArray[np.float64]:
         """Age of each row's event time at ``now_ms`` (default: now), in seconds; NaN where not found."""

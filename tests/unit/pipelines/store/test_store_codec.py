@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from headwater.pipelines.store import codec
-from headwater.pipelines.store.layout import schema_hash
+from headwater.pipelines.store.layout import ViewLayout, schema_hash
+from headwater.pipelines.store.store import ReadResult
 
 D = 5
 HASH = schema_hash([f"f{i}" for i in range(D)])
@@ -89,3 +90,24 @@ def test_empty_reply() -> None:
     out = codec.unpack([], D, HASH)
     assert out.values.shape == (0, D)
     assert codec.decode_versions(out.version_raw, out.found) == []
+
+
+@pytest.mark.parametrize(
+    ("replies", "other"),
+    [
+        ([None, None, None], 0),
+        ([0, None, 2, None], 0),
+        ([0, None, 1, 2], 0),
+    ],
+)
+def test_rows_of_another_version_count_found_rows_only(replies: list[int | None], other: int) -> None:
+    """Some keys missing is the common case (new items): counting must not assume every key was found."""
+    raw, _ = _records(3)
+    out = codec.unpack([None if r is None else raw[r] for r in replies], D, HASH)
+    mine = ViewLayout("v", "user", tuple(f"f{i}" for i in range(D)), version="reg-7")
+    theirs = ViewLayout("v", "user", mine.features, version="reg-8")
+    for layout, expected in ((mine, other), (theirs, int(out.found.sum()))):
+        result = ReadResult(
+            layout, out.values, out.found, out.event_time_ms, out.write_time_ms, out.mismatch, out.version_raw
+        )
+        assert result.other_version_rows() == expected
