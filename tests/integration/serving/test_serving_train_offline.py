@@ -92,13 +92,22 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     labels = derive_labels(bronze, source, date(2026, 1, 2), date(2026, 1, 3))  # day 1 has no past
     out = tmp_path / "train.parquet"
     tables = BronzeTables(spark, lake, plans["offline"].sources)
-    built = build_training_set(spark, labels, views, lake, out, reg_hash, ids, tables)
+    on_demand = plans["offline"].on_demand  # as `headwater training-set` passes them: pair features
+    built = build_training_set(spark, labels, views, lake, out, reg_hash, ids, tables, on_demand)
     assert built.rows == 2 * 60 * 8
     assert 0 < built.positives < built.rows
 
     ts = read_parquet(out)
     assert ts.user_features == registry.user.slots  # the Parquet's columns are the service's slots
     assert ts.item_features == registry.item.slots
+    assert registry.on_demand is not None
+    assert tuple(ts.pair) == registry.on_demand.names  # pair.<feature> columns, the service's evaluator
+    np.testing.assert_allclose(  # the same numbers as the service computes from these slots
+        np.column_stack([ts.pair[n] for n in ts.pair]),
+        registry.on_demand.compute(ts.user, ts.item, ts.event_time_ms),
+        rtol=1e-6,
+        equal_nan=True,
+    )
     assert ts.registry_version == registry.registry_version
     # the 24 h nearline window of a label early on day 2 holds day 1's clicks
     clicks_24h = ts.user[:, ts.user_features.index("clicks_24h")]
@@ -126,4 +135,6 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     assert loaded.neural is not None
     assert loaded.linear is not None
     assert loaded.binding.user_columns is None
+    assert loaded.binding.item_columns is not None  # the stored slots, then the on-demand ones
+    assert len(loaded.binding.item_columns) == registry.item.dim + registry.on_demand.width
     assert loaded.binding.warning is None
