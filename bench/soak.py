@@ -234,7 +234,10 @@ def main() -> None:
         )
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         threading.Thread(target=chaos, args=(system, broker, store, args, stop, faults), daemon=True).start()
-        result.update(base.soak(system, cfg, args, run_dir))
+        try:
+            result.update(base.soak(system, cfg, args, run_dir))
+        except Exception as exc:  # keep the fault log and say where the run stopped
+            result["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
     finally:
         stop.set()
         if system is not None:
