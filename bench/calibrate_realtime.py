@@ -667,7 +667,7 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
     cal_data["measured"] = {
         row["views"][0]: {"cores": [p["measured_cores"] for p in row["phases"]],
                           "rates": [p["consumed_eps"] for p in row["phases"]],
-                          "state_bytes": row["checkpoint_bytes"], "online_bytes": row["redis_bytes"]}
+                          "state_bytes": row.get("checkpoint_bytes"), "online_bytes": row.get("redis_bytes")}
         for row in acc.values() if "error" not in row and len(row["views"]) == 1
     }  # fmt: skip
     if write:

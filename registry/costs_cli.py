@@ -48,13 +48,18 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
         basis = f"{got['us_per_record']:g} us/record measured, x {rate_per_s:g} events/s + fixed cores"
     elif got.get("cores") and got.get("rates"):
         rates, cores = got["rates"], got["cores"]
+        slope = 0.0
         if len(rates) >= 2 and rates[1] != rates[0]:
             slope = (cores[1] - cores[0]) / (rates[1] - rates[0])
-            at_rate = max(0.0, cores[0] + slope * (rate_per_s - rates[0]))
-        else:
-            at_rate = cores[0]
+        if slope > 0:
+            at_rate = cores[0] + slope * (rate_per_s - rates[0])
+            basis = (
+                f"job cores {cores} measured at {rates} events/s, at {rate_per_s:g} events/s: {at_rate:.3f}"
+            )
+        else:  # no slope seen (a loaded machine, or a fixed cost that hides it): no extrapolation
+            at_rate = sum(cores) / len(cores)
+            basis = f"job cores {cores} measured at {rates} events/s (no per-event slope seen: their mean)"
         hours = at_rate * 24
-        basis = f"job cores {cores} measured at {rates} events/s, at {rate_per_s:g} events/s: {at_rate:.3f}"
     else:
         return None
     return {

@@ -36,6 +36,13 @@ def test_estimate_follows_the_formula(repo: ScratchRepo) -> None:
         + sel * (cal.per_agg("agg_us", "count") + cal.scalar("pane_us") * (panes - 1))
     )
     expected = 2000 * SECONDS_PER_DAY * us / 1e6 / 3600 + cal.scalar("fixed_cores") * 24
+    # alone in its job: all of the job's and the group's fixed cost is the view's
+    job = (
+        cal.scalar("job_fixed_cores")
+        + 2000 * cal.scalar("job_event_us") / 1e6
+        + cal.scalar("group_fixed_cores")
+    )
+    expected += job * 24
     assert view.estimated_cost == pytest.approx(expected)
 
 
@@ -91,7 +98,8 @@ def test_under_declared_cost_is_an_error(repo: ScratchRepo) -> None:
 
 
 def test_far_over_declared_cost_is_a_warning(repo: ScratchRepo) -> None:
-    repo.write("v1.yaml", MINIMAL_VIEW.replace("compute_cost: 10", "compute_cost: 30"))
+    repo.write("budget.yaml", "tiers:\n  realtime: 400\n  nearline: 10\n  offline: 10\n")
+    repo.write("v1.yaml", MINIMAL_VIEW.replace("compute_cost: 10", "compute_cost: 300"))
     result = repo.check()
     assert result.ok
     assert [d.code for d in result.diagnostics.warnings] == ["over-declared"]
