@@ -85,6 +85,9 @@ background payments $HW events produce --source payments --rate 50 --duration "$
 traffic_started=$(date +%s)
 sleep 20
 $PY infra/demo_loop.py --url "$URL" --wait 30
+# Many users through the service: the experiment's arms get impressions and clicks, and a sample of the
+# answers is logged for `headwater skew` (the generated traffic carries no arm).
+$PY infra/demo/experiment_traffic.py --url "$URL" --users 300
 $HW online get user_session_realtime "$(cat "$RUN_DIR/loop_user")"
 # The second source through every tier: realtime payment velocity, nearline merchant risk (behind a
 # repartition by merchant_id), offline spend (materialized from Delta).

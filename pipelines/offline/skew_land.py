@@ -158,12 +158,16 @@ def land_predictions(
             start = landed_positions(spark, path)
             end = consumer.end_offsets(parts)
             begin = consumer.beginning_offsets(parts)
-            todo = [tp for tp in parts if max(start.get(tp.partition, 0), begin[tp]) < end[tp]]
+            first = {tp: max(start.get(tp.partition, 0), begin[tp]) for tp in parts}
+            for tp in parts:  # landed past the end: the topic was created again, its offsets restarted at 0
+                if start.get(tp.partition, 0) > end[tp]:
+                    first[tp] = begin[tp]
+            todo = [tp for tp in parts if first[tp] < end[tp]]
             landed = not_json = 0
             if todo:
                 consumer.assign(todo)
                 for tp in todo:
-                    consumer.seek(tp, max(start.get(tp.partition, 0), begin[tp]))
+                    consumer.seek(tp, first[tp])
                 rows: list[dict[str, Any]] = []
                 left = set(todo)
                 while left:
