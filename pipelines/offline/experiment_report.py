@@ -133,17 +133,23 @@ class ExperimentReport:
 
     def line(self) -> str:
         """Return one line: each arm's CTR and interval, and the SRM verdict (the demo prints it)."""
-        arms = "; ".join(
-            f"{a.arm} CTR {a.ctr:.2%} [{a.ctr_low:.2%}, {a.ctr_high:.2%}] of {a.impressions} impressions"
-            if a.ctr is not None and a.ctr_low is not None and a.ctr_high is not None
-            else f"{a.arm} no impressions"
-            for a in self.arms
-        )
+        arms = "; ".join(_arm_line(a) for a in self.arms)
         verdict = "FLAGGED" if self.srm.flagged else "ok"
         return (
             f"experiment {self.experiment}: {arms}; SRM p {self.srm.p_value:.3g},"
             f" max deviation {self.srm.max_deviation:.2%}: {verdict}"
         )
+
+
+def _arm_line(a: ArmFigures) -> str:
+    if a.ctr is None:
+        return f"{a.arm} no impressions"
+    if a.ctr_low is None or a.ctr_high is None:  # fewer than 2 users: no variance between users
+        return f"{a.arm} CTR {a.ctr:.2%} of {a.impressions} impressions, {a.users} user(s): no interval"
+    return (
+        f"{a.arm} CTR {a.ctr:.2%} [{a.ctr_low:.2%}, {a.ctr_high:.2%}] of {a.impressions} impressions,"
+        f" {a.users} users"
+    )
 
 
 def build_report(

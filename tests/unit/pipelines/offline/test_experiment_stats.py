@@ -181,3 +181,17 @@ def test_more_impressions_of_the_same_users_do_not_narrow_the_interval(
 def test_ratio_interval_needs_two_users_and_an_impression() -> None:
     assert ratio_interval(RatioMoments.of([(1.0, 3.0)])) is None
     assert ratio_interval(RatioMoments.of([(0.0, 0.0), (0.0, 0.0)])) is None
+
+
+def test_the_report_line_gives_each_arm_its_interval_or_says_why_not() -> None:
+    from headwater.pipelines.offline.experiment_report import ArmCounts, build_report
+
+    counts = {
+        "a": ArmCounts(4, 40, 6, RatioMoments.of([(float(c), float(i)) for c, i in HAND])),
+        "b": ArmCounts(1, 10, 1, RatioMoments.of([(1.0, 10.0)])),
+    }
+    line = build_report("e", counts, {"a": 1, "b": 1, "c": 1}, "--weights").line()
+    assert line.startswith(
+        "experiment e: a CTR 15.00% [7.79%, 22.21%] of 40 impressions, 4 users;"
+        " b CTR 10.00% of 10 impressions, 1 user(s): no interval; c no impressions; SRM p "
+    )
