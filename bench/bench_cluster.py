@@ -238,6 +238,8 @@ def main() -> None:
         result["recovery"] = previous["recovery"]  # figures of an earlier --failures run stay
         result["recovery_measured_at"] = previous.get("recovery_measured_at", previous.get("measured_at"))
     elif "recovery" in result and args.tests and "recovery" in previous:  # a partial run adds to the rest
+        # the machine's loads and the time stay those of the figures' run; the new entries carry their own
+        result["machine"], result["measured_at"] = previous["machine"], previous["measured_at"]
         kept = {k: v for k, v in previous["recovery"].items() if k not in result["recovery"]}
         result["recovery"] = {**kept, **result["recovery"], "tests_passed": previous["recovery"].get(
             "tests_passed", False) and result["recovery"]["tests_passed"]}  # fmt: skip
