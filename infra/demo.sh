@@ -70,13 +70,17 @@ $HW run offline --backfill "$first" "$second"  # realtime/nearline views: at eac
 $HW labels --from "$second" --out "$RUN_DIR/labels.parquet"
 $HW training-set --labels "$RUN_DIR/labels.parquet" --out "$RUN_DIR/train.parquet"
 $HW model train --training-set "$RUN_DIR/train.parquet" --epochs 3
+# The funnel's other models, from the same training set: the two-tower retriever over the whole
+# catalog, the re-ranker over each user's recent clicks; and the items' categories for diversity.
+$HW retrieval train --training-set "$RUN_DIR/train.parquet" --epochs 5
+$HW funnel train-reranker --training-set "$RUN_DIR/train.parquet"
+$HW funnel categories
 $HW materialize
 
 step "4. Live: the realtime tier and the ranking service, ${DURATION} s of traffic at ${RATE} events/s, a click"
 background realtime $HW run realtime --from-latest
 background serve $HW serve --port "$PORT" --config infra/demo/serving.yaml
-for _ in $(seq 1 120); do grep -q "realtime job submitted" "$RUN_DIR/realtime.log" && break; sleep 1; done
-sleep 10  # the job's Kafka source takes its latest offsets a few seconds after submission
+for _ in $(seq 1 120); do grep -q "realtime job .*submitted" "$RUN_DIR/realtime.log" && break; sleep 1; done
 for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
 curl -sf "$URL/health"; echo
 background traffic $HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 --quiet
@@ -85,6 +89,8 @@ background payments $HW events produce --source payments --rate 50 --duration "$
 traffic_started=$(date +%s)
 sleep 20
 $PY infra/demo_loop.py --url "$URL" --wait 30
+# The funnel: retrieval from the whole catalog, the seen filter, the DCN, the re-ranker, the rules.
+$PY infra/demo/recommend.py --url "$URL" --user "$(cat "$RUN_DIR/loop_user")"
 # Many users through the service: the experiment's arms get impressions and clicks, and a sample of the
 # answers is logged for `headwater skew` (the generated traffic carries no arm).
 $PY infra/demo/experiment_traffic.py --url "$URL" --users 300

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -138,6 +139,14 @@ def realtime(
         sources=tuple(sources),
         startup_mode=_startup_mode(from_earliest, from_latest),
     )
+    if from_latest:
+        # "Latest" is the end of each topic now, not when the job's source first polls: a JVM and its
+        # Python workers can take minutes to start on a busy machine, and every event sent meanwhile
+        # would be skipped. A restored checkpoint's offsets still win (its scan uid is restored).
+        ends = _end_offsets(
+            settings.kafka_bootstrap, {s.name: options.topic(s) for s in plan.sources if s.name in running}
+        )
+        options = replace(options, start_offsets=ends)
     run = RunOptions(
         redis_url=settings.redis_url,
         checkpoint_dir=checkpoint_dir or state_dir / "checkpoints" / "realtime",
@@ -197,6 +206,24 @@ def _topic_overrides(values: tuple[str, ...], running: list[str]) -> dict[str, s
             raise click.UsageError(msg)
         out[name] = topic
     return out
+
+
+def _end_offsets(bootstrap: str, topics: dict[str, str]) -> dict[str, dict[int, int]]:
+    """Return, per source, each partition's end offset of its topic at this moment."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="headwater-realtime-start")
+    try:
+        out: dict[str, dict[int, int]] = {}
+        for source, topic in topics.items():
+            parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            if not parts:
+                msg = f"topic {topic!r} of source {source!r} does not exist; run `headwater topics create`"
+                raise click.ClickException(msg)
+            out[source] = {tp.partition: int(off) for tp, off in consumer.end_offsets(parts).items()}
+        return out
+    finally:
+        consumer.close()
 
 
 def _startup_mode(from_earliest: bool, from_latest: bool) -> str:
