@@ -95,13 +95,7 @@ def test_a_changed_view_is_backfilled_and_its_group_mate_kept(plans: dict[str, T
     assert check_kept(plan, after, "rt_clicks", post, events) == 4
 
 
-@pytest.mark.xfail(
-    reason="open (backfill14 report): hypothesis found a switch point where rt_items (a new group) ends one "
-    "distinct buyer short; AggregateCheck keeps the clock across the restart (the job's restarts from the "
-    "replay), which may be the cause; not yet diagnosed",
-    strict=False,
-)
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), cut=st.integers(0, 160))
 def test_any_switch_point_backfills_exactly(plans: dict[str, TierPlan], seed: int, cut: int) -> None:
     """Wherever the switch falls (even before any event), every view ends with the reference."""

@@ -34,7 +34,8 @@ import org.apache.flink.types.Row;
  * serializer's compatibility with the old snapshot; the old snapshot's restore serializer), groups are
  * matched by id (a group the new program lacks is dropped, as the job's ignore-unclaimed-state does),
  * and each state is adopted by the new group's {@link Aggregator}; the lines after it are rows of
- * the new program. The clock is kept (the restored job's clock comes back with the replayed events).
+ * the new program. The clock is kept (the restored job's clock comes back with the replayed events),
+ * except when the new program has a seed: then it restarts, as the job's does, and the replay brings it back.
  * When the new program has a backfill seed ({@link Program#seed}), every restored entity of a group
  * with a backfilled view is refreshed (as {@link ViewOperator} does at open), and a line
  * {@code {"replay": ROW}} is a row read before the switch: folded into the backfilled views' features
@@ -83,6 +84,9 @@ public final class AggregateCheck {
                 aggs = nextAggs;
                 states = nextStates;
                 replayIds = new java.util.ArrayList<>();
+                if (program.seed != null) {
+                    clock = Long.MIN_VALUE;  // the job's clock restarts, and the replayed rows bring it back
+                }
                 for (Program.Group g : program.groups) {
                     replayIds.add(new HashMap<>());
                     if (ViewOperator.replayMask(program, g) != null) {
