@@ -65,7 +65,7 @@ RESTART_BACKOFF_S = 5.0
 @click.option(
     "--session-timeout-ms",
     type=click.IntRange(6000),
-    default=10_000,
+    default=NearlineConfig.session_timeout_ms,
     show_default=True,
     help="Consumer-group session timeout: how soon a dead worker's partitions move.",
 )

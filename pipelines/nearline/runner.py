@@ -95,7 +95,10 @@ class NearlineConfig:
     namespace: str = "hw"
     max_poll_records: int = 20_000
     checkpoint_interval_s: float = 60.0
-    session_timeout_ms: int = 10_000
+    session_timeout_ms: int = 45_000
+    """Kafka's own default. The rebalance callback (fencing each task's producer, restore, backfill)
+    blocks heartbeats while it runs, about 1.5-2 s a partition here: longer than this and the group
+    drops the worker, which rejoins and restores again (a rebalance storm, seen at 10 s)."""
     stats_path: Path | None = None
     refresh_unchanged: bool = True
     """Re-publish every live entity at each new boundary (stored event time = the latest B)."""
@@ -306,6 +309,9 @@ class NearlineWorker:
                 task.next_offset,
             )
             self._publish({tp: task.restored_publish()})
+        # Idle time counts from the end of the restores: they (and the task producers' fencing) can
+        # take longer than an --idle-exit, which must not fire before the first poll of the new tasks.
+        self.assigned_at = time.monotonic()
 
     def _owner(self, tp: TopicPartition) -> str:
         """Return the fence owner name of a task (its transactional id)."""

@@ -69,7 +69,9 @@ def write(env: h.Env, views: list[PlanView]) -> TierPlan:
 
 def run(env: h.Env) -> dict[str, Any]:
     """Run one worker until idle; return its stats (the restored state per partition, counters)."""
-    assert env.start(idle_exit_s=6).wait(timeout=90) == 0
+    # No worker is killed here: a long session lets restores and backfills of 8 tasks finish inside
+    # the rebalance callback, which blocks heartbeats (the harness's 6 s is for fast takeovers).
+    assert env.start(6, 2000, 1, "--session-timeout-ms", "30000").wait(timeout=90) == 0
     return json.loads((env.store_dir / "stats-0.json").read_text())
 
 
