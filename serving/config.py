@@ -214,8 +214,9 @@ def load_config(path: str | Path | None) -> ServingConfig:
         where = doc.line_of(("experiments",) if "experiments" in raw else ("experiment",))
         msg = (
             f"serving config {file}, line {where}: one experiment runs at a time; declare it as one"
-            " mapping under `experiment:`. Its arms pick each request's model and funnel, which a second (layered)"
-            " experiment would pick as well: run them one after the other, or as arms of one experiment"
+            " mapping under `experiment:`. Its arms pick each request's model and funnel, which a second"
+            " (layered) experiment would pick as well: run them one after the other, or as arms of one"
+            " experiment"
         )
         raise ServingConfigError(msg)
     try:
