@@ -83,12 +83,38 @@ def save_artifact(out_dir: Path, metadata: Mapping[str, Any], state: Mapping[str
     except TypeError as exc:
         msg = f"artifact metadata must be JSON-serialisable: {exc}"
         raise ArtifactError(msg) from exc
+    return Artifact(write_versioned(out_dir, kind, FORMAT, meta, cpu_state), meta, cpu_state)
+
+
+def write_versioned(
+    out_dir: Path, kind: str, fmt: str, meta: dict[str, Any], state: Mapping[str, torch.Tensor]
+) -> Path:
+    """Write ``<kind>-<version>.pt`` into ``out_dir`` atomically; sets ``meta["model_version"]``.
+
+    Every model kind (ranker, two-tower, re-ranker) is saved this way: a content-hash version, the
+    metadata as JSON beside plain tensors, so loading needs no pickle (``weights_only=True``).
+    """
+    meta["model_version"] = content_hash(meta, state)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{kind}-{meta['model_version']}.pt"
     tmp = path.with_suffix(".pt.tmp")
-    torch.save({"format": FORMAT, "metadata_json": json.dumps(meta, sort_keys=True), "state": cpu_state}, tmp)
+    torch.save({"format": fmt, "metadata_json": json.dumps(meta, sort_keys=True), "state": dict(state)}, tmp)
     tmp.replace(path)
-    return Artifact(path, meta, cpu_state)
+    return path
+
+
+def point_latest(out_dir: Path, kind: str, path: Path) -> None:
+    """Make ``out_dir``'s ``latest.json`` name ``path`` for ``kind``, keeping the other kinds' entries."""
+    pointer = out_dir / LATEST
+    try:
+        latest = json.loads(pointer.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        latest = {}
+    latest = latest if isinstance(latest, dict) else {}
+    latest[kind] = path.name
+    tmp = pointer.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(latest, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(pointer)
 
 
 def load_artifact(path: Path) -> Artifact:
@@ -241,8 +267,10 @@ def _few(names: list[str], shown: int = 6) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def resolve_model_path(path: Path, kind: str = "dcn") -> Path:
+def resolve_model_path(path: Path, kind: str = "dcn", train: str = "headwater model train") -> Path:
     """Return the ``kind`` artifact for ``path``: the file, or the one a directory's latest.json names.
+
+    ``train`` is the command that writes that kind, for the error's hint.
 
     Raises:
         ArtifactError: ``latest.json`` is missing, unreadable, not JSON, or names no ``kind`` file.
@@ -250,7 +278,7 @@ def resolve_model_path(path: Path, kind: str = "dcn") -> Path:
     if not path.is_dir():
         return path
     pointer = path / LATEST
-    retrain = f"train with `headwater model train --out {path}`"
+    retrain = f"train with `{train} --out {path}`"
     try:
         latest = json.loads(pointer.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:

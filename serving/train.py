@@ -34,7 +34,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from headwater.serving.artifact import LATEST, Artifact, save_artifact
+from headwater.serving.artifact import Artifact, point_latest, save_artifact
 from headwater.serving.evaluation import auc, feature_scores, ndcg_at_k, popularity_scores
 from headwater.serving.model import DCNRanker, linear_logits, pick_device
 from headwater.serving.trainset import TrainingSet
@@ -333,8 +333,10 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     }
     metrics_path = out_dir / f"metrics-{dcn_artifact.version}.json"
     metrics_path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    latest = {"dcn": dcn_artifact.path.name, "linear": linear.path.name, "metrics": metrics_path.name}
-    (out_dir / LATEST).write_text(json.dumps(latest, indent=2) + "\n", encoding="utf-8")
+    # Only this run's entries: the funnel's two-tower and re-ranker pointers stay (the service
+    # checks a re-ranker against the DCN's item slots at load).
+    for kind, path in (("dcn", dcn_artifact.path), ("linear", linear.path), ("metrics", metrics_path)):
+        point_latest(out_dir, kind, path)
     return TrainReport(dcn_artifact, linear, metrics, metrics_path)
 
 

@@ -17,7 +17,6 @@ Artifacts: ``reranker-<version>.pt`` in the models folder, format ``headwater.re
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,7 +29,13 @@ import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
-from headwater.serving.artifact import LATEST, ArtifactError, content_hash, read_verified
+from headwater.serving.artifact import (
+    ArtifactError,
+    point_latest,
+    read_verified,
+    resolve_model_path,
+    write_versioned,
+)
 from headwater.serving.evaluation import auc, ndcg_at_k
 from headwater.serving.model import CLAMP
 from headwater.serving.train import moments, split_by_time
@@ -243,22 +248,8 @@ def save_reranker(
         "training": {k: v for k, v in metrics.items() if k not in ("created_at", "seconds")},
         "created_at": metrics.get("created_at", ""),
     }
-    meta["model_version"] = content_hash(meta, state)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{KIND}-{meta['model_version']}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save({"format": FORMAT, "metadata_json": json.dumps(meta, sort_keys=True), "state": state}, tmp)
-    tmp.replace(path)
-    pointer = out_dir / LATEST
-    try:
-        latest = json.loads(pointer.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        latest = {}
-    latest = latest if isinstance(latest, dict) else {}
-    latest[KIND] = path.name
-    tmp_pointer = pointer.with_suffix(".json.tmp")
-    tmp_pointer.write_text(json.dumps(latest, indent=2) + "\n", encoding="utf-8")
-    tmp_pointer.replace(pointer)
+    path = write_versioned(out_dir, KIND, FORMAT, meta, state)
+    point_latest(out_dir, KIND, path)
     return Reranker(meta["model_version"], tuple(ts.item_features), model.eval(), max_clicks, meta)
 
 
@@ -268,16 +259,7 @@ def load_reranker(path: Path) -> Reranker:
     Raises:
         ArtifactError: missing, unreadable, of another format, modified, or not fitting its metadata.
     """
-    if path.is_dir():
-        try:
-            name = json.loads((path / LATEST).read_text(encoding="utf-8")).get(KIND)
-        except (OSError, ValueError, AttributeError) as exc:
-            msg = f"model directory {path}: no readable {LATEST} ({exc}); train the re-ranker first"
-            raise ArtifactError(msg) from exc
-        if not isinstance(name, str) or not name or "/" in name:
-            msg = f"model directory {path}: {LATEST} names no {KIND}; run `headwater funnel train-reranker`"
-            raise ArtifactError(msg)
-        path = path / name
+    path = resolve_model_path(path, KIND, "headwater funnel train-reranker")
     meta, state = read_verified(path, FORMAT, "re-ranker artifact", "run `headwater funnel train-reranker`")
     try:
         hyper = meta["hyperparameters"]

@@ -10,14 +10,17 @@ overwritten). The format differs from the ranker's so that neither loader accept
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from headwater.serving.artifact import LATEST, ArtifactError, content_hash, read_verified
+from headwater.serving.artifact import (
+    ArtifactError,
+    point_latest,
+    read_verified,
+    resolve_model_path,
+    write_versioned,
+)
 from headwater.serving.retrieval.towers import TowerReport, TwoTowerModel
 from headwater.serving.trainset import TrainingSet
 
@@ -52,22 +55,8 @@ def save_towers(out_dir: Path, report: TowerReport, ts: TrainingSet) -> TowerArt
         "training": {k: v for k, v in report.metrics.items() if k not in ("created_at", "seconds")},
         "created_at": report.metrics.get("created_at", ""),
     }
-    meta["model_version"] = content_hash(meta, state)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{KIND}-{meta['model_version']}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save({"format": FORMAT, "metadata_json": json.dumps(meta, sort_keys=True), "state": state}, tmp)
-    tmp.replace(path)
-    pointer = out_dir / LATEST
-    try:
-        latest = json.loads(pointer.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        latest = {}
-    latest = latest if isinstance(latest, dict) else {}
-    latest[KIND] = path.name
-    tmp_pointer = pointer.with_suffix(".json.tmp")
-    tmp_pointer.write_text(json.dumps(latest, indent=2) + "\n", encoding="utf-8")
-    tmp_pointer.replace(pointer)
+    path = write_versioned(out_dir, KIND, FORMAT, meta, state)
+    point_latest(out_dir, KIND, path)
     return TowerArtifact(path, meta, model.eval())
 
 
@@ -78,18 +67,7 @@ def load_towers(path: Path) -> TowerArtifact:
         ArtifactError: missing, unreadable, of another format, modified (hash mismatch), or
             its tensors do not fit the hyper-parameters it names.
     """
-    if path.is_dir():
-        try:
-            name = json.loads((path / LATEST).read_text(encoding="utf-8")).get(KIND)
-        except (OSError, ValueError, AttributeError) as exc:
-            msg = f"model directory {path}: no readable {LATEST} ({exc}); train the two-tower model first"
-            raise ArtifactError(msg) from exc
-        if not isinstance(name, str) or not name or "/" in name:
-            msg = (
-                f"model directory {path}: {LATEST} names no {KIND} artifact; train the two-tower model first"
-            )
-            raise ArtifactError(msg)
-        path = path / name
+    path = resolve_model_path(path, KIND, "headwater retrieval train")
     meta, state = read_verified(
         path, FORMAT, "two-tower artifact", "train it with `headwater retrieval train`"
     )
