@@ -171,6 +171,20 @@ class LastResort:
             await response(scope, receive, send)
 
 
+def _too_many(exc: Throttled | QueueFullError) -> Response:
+    """429 with ``Retry-After``: the user's class is over its quota, or the batcher's queue is full."""
+    if isinstance(exc, Throttled):
+        detail = {"detail": str(exc), "errors": [], "user_class": exc.user_class}
+        return FastJSON(
+            {**detail, "retry_after_s": round(exc.retry_after_s, 3)},
+            status_code=429,
+            headers={"Retry-After": exc.retry_after_header},
+        )
+    return FastJSON(
+        {"detail": str(exc), "errors": []}, status_code=429, headers={"Retry-After": str(exc.retry_after_s)}
+    )
+
+
 def create_app(
     config: ServingConfig,
     registry: BoundRegistry,
@@ -329,19 +343,8 @@ def create_app(
         """
         try:
             return FastJSON(await answer_rank(body, user_class))
-        except Throttled as exc:
-            detail = {"detail": str(exc), "errors": [], "user_class": exc.user_class}
-            return FastJSON(
-                {**detail, "retry_after_s": round(exc.retry_after_s, 3)},
-                status_code=429,
-                headers={"Retry-After": exc.retry_after_header},
-            )
-        except QueueFullError as exc:
-            return FastJSON(
-                {"detail": str(exc), "errors": []},
-                status_code=429,
-                headers={"Retry-After": str(exc.retry_after_s)},
-            )
+        except (Throttled, QueueFullError) as exc:
+            return _too_many(exc)
 
     async def answer_rank(body: RankRequest, header_class: str | None = None) -> dict[str, Any]:
         """One rank call of any protocol (REST, gRPC): admission, the engine, the impressions; the answer.
@@ -435,19 +438,8 @@ def create_app(
         """
         try:
             return FastJSON(await answer_recommend(body, user_class))
-        except Throttled as exc:
-            detail = {"detail": str(exc), "errors": [], "user_class": exc.user_class}
-            return FastJSON(
-                {**detail, "retry_after_s": round(exc.retry_after_s, 3)},
-                status_code=429,
-                headers={"Retry-After": exc.retry_after_header},
-            )
-        except QueueFullError as exc:
-            return FastJSON(
-                {"detail": str(exc), "errors": []},
-                status_code=429,
-                headers={"Retry-After": str(exc.retry_after_s)},
-            )
+        except (Throttled, QueueFullError) as exc:
+            return _too_many(exc)
         except FunnelOff as exc:
             return FastJSON({"detail": str(exc), "errors": []}, status_code=503)
 
