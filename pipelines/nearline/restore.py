@@ -50,7 +50,10 @@ def restore_partition(
             # by position, not by record offset: transaction markers and aborted records take offsets
             # that no record read_committed returns
             while consumer.position(tp) < end:
-                for rec in consumer.poll(timeout_ms=1000).get(tp, []):
+                # A short poll: after a killed owner, the tail is an aborted transaction (and its
+                # marker) that returns no record but moves the position; a 1 s poll here cost a
+                # second a partition inside the rebalance callback, past the session timeout.
+                for rec in consumer.poll(timeout_ms=100).get(tp, []):
                     pending.append((rec.key, rec.value))
                     last = rec.offset
                 if len(pending) >= CHUNK or (consumer.position(tp) >= end and pending):
