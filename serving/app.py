@@ -421,7 +421,7 @@ def create_app(
         responses={
             **REFUSED,
             429: {"model": ErrorResponse, "description": "Over quota or the scoring queue is full; retry"},
-            503: {"model": ErrorResponse, "description": "The service runs without the funnel"},
+            404: {"model": ErrorResponse, "description": "The service runs without the funnel"},
         },
     )
     async def recommend(
@@ -441,7 +441,7 @@ def create_app(
         except (Throttled, QueueFullError) as exc:
             return _too_many(exc)
         except FunnelOff as exc:
-            return FastJSON({"detail": str(exc), "errors": []}, status_code=503)
+            return FastJSON({"detail": str(exc), "errors": []}, status_code=404)
 
     async def answer_recommend(body: RecommendRequest, header_class: str | None = None) -> dict[str, Any]:
         """One recommend call of any protocol: admission, the funnel, the impressions; the answer.

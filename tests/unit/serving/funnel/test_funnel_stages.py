@@ -214,10 +214,10 @@ def test_diversity_and_pins_shape_the_answer() -> None:
     assert answer["items"][1]["score"] is not None or answer["items"][1]["item_id"] == "i0"
 
 
-def test_without_a_funnel_the_route_answers_503_and_bad_bodies_422() -> None:
+def test_without_a_funnel_the_route_answers_404_and_bad_bodies_422() -> None:
     c, _ = app_client(on=False)
     with c:
-        assert c.post("/v1/recommend", json={"user_id": "u1", "k": 5}).status_code == 503
+        assert c.post("/v1/recommend", json={"user_id": "u1", "k": 5}).status_code == 404
         bad = c.post("/v1/recommend", json={"user_id": "u1", "k": 0})
         assert bad.status_code == 422
         assert bad.json()["errors"][0]["field"] == "k"
