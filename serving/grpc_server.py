@@ -3,7 +3,7 @@
 :class:`GrpcEdge` is a ``grpc.aio`` server on its own port that runs on the REST app's event loop
 and calls the very function ``POST /v1/rank`` calls (``app.state.rank``): the same admission, engine,
 fallback chain, impressions and metrics. ``Recommend`` likewise calls ``app.state.recommend`` (the
-funnel of ``POST /v1/recommend``); an app without the funnel answers it UNAVAILABLE, as REST's 503.
+funnel of ``POST /v1/recommend``); an app without the funnel answers it UNIMPLEMENTED, as REST's 404.
 The edge is one of ``app.state.servers``, so it starts after the app's engine and stops before it
 (``headwater serve --grpc-port``).
 
@@ -15,6 +15,7 @@ REST                                           gRPC
 422 / 400 (invalid request, undecodable body)  INVALID_ARGUMENT, the same field-by-field message
 429 over the class's quota or a full queue     RESOURCE_EXHAUSTED; trailing metadata ``retry-after``
                                                (whole seconds, as HTTP's) and ``retry-after-ms``
+404 recommend on a service without the funnel  UNIMPLEMENTED
 503 (a bug's net)                              UNAVAILABLE ("retry"), never UNKNOWN or INTERNAL
 =============================================  ==================================================
 
@@ -27,13 +28,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
-from pydantic import ValidationError
+from google.protobuf.message import DecodeError, Message
+from pydantic import BaseModel, ValidationError
 
 from headwater.serving.admission import CLASS_HEADER, Throttled
+from headwater.serving.app import FunnelOff
 from headwater.serving.batcher import QueueFullError
 from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.schemas import RankRequest, RecommendRequest, readable_errors
@@ -44,6 +46,8 @@ OPTIONAL_FIELDS = ("priority", "deadline_ms", "session_id", "device", "log_impre
 """Fields of ``RankRequest`` the message marks ``optional``: absent means the REST default."""
 RankFunction = Callable[[RankRequest, str | None], Awaitable[dict[str, Any]]]
 RecommendFunction = Callable[[RecommendRequest, str | None], Awaitable[dict[str, Any]]]
+M = TypeVar("M", bound=Message)
+B = TypeVar("B", bound=BaseModel)
 RECOMMEND_OPTIONAL = ("priority", "deadline_ms", "session_id", "device", "log_impressions", "user_class")
 
 
@@ -110,64 +114,63 @@ class GrpcEdge:
             self._server = None
 
     async def _serve(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RankResponse:
-        try:
-            message = pb.RankRequest.FromString(raw)
-        except DecodeError as exc:
-            self._on_invalid()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a headwater.v1.RankRequest: {exc}")
-        try:
-            body = RankRequest.model_validate(to_fields(message))
-        except ValidationError as exc:
-            self._on_invalid()
-            errors = readable_errors(exc.errors(), tuple(RankRequest.model_fields))
-            detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
-        header = _metadata(context, CLASS_HEADER)
-        try:
-            answer = await self._rank(body, header)
-        except Throttled as exc:
-            await _exhausted(context, str(exc), exc.retry_after_s)
-        except QueueFullError as exc:
-            await _exhausted(context, str(exc), float(exc.retry_after_s))
-        except Exception as exc:  # the net under a bug, as REST's 503: retryable, with the type
-            logger.exception("unhandled error serving gRPC Rank")
-            detail = f"the service failed to answer ({type(exc).__name__}); retry"
-            await context.abort(grpc.StatusCode.UNAVAILABLE, detail)
+        message = await self._decode(pb.RankRequest, raw, context)
+        body = await self._validate(RankRequest, to_fields(message), context)
+        answer = await self._answer(self._rank(body, _metadata(context, CLASS_HEADER)), context, "Rank")
         return to_message(answer)
 
     async def _serve_recommend(
         self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RecommendResponse:
         assert self._recommend is not None  # the handler is registered only with one
-        try:
-            message = pb.RecommendRequest.FromString(raw)
-        except DecodeError as exc:
-            self._on_invalid()
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"not a headwater.v1.RecommendRequest: {exc}"
-            )
+        message = await self._decode(pb.RecommendRequest, raw, context)
         fields: dict[str, Any] = {"user_id": message.user_id, "k": message.k}
         fields.update({n: getattr(message, n) for n in RECOMMEND_OPTIONAL if message.HasField(n)})
+        body = await self._validate(RecommendRequest, fields, context)
+        call = self._recommend(body, _metadata(context, CLASS_HEADER))
+        return recommend_message(await self._answer(call, context, "Recommend"))
+
+    async def _decode(self, kind: type[M], raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> M:
+        """Parse ``raw`` as ``kind``, or abort INVALID_ARGUMENT naming the message type."""
         try:
-            body = RecommendRequest.model_validate(fields)
+            message: M = kind.FromString(raw)
+            return message
+        except DecodeError as exc:
+            self._on_invalid()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.DESCRIPTOR.full_name}: {exc}")
+            raise  # abort raises; this line only tells the type checker
+
+    async def _validate(
+        self, model: type[B], fields: dict[str, Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> B:
+        """Validate ``fields`` as REST's body model, or abort INVALID_ARGUMENT with REST's field messages."""
+        try:
+            return model.model_validate(fields)
         except ValidationError as exc:
             self._on_invalid()
-            errors = readable_errors(exc.errors(), tuple(RecommendRequest.model_fields))
+            errors = readable_errors(exc.errors(), tuple(model.model_fields))
             detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
-        header = _metadata(context, CLASS_HEADER)
+            raise  # abort raises; this line only tells the type checker
+
+    async def _answer(
+        self, call: Awaitable[dict[str, Any]], context: grpc.aio.ServicerContext[Any, Any], method: str
+    ) -> dict[str, Any]:
+        """Await ``call`` and return its answer, or abort with REST's errors as the table above maps them."""
         try:
-            answer = await self._recommend(body, header)
+            return await call
         except Throttled as exc:
             await _exhausted(context, str(exc), exc.retry_after_s)
         except QueueFullError as exc:
             await _exhausted(context, str(exc), float(exc.retry_after_s))
-        except Exception as exc:  # FunnelOff (no funnel) and the net under a bug: retryable, as REST's 503
-            if type(exc).__name__ != "FunnelOff":
-                logger.exception("unhandled error serving gRPC Recommend")
+        except FunnelOff as exc:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+        except Exception as exc:  # the net under a bug
+            logger.exception("unhandled error serving gRPC %s", method)
             detail = f"the service failed to answer ({type(exc).__name__}: {exc}); retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, detail)
-        return recommend_message(answer)
+        unreachable = "context.abort raises"
+        raise AssertionError(unreachable)
 
 
 def recommend_message(answer: dict[str, Any]) -> pb.RecommendResponse:

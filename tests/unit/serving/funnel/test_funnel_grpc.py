@@ -76,5 +76,5 @@ def test_recommend_over_grpc_without_the_funnel_is_unavailable() -> None:
         return None
 
     code, details = asyncio.run(main())
-    assert code == grpc.StatusCode.UNAVAILABLE
+    assert code == grpc.StatusCode.UNIMPLEMENTED
     assert "without the funnel" in details
