@@ -193,10 +193,17 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str, log: Path) 
 
 
 def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 30.0) -> list[Any]:
+    """The committed dead letters of ``topic``, read until ``expected`` of them came or ``timeout_s``.
+
+    ``read_committed``: the job's dead-letter sink is exactly once, a Kafka transaction committed at each
+    completed checkpoint (the tests checkpoint every 2 s), so a letter shows up at that checkpoint, and
+    the letters of a transaction a kill -9 left open are never read (the restored job writes them again).
+    """
     from headwater.pipelines.events.codec import parse_dead_letter
 
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=1000)  # fmt: skip
+                             enable_auto_commit=False, consumer_timeout_ms=1000,
+                             isolation_level="read_committed")  # fmt: skip
     out: list[Any] = []
     deadline = time.monotonic() + timeout_s
     try:
@@ -250,6 +257,31 @@ def last_change_ms(
             b, now = b - slide_ms, before
         out.append(b)
     return out
+
+
+STORE_IDS = (("rt_all", ["u1", "u2"]), ("rt_items", ["i0", "i1", "i2"]))
+"""The entities the restart and outage tests check, per view of the test plan."""
+
+
+def assert_store_exact(
+    redis_url: str, namespace: str, plan: TierPlan, events: list[dict[str, Any]], b_ms: int
+) -> None:
+    """Assert every :data:`STORE_IDS` row is stored with the reference value at ``b_ms`` and its event time.
+
+    The job writes a value only when it changes, so the stored event time must be the boundary of its last
+    change (:func:`last_change_ms`): an earlier one means a lost write, a later one a replay that rewrote it.
+    """
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for view, ids in STORE_IDS:
+            _, res = read_store(redis_url, namespace, plan, view, ids)
+            assert res.found.all(), (view, res.found)
+            changed = last_change_ms(plan, view, events, ids, client, namespace, b_ms)
+            assert res.event_time_ms.tolist() == changed, (view, changed)
+            _, want = expected_vectors(plan, view, events, ids, client, namespace, b_ms)
+            np.testing.assert_allclose(res.values, want, rtol=1e-6, equal_nan=True, err_msg=view)
+    finally:
+        client.close()
 
 
 def apply(base: Path, name: str, views: dict[str, str]) -> tuple[TierPlan, Path]:

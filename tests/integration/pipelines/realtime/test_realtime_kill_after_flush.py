@@ -12,6 +12,13 @@ replace a newer one. Nothing is ever added to a stored value, so a replay cannot
 The test proves it: after the restart has replayed (a freshness-log entry of T0+30 s after the
 kill), every value equals the reference and the value before the kill, at the same boundary.
 
+Dead letters too (issue 16 item 4, the realtime DLQ exactly once): two bad records sent with the
+flushed events are dead-lettered before the kill, in the sink's Kafka transaction of the checkpoint
+that never completed. The restored job aborts that transaction (same ``sink.transactional-id-prefix``)
+and dead-letters the replayed records again, committed at its first checkpoint: the DLQ read
+``read_committed`` equals the reference WITHOUT de-duplication. With the old at-least-once sink the
+letters written before the kill stay and the replay adds them again (4 letters for 2 records).
+
 Slow (two job starts, a 60 s checkpoint interval): ``pytest -m slow``.
 """
 
@@ -24,6 +31,7 @@ import numpy as np
 import pytest
 import redis
 
+from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.store.layout import freshness_key
 from headwater.registry.plans import TierPlan
 
@@ -33,6 +41,7 @@ from .conftest import (
     JobProcess,
     Names,
     checkpoints,
+    dead_letters,
     expected_vectors,
     last_change_ms,
     read_store,
@@ -79,6 +88,10 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
             lambda: any(m > seen for _, _, m in checkpoints(chk)), 150, "a checkpoint after T0+14 s", log
         )
         last = max(n for n, _, _ in checkpoints(chk))
+        codec = EventCodec()  # two records that fail to decode: dead-lettered at once, before the flush
+        garbage = feed.send_raw(b"\x00\xff not avro", codec.headers())
+        unmarked = feed.send_raw(codec.encode(before_kill()[0]), [("produce-ts", b"1")])
+        bad = {garbage: "corrupt_payload", unmarked: "missing_fingerprint"}
         feed.send(*after_kill())
         accepted = unique([*before_kill(), *after_kill()])
         final = {
@@ -96,6 +109,7 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
         wait_for(flushed_all, 120, "the whole flush of T0+30 s", log)
         flushed = _snapshot(redis_url, names, tier_plan)
         newest = max(n for n, _, _ in checkpoints(chk))
+        first_jobs = {j for _, j, _ in checkpoints(chk)}
         job.kill()
         killed_ms = int(time.time() * 1000)
         assert newest == last, "a checkpoint completed between the flush and the kill: scenario missed"
@@ -107,6 +121,15 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
             return any(int(f[b"hi"]) >= B_FINAL and int(f[b"r"]) > 0 for _, f in entries)
 
         wait_for(replayed, 600, "the restarted job's replayed write of T0+30 s", log)
+        replayed_at = time.time()
+        wait_for(  # its dead-letter transaction commits when a checkpoint taken after the replay completes
+            lambda: any(j not in first_jobs and m > replayed_at + 1 for _, j, m in checkpoints(chk)),
+            240,
+            "a checkpoint of the restarted job after the replay",
+            log,
+        )
+        # every committed letter (expected + 1: read to the timeout, so a duplicate would be seen)
+        letters = dead_letters(kafka_bootstrap, names.dlq, expected=len(bad) + 1, timeout_s=15)
     finally:
         job.kill()
         feed.close()
@@ -124,5 +147,8 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
         # longest window, 40 s) is shorter than a restart on a loaded machine (3 min at load 50), so
         # the flushed keys may expire before the replay re-creates them (seen: rows re-created at
         # each boundary from T0+21 s, final values equal). The values above are the proof.
+        # Dead letters exactly once, not de-duplicated: the pre-kill transaction was aborted.
+        got = sorted((d.source_offset, d.reason, d.source_topic) for d in letters)
+        assert got == sorted((o, r, names.topic) for o, r in bad.items()), got
     finally:
         client.close()

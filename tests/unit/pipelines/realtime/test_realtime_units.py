@@ -242,3 +242,15 @@ def test_topic_overrides_name_their_source() -> None:
         _topic_overrides(("t1",), ["events", "payments"])
     with pytest.raises(click.UsageError, match="one of the sources this job runs"):
         _topic_overrides(("other=t",), ["events"])
+
+
+def test_dead_letter_sink_is_exactly_once_with_a_prefix_per_job_kept_across_restarts(plan: TierPlan) -> None:
+    dlq = job_of(plan, JobOptions("k:9092", "t.dlq", group_id="g1")).ddl[0]
+    assert "'sink.delivery-guarantee' = 'exactly-once'" in dlq
+    assert "'sink.transactional-id-prefix' = 'hw-dlq.g1.t.dlq'" in dlq
+    # below the broker's transaction.max.timeout.ms (15 min by default), or the job fails at start
+    assert "'properties.transaction.timeout.ms' = '600000'" in dlq
+    again = job_of(plan, JobOptions("k:9092", "t.dlq", group_id="g1", startup_mode="earliest-offset")).ddl[0]
+    other = job_of(plan, JobOptions("k:9092", "t.dlq", group_id="g2")).ddl[0]
+    assert again == dlq  # a restart (same command line) aborts its predecessor's open transactions
+    assert "'hw-dlq.g2.t.dlq'" in other  # another job never fences this one's producers
