@@ -17,15 +17,15 @@ Meanwhile a chaos thread (``random.Random(--seed)``, every fault logged with its
 - ``redis``: the Redis server stopped (SIGTERM, the append-only file written), started after 5 s;
 - ``kafka``: the broker stopped (``kafka.sh stop``) and started again.
 
-``--targets`` picks among them. Faults start once the producer writes (a broker restart during the
-producer's start-up ends the run: ``events produce`` gives up after 10 s without a broker) and stop
-``--quiet-end-s`` before the producer ends so the tiers can drain. A broker restart must stay within
-the producer's delivery timeout (120 s): on a machine at load ~45 a private broker took 6.5 min to
-start, so the run of this round left ``kafka`` out (the broker restart is tested under each tier by
-the slow tests instead). The verdict is the
-plain soak's (every record landed or dead-lettered, every group drained, no tier down at the end,
-memory flat, ``consistency`` mismatches, the service's statuses) plus the fault log, in
-``bench/results/soak.json``.
+``--targets`` picks among them. Faults start once the producer writes and stop ``--quiet-end-s``
+before the producer ends so the tiers can drain. The producers (behaviour events and payments, in
+this process: ``bench_soak.produce_all``) ride out a broker restart of up to 15 min: a send blocks
+while no broker answers and every record is retried until acknowledged, idempotently (nothing
+doubled). The ranking service runs on a small model trained in the set-up (``bench_soak.train_model``)
+under ``--qps`` requests. The verdict is the plain soak's (every record in its topic, landed or
+rejected by the landing; each tier's dead letters once; every group drained; no tier down at the end;
+memory; ``consistency`` mismatches, run right after the drain so the realtime keys have not expired;
+the service's 5xx) plus the fault log, in ``bench/results/soak.json`` (``summary`` first).
 
 Not covered: a Redis kill -9 (with ``appendfsync everysec`` a kill -9 loses up to a second of
 writes by design: a lost realtime value stays lost until it changes again), the landing and the
@@ -50,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_soak as base
+import soak_probe as probe
 from soak_ranking import free_port
 
 from headwater.pipelines.store.testing import OwnRedis
@@ -137,7 +138,7 @@ def chaos(
     """Inject a seeded fault every ``--gap-s`` until ``stop`` or the quiet end; log each in ``faults``."""
     rng = random.Random(args.seed)
     while not stop.wait(2):  # the faults start once the producer writes (after apply and the tiers' start)
-        if sum(_safe(base.probe.end_offsets, {}, args.bootstrap, args.topic).values()) > 0:
+        if sum(_safe(probe.end_offsets, {}, args.bootstrap, args.topic).values()) > 0:
             break
     started = time.monotonic()
     until = args.minutes * 60 - args.quiet_end_s
@@ -174,6 +175,31 @@ def _safe(call: Any, default: Any, *args: Any) -> Any:
         return default
 
 
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Return the figures the issue asks for (first in the JSON): records, letters, mismatches, 5xx, RSS."""
+    rec, verdict = result["reconcile"], result["verdict"]
+    return {
+        "produced": {n: s["produced"] for n, s in rec["per_source"].items()},
+        "records_in_topic": {n: s["records_in_topic"] for n, s in rec["per_source"].items()},
+        "landed": {n: s["landing"].get("landed") for n, s in rec["per_source"].items()},
+        "rejected_by_the_landing": {
+            n: {k: s["landing"].get(k) for k in ("malformed", "future_dated", "late")}
+            for n, s in rec["per_source"].items()
+        },
+        "dead_letters_by_source_topic_and_reason": rec["dead_letters"]["by_source_topic_and_reason"],
+        "mismatches_after_drain": verdict["mismatches_after_drain"],
+        "values_checked": verdict["values_checked"],
+        "service_5xx": verdict["service_5xx"],
+        "service_requests": verdict["service_requests"],
+        "memory_mb_min_max": {
+            n: [m.get("min_mb"), m.get("peak_mb")] for n, m in result.get("memory", {}).items()
+        },
+        "faults": [
+            f"{f['t_s']}s {f['target']}" + (" FAILED" if "error" in f else "") for f in result["faults"]
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,12 +208,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=300.0, help="events/s produced")
     parser.add_argument("--qps", type=float, default=5.0, help="ranking requests/s (0: no service)")
     parser.add_argument("--sample-s", type=float, default=30.0)
-    parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--gap-s", type=float, nargs=2, default=(60.0, 180.0), help="seconds between faults")
     parser.add_argument("--quiet-end-s", type=float, default=180.0, help="no fault in the last seconds")
     parser.add_argument(
         "--targets", nargs="+", default=["nearline", "realtime", "redis", "kafka"], help="what the faults hit"
     )
+    base.add_load_options(parser)
+    parser.add_argument("--out", type=Path, default=RESULT, help="result JSON (a short try: soak_dry.json)")
     args = parser.parse_args()
 
     run_id = f"chaos-{uuid.uuid4().hex[:6]}"
@@ -203,8 +230,10 @@ def main() -> None:
         "chaos": True,
         "run_id": run_id,
         "load_average_at_start": os.getloadavg(),
-        "setup": {"minutes": args.minutes, "rate": args.rate, "qps": args.qps, "seed": args.seed,
-                  "gap_s": list(args.gap_s), "quiet_end_s": args.quiet_end_s, "targets": args.targets},
+        "command": " ".join(["bench/soak.py", *sys.argv[1:]]),
+        "setup": {"minutes": args.minutes, "rate": args.rate, "payments_rate": args.payments_rate,
+                  "qps": args.qps, "seed": args.seed, "gap_s": list(args.gap_s),
+                  "quiet_end_s": args.quiet_end_s, "targets": args.targets},
     }  # fmt: skip
     faults: list[dict[str, Any]] = []
     stop = threading.Event()
@@ -214,12 +243,13 @@ def main() -> None:
         os.environ["HEADWATER_KAFKA_BOOTSTRAP"] = broker.bootstrap  # this process (Settings) and children
         os.environ["HEADWATER_REDIS_URL"] = store.url
         args.bootstrap, args.topic = broker.bootstrap, run_id
-        lag = base.probe.group_lag
-        base.probe.group_lag = lambda *a: _safe(lag, None, *a)  # the sampler survives a broker restart
+        lag = probe.group_lag
+        probe.group_lag = lambda *a: _safe(lag, None, *a)  # the sampler survives a broker restart
         env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq"}
         cfg = {
             "bootstrap": broker.bootstrap,
             "topic": run_id,
+            "topics": {"events": run_id, "payments": f"{run_id}-payments"},
             "repo": base.soak_repo(run_dir, run_id),
             "state": state,
             "namespace": run_id.replace("-", ""),
@@ -250,9 +280,14 @@ def main() -> None:
     if "verdict" in result:
         result["verdict"]["faults_injected"] = len(faults)
         result["verdict"]["faults_failed"] = [f for f in faults if "error" in f]
-    RESULT.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        result = {"summary": summary(result), **result}
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(
+        json.dumps(result.get("summary", result.get("error", "no verdict")), indent=2, default=str),
+        flush=True,
+    )
     print(json.dumps(result.get("verdict", "no verdict"), indent=2, default=str), flush=True)
-    print(f"wrote {RESULT}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

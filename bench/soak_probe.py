@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from headwater.pipelines.events.codec import parse_dead_letter
+from headwater.pipelines.events.codec import DeadLetter, parse_dead_letter
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -54,33 +54,52 @@ def group_lag(bootstrap: str, group: str, topic: str) -> int | None:
     if not mine:
         return None
     ends = end_offsets(bootstrap, topic)
-    return sum(end - max(mine.get(p, 0), 0) for p, end in ends.items())
+    return int(sum(end - max(mine.get(p, 0), 0) for p, end in ends.items()))
 
 
-def dead_letters_by_reason(bootstrap: str, topic: str) -> dict[str, int]:
-    """Count the committed records of a dead-letter topic by reason (every tier writes its own).
+def dead_letters(bootstrap: str, topic: str) -> list[DeadLetter]:
+    """Return the committed records of a dead-letter topic (every tier writes its own letters there).
 
-    ``read_committed``: the nearline tier's dead letters are in its batches' transactions.
+    ``read_committed``: the nearline tier's dead letters are in its batches' transactions, the realtime
+    tier's in its checkpoints' (exactly once), so no letter is read twice and none of an aborted
+    transaction is read. Reads up to the end offsets (the last stable offset: an open transaction of a
+    tier still running holds it back, so call this once the tiers stopped).
     """
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, isolation_level="read_committed"
     )
-    counts: Counter[str] = Counter()
+    out: list[DeadLetter] = []
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not parts:
-            return {}
+            return []
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
         ends = consumer.end_offsets(parts)
         while any(consumer.position(tp) < end for tp, end in ends.items()):
             for batch in consumer.poll(timeout_ms=1000).values():
-                for rec in batch:
-                    letter = parse_dead_letter(rec.value, rec.key, rec.headers)
-                    counts[letter.reason] += 1
+                out += [parse_dead_letter(rec.value, rec.key, rec.headers) for rec in batch]
     finally:
         consumer.close()
-    return dict(counts)
+    return out
+
+
+def unstable_records(bootstrap: str, topic: str) -> int:
+    """Return the records of ``topic`` past its last stable offset: held back by an open transaction."""
+    ends = []
+    for level in ("read_uncommitted", "read_committed"):  # high watermark, last stable offset
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level=level)
+        try:
+            parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            ends.append(sum(consumer.end_offsets(parts).values()) if parts else 0)
+        finally:
+            consumer.close()
+    return ends[0] - ends[1]
+
+
+def dead_letters_by_reason(bootstrap: str, topic: str) -> dict[str, int]:
+    """Count the committed records of a dead-letter topic by reason (see :func:`dead_letters`)."""
+    return dict(Counter(d.reason for d in dead_letters(bootstrap, topic)))
 
 
 @dataclass
@@ -111,6 +130,7 @@ class MemoryTrack:
             "samples": len(self.samples),
             "start_mb": round(self.samples[0][1], 1),
             "end_mb": round(self.samples[-1][1], 1),
+            "min_mb": round(min(mb for _, mb in self.samples), 1),
             "peak_mb": round(max(mb for _, mb in self.samples), 1),
             "second_half_slope_mb_per_min": round(slope, 2),
             "flat": abs(slope) * 10 < 0.05 * max(ys),

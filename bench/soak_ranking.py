@@ -49,12 +49,28 @@ class RankingLoad:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     @classmethod
-    def maybe_start(cls, system: Starter, namespace: str, qps: float) -> RankingLoad | None:
-        """Start the service and the load when a trained model exists and ``qps`` > 0, else None."""
-        if qps <= 0 or not (MODELS / "latest.json").exists():
+    def maybe_start(
+        cls,
+        system: Starter,
+        namespace: str,
+        qps: float,
+        model: Path | None = None,
+        state: Path | None = None,
+        topic: str | None = None,
+    ) -> RankingLoad | None:
+        """Start the service and the load when ``qps`` > 0 and a model is given or trained, else None.
+
+        ``model``: its training folder (default: ``.headwater/models``); ``state``: the applied plans;
+        ``topic``: where the service sends its impressions (the run's events topic).
+        """
+        model = model or MODELS
+        if qps <= 0 or not (model / "latest.json").exists():
             return None
         port = free_port()
-        system.start("serve", "serve", "--port", str(port), "--namespace", namespace)
+        extra = [*("--state-dir", str(state))] if state is not None else []
+        extra += ["--feedback-topic", topic] if topic is not None else []
+        system.start("serve", "serve", "--port", str(port), "--namespace", namespace, "--model", str(model),
+                     "--device", "cpu", *extra)  # fmt: skip
         load = cls(port, qps)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
