@@ -19,9 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import redis
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from headwater.registry.plans import TierPlan
@@ -31,9 +29,8 @@ from .conftest import (
     Feed,
     JobProcess,
     Names,
+    assert_store_exact,
     event,
-    expected_vectors,
-    last_change_ms,
     read_store,
     wait_for,
 )
@@ -106,14 +103,4 @@ def test_kafka_restarted_under_realtime_every_event_counts_once(
         feed.close()
 
     events = [*before(), *during()]
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for view, ids in (("rt_all", ["u1", "u2"]), ("rt_items", ["i0", "i1", "i2"])):
-            _, res = read_store(redis_url, names.namespace, tier_plan, view, ids)
-            assert res.found.all(), (view, res.found)
-            changed = last_change_ms(tier_plan, view, events, ids, client, names.namespace, B_FINAL)
-            assert res.event_time_ms.tolist() == changed, (view, changed)
-            _, want = expected_vectors(tier_plan, view, events, ids, client, names.namespace, B_FINAL)
-            np.testing.assert_allclose(res.values, want, rtol=1e-6, equal_nan=True, err_msg=view)
-    finally:
-        client.close()
+    assert_store_exact(redis_url, names.namespace, tier_plan, events, B_FINAL)
