@@ -33,7 +33,7 @@ from headwater.serving.config import ServingConfig
 from headwater.serving.fetch import FeatureAges, FeatureFetcher, RequestFeatures
 from headwater.serving.model import LinearRanker
 from headwater.serving.registry import BoundRegistry
-from headwater.serving.store import FeatureReader, FeatureReadError, now_ms
+from headwater.serving.store import FeatureReader, FeatureReadError, ViewRows, now_ms
 from headwater.serving.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ class RankQuery:
     k: int
     priority: str = "normal"
     deadline_ms: float | None = None
+    user_rows: Sequence[ViewRows] | None = None
+    """The user's rows of every user view when the caller already read them (the funnel): not read again."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class RankingEngine:
     async def _features(self, query: RankQuery, deadline: float) -> tuple[RequestFeatures | None, str | None]:
         budget = deadline - asyncio.get_running_loop().time() - self._reserve_s
         try:
-            feats = await self.fetcher.fetch(query.user_id, query.candidates, budget)
+            feats = await self.fetcher.fetch(query.user_id, query.candidates, budget, query.user_rows)
         except FeatureReadError as exc:
             logger.warning("feature read for user %r failed, falling back: %s", query.user_id, exc)
             return None, "store_error"

@@ -249,8 +249,18 @@ class FeatureFetcher:
         if on_demand is not None and item_cols is not None and len(item_cols):
             self._pairs = on_demand if int(item_cols.max()) >= registry.item.dim else None
 
-    async def fetch(self, user_id: str, candidates: Sequence[str], timeout_s: float) -> RequestFeatures:
+    async def fetch(
+        self,
+        user_id: str,
+        candidates: Sequence[str],
+        timeout_s: float,
+        user_rows: Sequence[ViewRows] | None = None,
+    ) -> RequestFeatures:
         """Read the request's vectors; raise :class:`FeatureReadError` when the store fails or is slow.
+
+        ``user_rows``: the user's rows of every user view, already read for this request (the
+        funnel reads them for retrieval); then only the item cache misses are read, and when the
+        cache holds every candidate no store read (and no hop to an I/O thread) happens at all.
 
         When the model reads on-demand features, they are computed here for every candidate from
         the user's and the candidates' vectors and the request time (:mod:`.on_demand`), appended
@@ -262,21 +272,27 @@ class FeatureFetcher:
         look = self.cache.lookup(candidates, version)
         miss_idx = np.flatnonzero(~look.hit)
         miss_ids = [candidates[i] for i in miss_idx.tolist()]
-        requests: list[tuple[ViewLayout, Sequence[str]]] = [(lay, [user_id]) for lay in user_side.layouts]
+        requests: list[tuple[ViewLayout, Sequence[str]]] = (
+            [(lay, [user_id]) for lay in user_side.layouts] if user_rows is None else []
+        )
         if miss_ids:
             requests += [(lay, miss_ids) for lay in item_side.layouts]
-        loop = asyncio.get_running_loop()
-        try:
-            rows = await asyncio.wait_for(
-                loop.run_in_executor(self._io, self.reader.read_many, requests), max(timeout_s, 0.0)
-            )
-        except TimeoutError as exc:
-            msg = (
-                f"online store did not answer within the request's deadline ({timeout_s * 1000:.1f} ms left)"
-            )
-            raise FeatureReadError(msg) from exc
-        n_user = len(user_side.layouts)
-        user_rows = rows[:n_user]
+        rows: Sequence[ViewRows] = []
+        if requests:
+            loop = asyncio.get_running_loop()
+            try:
+                rows = await asyncio.wait_for(
+                    loop.run_in_executor(self._io, self.reader.read_many, requests), max(timeout_s, 0.0)
+                )
+            except TimeoutError as exc:
+                msg = (
+                    "online store did not answer within the request's deadline"
+                    f" ({timeout_s * 1000:.1f} ms left)"
+                )
+                raise FeatureReadError(msg) from exc
+        n_user = len(user_side.layouts) if user_rows is None else 0
+        if user_rows is None:
+            user_rows = rows[:n_user]
         user_matrix, user_found, _ = assemble(user_side, user_rows)
         user_times = {
             lay.view: int(r.event_time_ms[0])

@@ -32,7 +32,15 @@ class FunnelConfig(BaseModel):
     pins: dict[str, int] = Field(default_factory=dict)
     """Editorial pins: item id -> 1-based position in every answer (the item is placed there)."""
     index_refresh_s: float = Field(default=30.0, gt=0.0)
-    """How often the item index is refreshed from the store (a scan of the catalog's write times)."""
+    """How often the item index looks for changes: a refresh (a scan of the catalog's write times)
+    runs when an item view's freshness log shows a written row since the last one."""
+    index_full_scan_s: float = Field(default=600.0, gt=0.0)
+    """A refresh runs at least this often even without a write: expired items are dropped from the
+    index within it (expiry writes nothing to the log). Set it to ``index_refresh_s`` to scan at
+    every look."""
+    categories_cache_s: float = Field(default=60.0, ge=0.0)
+    """Item categories are kept in process this long after they were read (0 = read Redis each time):
+    a category change reaches the diversity rule within it."""
     write_buffer: int = Field(default=10_000, ge=1)
     """Recent-items writes waiting for Redis; beyond it new ones are dropped and counted."""
 

@@ -28,14 +28,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol
 
 from headwater.serving.funnel.config import FunnelConfig
 
 log = logging.getLogger(__name__)
 _STOP = object()
+_MISSING = object()
+CATEGORIES_CACHED_MAX = 500_000
+"""Item categories kept in process at most; past it the copy starts again (bounded memory at 1M items)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class RedisRecentItems:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=self.config.write_buffer)
         self._thread: threading.Thread | None = None
         self._prefix = f"{self.namespace}:funnel:"
+        self._cats: dict[str, str | None] = {}
+        self._cats_until = 0.0
 
     def key(self, kind: str, user_id: str | None = None) -> str:
         """Return the Redis key of ``kind`` (``seen``, ``clicks``: per user; ``popular``, ``category``)."""
@@ -116,10 +123,31 @@ class RedisRecentItems:
         return [_text(x) for x in self.client.zrevrange(self.key("popular"), 0, n - 1)]
 
     def categories(self, ids: Sequence[str]) -> list[str | None]:
-        """Each item's category from the catalog hash."""
+        """Each item's category: from the in-process copy, else the catalog hash (one ``HMGET``)."""
         if not ids:
             return []
-        return [None if c is None else _text(c) for c in self.client.hmget(self.key("category"), list(ids))]
+        known = self.cached_categories(ids)
+        if known is not None:
+            return known
+        got = [None if c is None else _text(c) for c in self.client.hmget(self.key("category"), list(ids))]
+        if self.config.categories_cache_s > 0:
+            if not self._cats or len(self._cats) > CATEGORIES_CACHED_MAX:  # a new period: a new copy
+                self._cats = {}
+                self._cats_until = time.monotonic() + self.config.categories_cache_s
+            self._cats.update(zip(ids, got, strict=True))
+        return got
+
+    def cached_categories(self, ids: Sequence[str]) -> list[str | None] | None:
+        """Each item's category from the in-process copy (no I/O), or None when one is not there.
+
+        The copy is dropped ``categories_cache_s`` after it was started, so a category changed in
+        Redis is seen within that time.
+        """
+        if not self._cats or time.monotonic() > self._cats_until:
+            self._cats = {}
+            return None
+        got = list(map(self._cats.get, ids, repeat(_MISSING)))
+        return None if any(c is _MISSING for c in got) else got  # type: ignore[return-value]
 
     def put_categories(self, categories: Mapping[str, str], chunk: int = 10_000) -> int:
         """Write item -> category into the catalog hash (blocking; loaders, tests); return the count."""

@@ -47,7 +47,7 @@ from headwater.serving.funnel.reranker import Reranker
 from headwater.serving.funnel.rules import apply_rules
 from headwater.serving.registry import BoundRegistry
 from headwater.serving.retrieval.retriever import Retriever
-from headwater.serving.store import FeatureReader, now_ms
+from headwater.serving.store import FeatureReader, ViewRows, now_ms
 from headwater.serving.telemetry import LATENCY_BUCKETS, ROW_BUCKETS
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,8 @@ class FunnelParts:
     runtime: Any = None
     """A :class:`~headwater.serving.retrieval.runtime.RetrievalRuntime` (its refresh thread), or None."""
     refresh_s: float = 30.0
+    full_scan_s: float | None = None
+    """A refresh at least this often, changed or not (None: at every look)."""
 
     def retrieval_version(self) -> str | None:
         """Return the index version (``<model>.<refresh>``), or None without retrieval."""
@@ -139,7 +141,7 @@ class FunnelParts:
         if start is not None:
             start()
         if self.runtime is not None:
-            self.runtime.start(self.refresh_s)
+            self.runtime.start(self.refresh_s, self.full_scan_s)
 
     async def stop(self) -> None:
         """Stop them (the writer writes what it holds first)."""
@@ -177,12 +179,22 @@ class Funnel:
         self.editorial = tuple(editorial)
         self._retrieval_version = retrieval_version
 
-    # The context: the user's vector (registry order, the retriever's input) and their recent items.
-    def _user_vector(self, user_id: str) -> npt.NDArray[np.float32] | None:
+    # The context, in one hop to an I/O thread: the user's rows of every user view (the retriever's
+    # input, then handed to the engine so the rank stage does not read them again) and the user's
+    # recent items. Each read's failure is returned, not raised: the stages fall back separately.
+    def _context(self, user_id: str, at_ms: int) -> tuple[list[ViewRows] | Exception, Recent | Exception]:
         side = self.registry.user
-        rows = self.reader.read_many([(lay, [user_id]) for lay in side.layouts])
-        matrix, found, _ = assemble(side, rows)
-        return matrix[0] if bool(found[0]) else None
+        rows: list[ViewRows] | Exception
+        recent: Recent | Exception
+        try:
+            rows = self.reader.read_many([(lay, [user_id]) for lay in side.layouts])
+        except Exception as exc:
+            rows = exc
+        try:
+            recent = self.recent.read(user_id, at_ms)
+        except Exception as exc:
+            recent = exc
+        return rows, recent
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
@@ -199,21 +211,26 @@ class Funnel:
 
         # 1. retrieve (with the context reads it needs)
         t0 = time.perf_counter()
-        user_task = asyncio.ensure_future(self._call(self._user_vector, query.user_id))
-        recent_task = asyncio.ensure_future(self._call(self.recent.read, query.user_id, now_ms()))
         user_vec: npt.NDArray[np.float32] | None = None
+        user_rows: list[ViewRows] | None = None
         reason: str | None = None
-        try:
-            user_vec = await user_task
-        except Exception as exc:
-            log.warning("user vector read for %r failed: %s", query.user_id, exc)
-            reason = "store_error"
         seen_reason = None
         try:
-            recent: Recent = await recent_task
-        except Exception as exc:
-            log.warning("recent items of %r could not be read: %s", query.user_id, exc)
+            got_rows, got_recent = await self._call(self._context, query.user_id, now_ms())
+        except Exception as exc:  # the I/O pool refused the read (too many in flight)
+            got_rows = got_recent = exc
+        if isinstance(got_rows, Exception):
+            log.warning("user vector read for %r failed: %s", query.user_id, got_rows)
+            reason = "store_error"
+        else:
+            user_rows = got_rows
+            matrix, found, _ = assemble(self.registry.user, got_rows)
+            user_vec = matrix[0] if bool(found[0]) else None
+        if isinstance(got_recent, Exception):
+            log.warning("recent items of %r could not be read: %s", query.user_id, got_recent)
             recent, seen_reason = _NO_RECENT, "store_error"
+        else:
+            recent = got_recent
         want = cfg.retrieve_n + len(recent.seen)
         ids: list[str] = []
         if reason is None:
@@ -250,12 +267,12 @@ class Funnel:
         if fresh:
             keep = min(len(fresh), max(cfg.rank_keep, query.k))
             left_ms = (query.deadline_ms or engine.config.default_deadline_ms) - (t0 - started) * 1000.0
-            rank_query = RankQuery(query.user_id, fresh, keep, query.priority, max(left_ms, 1.0))
+            rank_query = RankQuery(query.user_id, fresh, keep, query.priority, max(left_ms, 1.0), user_rows)
             want_clicks = self.reranker is not None and cfg.rerank_top > 0 and bool(recent.clicks)
             click_ids = list(reversed(recent.clicks))  # oldest first, as in training
             if want_clicks:
                 click_task = asyncio.ensure_future(
-                    engine.fetcher.fetch(query.user_id, click_ids, max(left_ms, 1.0) / 1000.0)
+                    engine.fetcher.fetch(query.user_id, click_ids, max(left_ms, 1.0) / 1000.0, user_rows)
                 )
             try:
                 ranked = await engine.rank(rank_query)
@@ -303,7 +320,10 @@ class Funnel:
         pins = cfg.pins
         wanted = order + [p for p in pins if p not in scores]
         try:
-            cats: list[str | None] = await self._call(self.recent.categories, wanted)
+            known = getattr(self.recent, "cached_categories", None)  # on the loop, no I/O when cached
+            cats: list[str | None] | None = known(wanted) if known is not None else None
+            if cats is None:
+                cats = await self._call(self.recent.categories, wanted)
         except Exception as exc:
             log.warning("categories could not be read: %s", exc)
             cats, why = [None] * len(wanted), "store_error"

@@ -17,9 +17,13 @@ not change; its steps (:meth:`IndexRefresher.refresh`):
    empty-window vector), embed them with the item tower and upsert them.
 4. Record the write times and bump the index version: ``<tower version>.<refresh number>``.
 
-The freshness log of the item views (``hw:fresh:{view}``) is not enough on its own: it counts rows
-per write, not which keys, and expiry writes nothing. It is the cheap "did anything change" test
-a caller may use before step 1 (:meth:`IndexRefresher.log_position`).
+The freshness log of the item views (``<ns>:fresh:{view}``, one entry per write call, with the
+rows it wrote) is not enough on its own: it says how many rows a call wrote, not which keys, and
+expiry writes nothing. It is the cheap "did anything change" test that saves the scan when nothing
+did (:meth:`IndexRefresher.changed`, a few ``XRANGE`` replies instead of a ``SCAN`` and a header
+read of the whole catalog): :meth:`~headwater.serving.retrieval.runtime.RetrievalRuntime.start`
+skips a refresh when no item view wrote a row since the last one, and still refreshes every
+``full_scan_s`` to drop the items whose keys expired.
 """
 
 from __future__ import annotations
@@ -109,6 +113,37 @@ class StoreItemSource:
                 out[s : s + len(chunk)] = [int.from_bytes(r, "little") if len(r) == 8 else 0 for r in raw]
         return out
 
+    def log_position(self) -> tuple[bytes, ...]:
+        """Return the newest entry id of each item view's freshness log (b"" for an empty one)."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for layout in self.side.layouts:
+            pipe.xrevrange(freshness_key(layout.view, self.store.namespace), count=1)
+        return tuple(last[0][0] if last else b"" for last in pipe.execute())
+
+    def written_since(self, position: tuple[bytes, ...], scan_limit: int = 256) -> bool:
+        """Return whether an item view may have written a row after ``position`` (:meth:`log_position`).
+
+        Reads each view's freshness-log entries after its position (at most ``scan_limit`` per
+        view); entries that wrote no row (a tier's progress, a replay, a stale write) are not a
+        change. ``scan_limit`` entries or more count as one (the log is capped: a log trimmed past
+        the position has thousands after it), and so does a log that is gone (the view was deleted).
+        """
+        pipe = self.store.client.pipeline(transaction=False)
+        for layout, last in zip(self.side.layouts, position, strict=True):
+            key = freshness_key(layout.view, self.store.namespace)
+            pipe.xrange(key, b"(" + last if last else b"-", b"+", count=scan_limit)
+            pipe.exists(key)
+        replies = pipe.execute(raise_on_error=False)
+        for j, last in enumerate(position):
+            entries, exists = replies[2 * j], replies[2 * j + 1]
+            if isinstance(entries, Exception) or isinstance(exists, Exception):
+                return True
+            if last and not exists:
+                return True
+            if len(entries) >= scan_limit or any(int(fields.get(b"n", b"1")) > 0 for _, fields in entries):
+                return True
+        return False
+
     def vectors(
         self, ids: list[str]
     ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.bool_]]]:
@@ -142,25 +177,34 @@ class IndexRefresher:
         self.refreshes = 0
         self._indexed: dict[str, int] = {}
         """Item id -> the newest write time across the item views when it was last embedded."""
+        self._position: tuple[bytes, ...] | None = None
+        """Each item view's newest freshness-log entry when the last refresh began (None: never)."""
 
     @property
     def version(self) -> str:
         """``<two-tower model version>.<refresh number>``: which model and which pass over the store."""
         return f"{self.model_version}.{self.refreshes}"
 
-    def log_position(self) -> tuple[bytes, ...]:
-        """Return the newest entry id of each item view's freshness log: unchanged means no write since."""
-        client = self.source.store.client
-        out = []
-        for layout in self.source.side.layouts:
-            last = client.xrevrange(freshness_key(layout.view, self.source.store.namespace), count=1)
-            out.append(last[0][0] if last else b"")
-        return tuple(out)
+    def log_position(self) -> tuple[bytes, ...] | None:
+        """Return the source's change-log position (each item view's newest freshness-log entry), or None."""
+        position = getattr(self.source, "log_position", None)
+        return position() if position is not None else None
+
+    def changed(self) -> bool:
+        """Return whether an item view may have written a row since the last refresh began.
+
+        True before the first refresh and for a source without a change log (every look scans).
+        """
+        written_since = getattr(self.source, "written_since", None)
+        if self._position is None or written_since is None:
+            return True
+        return bool(written_since(self._position))
 
     def refresh(self) -> RefreshReport:
         """Run the four steps of the module docstring; the first call builds the whole index."""
         started = time.perf_counter()
         layouts = self.source.side.layouts
+        position = self.log_position()  # before the scan: a write after this is seen next time
         # Step 1
         present = sorted(self.source.catalog())
         catalog = set(present)
@@ -191,6 +235,7 @@ class IndexRefresher:
             # Step 4
             self._indexed.update((i, write_ms[i]) for i in kept)
         self.refreshes += 1
+        self._position = position
         return RefreshReport(
             self.version,
             len(self.index),

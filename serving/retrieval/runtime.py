@@ -3,8 +3,10 @@
 :func:`load_retrieval` loads the two-tower artifact, binds it to the applied registry (the same
 slot check as the ranker's, :func:`headwater.serving.artifact.check_binding`: same slots in any
 order, another order mapped), builds the item index from the online store (the first refresh)
-and returns a :class:`RetrievalRuntime`; :meth:`RetrievalRuntime.start` refreshes it every
-``interval_s`` seconds on a daemon thread until :meth:`RetrievalRuntime.stop`. A refresh that
+and returns a :class:`RetrievalRuntime`; :meth:`RetrievalRuntime.start` looks every ``interval_s``
+seconds on a daemon thread until :meth:`RetrievalRuntime.stop`, and refreshes when an item view
+wrote a row since the last refresh (its freshness log moved, :meth:`IndexRefresher.changed`) or
+``full_scan_s`` passed (expired keys write nothing; only a scan finds them gone). A refresh that
 fails (the store is down) is logged and counted and the index keeps serving what it holds.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +41,9 @@ class RetrievalRuntime:
     retriever: TwoTowerRetriever
     last: RefreshReport
     failures: int = 0
+    skipped: int = 0
+    """Looks that found no item view written since the last refresh (no scan)."""
+    _scanned_at: float = field(default_factory=time.monotonic, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -46,9 +52,24 @@ class RetrievalRuntime:
         """The index version: ``<two-tower model version>.<refresh number>``."""
         return self.refresher.version
 
+    def refresh_if_changed(self, full_scan_s: float) -> RefreshReport | None:
+        """Refresh when an item view wrote a row since the last refresh or ``full_scan_s`` passed.
+
+        Returns the report, or None when skipped (nothing written) or failed (logged, counted).
+        """
+        if time.monotonic() - self._scanned_at < full_scan_s:
+            try:
+                if not self.refresher.changed():
+                    self.skipped += 1
+                    return None
+            except (StoreError, RedisError, OSError) as exc:
+                log.debug("freshness-log check failed (%s); refreshing", exc)
+        return self.refresh_once()
+
     def refresh_once(self) -> RefreshReport | None:
         """Refresh now; on a store failure log it, count it and keep the index as it is."""
         try:
+            self._scanned_at = time.monotonic()
             self.last = self.refresher.refresh()
         except (StoreError, RedisError, OSError) as exc:  # the scan and header reads use redis-py directly
             self.failures += 1
@@ -61,15 +82,20 @@ class RetrievalRuntime:
             return None
         return self.last
 
-    def start(self, interval_s: float) -> None:
-        """Refresh every ``interval_s`` seconds on a daemon thread (idempotent)."""
+    def start(self, interval_s: float, full_scan_s: float | None = None) -> None:
+        """Every ``interval_s`` seconds on a daemon thread, :meth:`refresh_if_changed` (idempotent).
+
+        ``full_scan_s`` (default ``interval_s``: a scan every time) bounds how long an expired item
+        stays in the index.
+        """
         if self._thread is not None:
             return
         self._stop.clear()
+        every = interval_s if full_scan_s is None else max(full_scan_s, interval_s)
 
         def loop() -> None:
             while not self._stop.wait(interval_s):
-                self.refresh_once()
+                self.refresh_if_changed(every)
 
         self._thread = threading.Thread(target=loop, name="headwater-retrieval-refresh", daemon=True)
         self._thread.start()

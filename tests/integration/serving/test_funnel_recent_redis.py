@@ -56,6 +56,27 @@ def test_clicks_keep_the_newest_and_feed_popularity(client: redis.Redis, namespa
     assert recent.categories(["q", "zz", "p"]) == ["books", None, "shoes"]
 
 
+def test_categories_are_kept_in_process_for_the_configured_time(
+    client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("headwater.serving.funnel.recent.time.monotonic", lambda: now[0])
+    recent = RedisRecentItems(client, namespace, FunnelConfig(categories_cache_s=60.0))
+    recent.put_categories({"p": "shoes", "q": "books"})
+    assert recent.cached_categories(["p"]) is None  # nothing read yet
+    assert recent.categories(["p", "q", "zz"]) == ["shoes", "books", None]
+    recent.put_categories({"p": "hats"})
+    assert recent.cached_categories(["zz", "p"]) == [None, "shoes"]  # the copy, no read
+    assert recent.cached_categories(["p", "other"]) is None  # one not read yet
+    assert recent.categories(["q", "p"]) == ["books", "shoes"]
+    now[0] += 61.0  # the period is over: the change in Redis is seen
+    assert recent.cached_categories(["p"]) is None
+    assert recent.categories(["p"]) == ["hats"]
+    off = RedisRecentItems(client, namespace, FunnelConfig(categories_cache_s=0.0))
+    assert off.categories(["p"]) == ["hats"]
+    assert off.cached_categories(["p"]) is None
+
+
 def test_writes_to_a_stopped_redis_are_counted_not_raised(own_redis: OwnRedis) -> None:
     c = redis.Redis.from_url(own_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     recent = RedisRecentItems(c, "hw", FunnelConfig(write_buffer=2))

@@ -81,3 +81,40 @@ def test_an_artifact_of_other_slots_is_refused_with_the_slots(own_redis: OwnRedi
     with pytest.raises(ArtifactError, match="slots the model needs but the registry lacks"):
         load_retrieval(tmp_path, REGISTRY, store)
     store.close()
+
+
+def test_a_look_without_a_written_row_scans_nothing_and_a_write_refreshes(
+    own_redis: OwnRedis, tmp_path: Path
+) -> None:
+    world = make_world(REGISTRY, users=100, items=300, seed=32)
+    ts = training_set(REGISTRY, world, slates=600, seed=32)
+    save_towers(tmp_path, train_two_tower(ts, TowerOptions(epochs=1, threads=1)), ts)
+    store = OnlineStore.from_url(own_redis.url)
+    write_world(OnlineStoreReader(store), REGISTRY, world, now_ms())
+    runtime = load_retrieval(tmp_path, REGISTRY, store, threads=1)
+    assert runtime.version.endswith(".1")
+    # The freshness log did not move: no scan, same version.
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    # A tier's progress entry (no row written) is not a change either.
+    store.publish_progress(REGISTRY.item.layouts[0], now_ms())
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    assert runtime.skipped == 2
+    assert runtime.version.endswith(".1")
+    # A written row is: the next look refreshes and embeds it.
+    layout = REGISTRY.item.layouts[0]
+    lo, hi = REGISTRY.item.offsets[0], REGISTRY.item.offsets[1]
+    store.write_batch(layout, ["fresh"], world.items[:1, lo:hi], now_ms())
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.added, report.unchanged, report.version.rsplit(".", 1)[1]) == (1, 300, "2")
+    assert "fresh" in runtime.index
+    # A key that goes away writes nothing to the log: only the full-scan period removes it.
+    for lay in REGISTRY.item.layouts:
+        store.client.delete(f"{store.namespace}:{{{lay.view}}}:fresh")
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    assert "fresh" in runtime.index
+    report = runtime.refresh_if_changed(full_scan_s=0.0)
+    assert report is not None
+    assert report.removed == 1
+    assert "fresh" not in runtime.index
+    store.close()

@@ -125,6 +125,28 @@ def test_fetcher_reads_misses_once_then_serves_them_from_the_cache() -> None:
     assert (cache.hits, cache.misses) == (2, 3)
 
 
+def test_user_rows_read_by_the_caller_are_not_read_again_and_cached_items_need_no_read() -> None:
+    store = InMemoryFeatureStore()
+    store.write(USER, ["u1"], np.array([[1.0, 2.0]], np.float32), 1_000)
+    store.write(ITEM, ["i1", "i2"], rows(1.0, 2.0), 2_000)
+    cache = ItemVectorCache(100, 60.0, dim=2)
+    with ThreadPoolExecutor(1) as io:
+        fetcher = FeatureFetcher(store, REGISTRY, cache, io)
+        user_rows = store.read_many([(USER, ["u1"])])
+        reads = store.reads
+        first = asyncio.run(fetcher.fetch("u1", ["i1", "i2"], 5.0, user_rows))
+        assert store.reads == reads + 1  # the items only
+        second = asyncio.run(fetcher.fetch("u1", ["i2", "i1"], 5.0, user_rows))
+        assert store.reads == reads + 1  # all cached: no read at all
+        plain = asyncio.run(fetcher.fetch("u1", ["i2", "i1"], 5.0))
+    for got in (first, second, plain):
+        assert got.user is not None
+        assert got.user.tolist() == [1.0, 2.0]
+        assert got.user_event_ms == {USER.view: 1_000}
+    np.testing.assert_array_equal(second.items, rows(2.0, 1.0))
+    np.testing.assert_array_equal(second.items, plain.items)
+
+
 MULTI = small_registry({"u1v": ["a"], "u2v": ["b:max", "c"]}, {"i1v": ["x"], "i2v": ["y:avg"]}, "i1v.x")
 
 

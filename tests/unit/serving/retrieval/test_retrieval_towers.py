@@ -151,6 +151,37 @@ class FakeSource:
         yield ids, matrix, found
 
 
+class LoggedSource(FakeSource):
+    """A fake source with a change log, as the store's freshness log: one entry per write (rows written)."""
+
+    def __init__(self, side: SideViews) -> None:
+        super().__init__(side)
+        self.log: list[int] = []
+        self.scans = 0
+
+    def put(self, item_id: str, vector: np.ndarray, write_ms: int) -> None:
+        super().put(item_id, vector, write_ms)
+        self.log.append(1)
+
+    def progress(self) -> None:
+        """A tier's progress entry: no row written."""
+        self.log.append(0)
+
+    def expire(self, item_id: str) -> None:
+        """A key expiring: gone from the store, nothing in the log."""
+        super().delete(item_id)
+
+    def catalog(self) -> set[str]:
+        self.scans += 1
+        return super().catalog()
+
+    def log_position(self) -> tuple[bytes, ...]:
+        return (str(len(self.log)).encode(),)
+
+    def written_since(self, position: tuple[bytes, ...]) -> bool:
+        return any(self.log[int(position[0]) :])
+
+
 def test_incremental_refresh_upserts_changed_and_removes_deleted(trained: tuple[TrainingSet, object]) -> None:
     ts, report = trained
     model = report.model  # type: ignore[attr-defined]
@@ -210,3 +241,48 @@ def test_cli_trains_saves_and_keeps_the_rankers_latest_entries(tmp_path: Path) -
     assert latest["dcn"] == "dcn-x.pt"
     assert latest["linear"] == "linear-y.pt"
     assert load_towers(tmp_path / "models").path.name == latest["two_tower"]
+
+
+def test_a_refresh_scans_only_after_a_write_or_the_full_scan_period(
+    trained: tuple[TrainingSet, object],
+) -> None:
+    from headwater.serving.retrieval.runtime import RetrievalRuntime
+
+    model = trained[1].model  # type: ignore[attr-defined]
+    source = LoggedSource(REGISTRY.item)
+    items = np.random.default_rng(9).gamma(2.0, 2.0, size=(50, REGISTRY.item.dim)).astype(np.float32)
+    for j in range(50):
+        source.put(f"i{j:04d}", items[j], 1000)
+    index = ItemIndex(model.embed_dim, threads=1)
+    refresher = IndexRefresher(source, model, index, "abc123")  # type: ignore[arg-type]
+    runtime = RetrievalRuntime(None, index, refresher, None, refresher.refresh())  # type: ignore[arg-type]
+    assert (source.scans, runtime.version) == (1, "abc123.1")
+    # Nothing written, or only progress entries: no scan, same version.
+    source.progress()
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    assert (source.scans, runtime.skipped, runtime.version) == (1, 1, "abc123.1")
+    # A write: the next look scans and embeds it.
+    source.put("new", items[0] * 2.0, 2000)
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.added, report.unchanged, report.version) == (1, 50, "abc123.2")
+    # An expiry writes nothing: only the full-scan period drops it.
+    source.expire("i0001")
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    assert "i0001" in index
+    report = runtime.refresh_if_changed(full_scan_s=0.0)
+    assert report is not None
+    assert (report.removed, report.catalog, report.version) == (1, 50, "abc123.3")
+    assert "i0001" not in index
+    assert source.scans == 3
+
+
+def test_a_source_without_a_change_log_scans_at_every_look(trained: tuple[TrainingSet, object]) -> None:
+    model = trained[1].model  # type: ignore[attr-defined]
+    source = FakeSource(REGISTRY.item)
+    source.put("a", np.ones(REGISTRY.item.dim, np.float32), 1)
+    refresher = IndexRefresher(source, model, ItemIndex(model.embed_dim, threads=1), "v")  # type: ignore[arg-type]
+    assert refresher.changed()
+    refresher.refresh()
+    assert refresher.changed()
+    assert refresher.log_position() is None
