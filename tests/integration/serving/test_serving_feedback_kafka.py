@@ -23,7 +23,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
-from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
+from headwater.serving.feedback import FeedbackProducer, impression_events, kafka_sink_factory
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore, now_ms
 from headwater.serving.synthetic import small_registry
@@ -137,3 +137,42 @@ def test_kafka_unreachable_the_service_still_answers() -> None:
     assert clicked.status_code == 202
     assert health.json()["feedback"]["connected"] is False
     assert health.json()["feedback"]["sent"] == 0
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_a_shutdown_with_impressions_in_the_buffer_sends_them_all(
+    kafka_bootstrap: str, topic: str, client: str
+) -> None:
+    """The service stops (its lifespan ends) right after answers and a burst of impressions: none is lost."""
+    store = InMemoryFeatureStore()
+    store.write(
+        REGISTRY.item.layouts[0], ["i1", "i2", "i3"], np.array([[3.0], [1.0], [2.0]], np.float32), now_ms()
+    )
+    producer = FeedbackProducer(topic, kafka_sink_factory(kafka_bootstrap, 5, client), reconnect_s=0.2)
+    app = create_app(ServingConfig(), REGISTRY, store, LoadedModels(None, None, None, None, "cpu"), producer)
+    burst = [impression_events(f"{n:032x}", f"u{n % 50}", ["i1", "i2", "i3"]) for n in range(4_000)]
+
+    async def main() -> tuple[int, list[int]]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+                rank = {"user_id": "u7", "candidates": ["i1", "i2", "i3"], "k": 2}
+                codes = [(await http.post("/v1/rank", json=rank)).status_code for _ in range(5)]
+            for events in burst:  # as the routes do, faster than the sender thread takes them
+                producer.offer(events)
+            return producer.buffered, codes
+
+    buffered, codes = asyncio.run(main())
+    assert codes == [200] * 5
+    assert buffered > 0  # the shutdown began with impressions still in the buffer
+    expected = 5 * 2 + 4_000 * 3
+    assert producer.counters.dropped == 0
+    assert producer.counters.failed == 0
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    tp = TopicPartition(topic, 0)
+    assert consumer.end_offsets([tp])[tp] == expected
+    consumer.close()
+    got = _read(kafka_bootstrap, topic, expected)
+    ids = {d.event["event_id"] for _, d in got}
+    assert len(ids) == expected
+    assert all(f"{n:032x}:3" in ids for n in range(4_000))
