@@ -363,6 +363,12 @@ def main() -> None:
     )
     ap.add_argument("--rt-jobs-refit", action="store_true", help="--rt-jobs on the last runs' figures")
     ap.add_argument(
+        "--rt-state", action="store_true", help="realtime: each view alone at one steady rate; state table"
+    )
+    ap.add_argument("--rt-state-refit", action="store_true", help="--rt-state on the last runs' figures")
+    ap.add_argument("--rt-state-rate", type=float, default=300.0, help="--rt-state: events/s")
+    ap.add_argument("--rt-state-s", type=float, default=330.0, help="--rt-state: seconds (> the windows)")
+    ap.add_argument(
         "--nl-state", action="store_true", help="nearline: state constants from live bytes; state table"
     )
     ap.add_argument("--nl-shapes", default="", help="--nl-state: only these shapes (and cal_base)")
@@ -374,6 +380,14 @@ def main() -> None:
         doc = json.loads(out.read_text())
         doc["tiers"]["nearline"]["state"] = nearline_state(args, command)
         out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return
+    if args.rt_state or args.rt_state_refit:
+        import calibrate_realtime as rt
+
+        command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
+        rt.calibrate_state(
+            args.rt_state_refit, args.rt_state_rate, args.rt_state_s, not args.no_write, command
+        )
         return
     if args.rt_jobs or args.rt_jobs_refit:
         import calibrate_realtime as rt

@@ -11,6 +11,8 @@ keyed state of the window operator and the Kafka source's offsets) after the sec
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
 import shutil
@@ -145,7 +147,6 @@ def produce_payments(bootstrap: str, topic: str, rate: float, duration_s: float,
     codec = EventCodec(plan_source(check_repo(ROOT / "features").sources["payments"]))
     producer = KafkaProducer(**ProducerSettings(bootstrap, topic).kafka_config())
     rng = random.Random(17)
-    statuses = ["authorized", "captured", "declined", "refunded"]
     start, sent = time.monotonic(), 0
     while (elapsed := time.monotonic() - start) < duration_s:
         due = int(rate * elapsed) - sent
@@ -154,23 +155,123 @@ def produce_payments(bootstrap: str, topic: str, rate: float, duration_s: float,
             continue
         now_us = time.time_ns() // 1000
         for _ in range(min(due, 2000)):
-            ev = {
-                "payment_id": f"{tag}-{sent}",
-                "account_id": f"acct-{rng.randrange(PAY_ACCOUNTS):05d}",
-                "merchant_id": f"m-{rng.randrange(200):03d}",
-                "method": "card",
-                "status": rng.choices(statuses, weights=[20, 60, 15, 5])[0],
-                "amount": round(rng.uniform(1, 500), 2),
-                "currency": "EUR",
-                "risk_score": round(rng.random(), 4),
-                "occurred_at": now_us,
-            }
+            ev = payment_event(rng, f"{tag}-{sent}", now_us)
             producer.send(topic, key=codec.key(ev), value=codec.encode(ev), headers=codec.headers())
             sent += 1
     producer.flush()
     seconds = time.monotonic() - start
     producer.close()
     out.put((sent, seconds, 0.0, []))
+
+
+PAY_STATUSES = ("authorized", "captured", "declined", "refunded")
+
+
+def payment_event(rng: Any, payment_id: str, occurred_at_us: int) -> dict[str, Any]:
+    """One payment of the example schema, drawn as the realtime calibration sends them."""
+    return {
+        "payment_id": payment_id,
+        "account_id": f"acct-{rng.randrange(PAY_ACCOUNTS):05d}",
+        "merchant_id": f"m-{rng.randrange(200):03d}",
+        "method": "card",
+        "status": rng.choices(PAY_STATUSES, weights=[20, 60, 15, 5])[0],
+        "amount": round(rng.uniform(1, 500), 2),
+        "currency": "EUR",
+        "risk_score": round(rng.random(), 4),
+        "occurred_at": occurred_at_us,
+    }
+
+
+@functools.cache
+def stream_events(n: int = 60_000) -> dict[str, list[dict[str, Any]]]:
+    """Return the calibration streams' events in the order they are sent: behaviour and payments."""
+    import random
+
+    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+
+    config = GeneratorConfig(users=5000, items=2000, late_share=0.0, out_of_order_share=0.0,
+                             duplicate_share=0.0, malformed_share=0.0)  # fmt: skip
+    behaviour = [dict(em.event) for em in EventGenerator(config).take(n) if em.event is not None]
+    rng = random.Random(17)
+    return {"events": behaviour, "payments": [payment_event(rng, str(i), 0) for i in range(n)]}
+
+
+def burst_of(keys: list[Any]) -> float:
+    """Return the events per run of one key (consecutive events of one entity: one moment, one slice)."""
+    keys = [k for k in keys if k is not None and k != ""]
+    if not keys:
+        return 1.0
+    runs = 1 + sum(a != b for a, b in itertools.pairwise(keys))
+    return len(keys) / runs
+
+
+def deciles_of(keys: list[Any]) -> list[float]:
+    """Return the share of events of each tenth of the entities, most active first."""
+    from collections import Counter
+
+    counts = sorted(Counter(k for k in keys if k is not None and k != "").values(), reverse=True)
+    total, n = sum(counts), len(counts)
+    out = []
+    for d in range(10):
+        lo, hi = d * n / 10, (d + 1) * n / 10
+        part = sum(
+            c * max(0.0, min(i + 1, hi) - max(i, lo)) for i, c in enumerate(counts) if i + 1 > lo and i < hi
+        )
+        out.append(round(part / total, 5))
+    out[0] = round(out[0] + 1 - sum(out), 5)  # rounding: the shares sum to 1
+    return out
+
+
+def where_shares(example: Any, n: int = 60_000) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Return the calibration streams' filter shares and bursts, and their per-key profiles.
+
+    Behaviour: the events bench_realtime.py sends (the generator, 5,000 users, 2,000 items, in
+    order); payments: :func:`payment_event`'s draw. One entry per distinct filter (a ratio operand's
+    filter includes its feature's) with its bursts per join key of the views of its source, as
+    ``registry/calibration/realtime.json`` ``where_shares`` holds them; the profile per source and
+    join key: the event share of each tenth of the entities and the burst of all events.
+    """
+    from headwater.registry.calibration import where_key
+    from headwater.registry.expr import parse
+    from headwater.registry.expr_eval import compile_predicate
+
+    events = stream_events(n)
+    keys: dict[str, set[str]] = {}
+    for view in example.views:
+        keys.setdefault(view.source, set()).add(view.join_key)
+    profile = {
+        source: {key: {"deciles": deciles_of([e.get(key) for e in events[source]]),
+                       "burst": round(burst_of([e.get(key) for e in events[source]]), 3)}
+                 for key in sorted(keys[source])}
+        for source in sorted(keys)
+    }  # fmt: skip
+    out: dict[str, dict[str, Any]] = {}
+    for view in example.views:
+        for f in view.features:
+            pairs = [(f.where, f.where_text)] + [
+                (op.where, op.where_text) for op in (f.numerator, f.denominator) if op is not None
+            ]
+            for where, text in pairs:
+                if where is None or text is None:
+                    continue
+                key = where_key(where)
+                if key in out:
+                    continue
+                if where_key(parse(text)) != key:  # the text would not find this filter again
+                    print(f"  where_shares: {text!r} does not parse back to its filter: left out")
+                    continue
+                pred = compile_predicate(where)
+                sample = events[view.source]
+                kept = [e for e in sample if pred(e)]
+                out[key] = {
+                    "where": text,
+                    "share": round(len(kept) / len(sample), 5),
+                    "source": view.source,
+                    "bursts": {
+                        k: round(burst_of([e.get(k) for e in kept]), 3) for k in sorted(keys[view.source])
+                    },
+                }
+    return sorted(out.values(), key=lambda e: (e["source"], e["where"])), profile
 
 
 def send(source: str, settings: Any, topic: str, rate: float, seconds: float, tag: str, pieces: Any) -> int:
@@ -297,9 +398,21 @@ def run_views(
                 "load_1m": round(os.getloadavg()[0], 2),
             })  # fmt: skip
             print(f"    {'+'.join(views)} phase {rate:g}/s: {phases[-1]}", flush=True)
+        # the state is read once the job has committed all that was sent (a starved job lags behind)
+        t_drain = time.time()
+        while watch.rows[-1][1] < sent_total and time.time() - t_drain < DRAIN_MAX_S and job.poll() is None:
+            time.sleep(1)
+        drained = watch.rows[-1][1] >= sent_total
+        drain_s = time.time() - t_drain
+        time.sleep(6)  # a checkpoint after the last event
         end = time.time()
         redis_mem = redis_footprint(settings.redis_url, namespace, views)
         ckpt = checkpoint_bytes(chk)
+        ckpt_at = checkpoint_time(chk) or end
+        # the operators' clock: the newest event time, or, idle for 2 s, the wall clock less 2 s (the
+        # windows slide on): the state holds the events sent in the window before it
+        last_sent = timeline[-1][1]
+        clock = max(last_sent, ckpt_at - 2.0)
     finally:
         watch.stop.set()
         if job.poll() is None:
@@ -324,8 +437,31 @@ def run_views(
         "checkpoint_bytes": ckpt,
         "redis": redis_mem,
         "timeline": [(round(a - end, 1), round(b - end, 1), n) for a, b, n in timeline],
+        "clock_s": round(clock - end, 1),
+        "drained": drained,
+        "drain_s": round(drain_s, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+DRAIN_MAX_S = 300.0
+"""How long a run waits, after its last phase, for the job to commit every event sent."""
+
+
+def checkpoint_time(folder: Path) -> float | None:
+    """Return when the newest completed checkpoint under ``folder`` was written (its ``_metadata``)."""
+    done = [p / "_metadata" for p in folder.rglob("chk-*") if (p / "_metadata").is_file()]
+    return max(p.stat().st_mtime for p in done) if done else None
+
+
+def events_between(timeline: list[tuple[float, float, int]], lo: float, hi: float) -> float:
+    """Events sent between ``lo`` and ``hi`` (seconds, relative to the run's end), pro rata per phase."""
+    total = 0.0
+    for a, b, n in timeline:
+        x0, x1 = max(a, lo), min(b, hi)
+        if x1 > x0 and b > a:
+            total += n * (x1 - x0) / (b - a)
+    return total
 
 
 def events_in_last(timeline: list[tuple[float, float, int]], seconds: float) -> float:
@@ -350,13 +486,13 @@ JOBS = {
 
 
 def measure_jobs(
-    out: Path, rates: tuple[float, ...], phase_s: float, only: list[str] | None = None
+    out: Path, rates: tuple[float, ...], phase_s: float, only: list[str] | None = None, key: str = "runs"
 ) -> dict[str, Any]:
-    """Run each job of :data:`JOBS` (or ``only``); write the runs to ``out`` as they finish."""
+    """Run each job of :data:`JOBS` (or ``only``); write the runs to ``out[key]`` as they finish."""
     import tempfile
 
     doc = json.loads(out.read_text()) if out.is_file() else {}
-    runs = doc.setdefault("runs", {})
+    runs = doc.setdefault(key, {})
     for name, views in JOBS.items():
         if only and name not in only:
             continue
@@ -460,56 +596,25 @@ def state_inputs(view: Any, run: dict[str, Any]) -> tuple[tuple[Any, ...], float
     from headwater.registry.cost import view_shape
     from headwater.registry.durations import parse_duration
 
-    span = -min(a for a, _, _ in run["timeline"])
+    clock = run.get("clock_s", 0.0)
+    span = clock - min(a for a, _, _ in run["timeline"])
     window = min(view_shape(view.features).longest_window_s, span)
-    events = events_in_last(run["timeline"], window)
+    events = events_between(run["timeline"], clock - window, clock)
     capped = tuple(
         dataclasses.replace(f, window=parse_duration(f"{max(int(window), int(f.slide.seconds))}s"))
         if f.window.seconds > window else f
         for f in view.features
     )  # fmt: skip
-    return capped, events / window, float(run["redis"][view.name]["keys"] or 1)
+    return capped, events / window, float(stream_entities(view.source, view.join_key))
 
 
-def state_terms(views: list[Any], run: dict[str, Any]) -> list[float]:
-    """Return a run's state terms per the model (its own code): slices, slices x aggregations, ids.
+@functools.cache
+def stream_entities(source: str, key: str) -> int:
+    """Return the distinct ``key`` values of the calibration stream of ``source`` (the state's entities).
 
-    Each term is the model's state with one constant at 1 and the others at 0, summed over the views.
+    Behaviour: the template events bench_realtime.py cycles through; payments: the accounts drawn.
     """
-    from headwater.registry.calibration import parse_calibration
-    from headwater.registry.cost import estimate_footprint
-    from headwater.registry.tiers import TIERS
-
-    units = [
-        {"state_pane_bytes": a, "state_slot_bytes": dict.fromkeys(AGG_KINDS_RT, b), "state_dedup_id_bytes": c}
-        for a, b, c in ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
-    ]
-    terms = []
-    for unit in units:
-        cal = parse_calibration("realtime", {"constants": {**unit, "selectivity": 1.0}})
-        total = 0.0
-        for v in views:
-            feats, rate, live = state_inputs(v, run)
-            total += estimate_footprint(feats, rate, TIERS["realtime"], live, 12, cal).state_bytes
-        terms.append(total)
-    return terms
-
-
-def fit_state(runs: dict[str, Any], example: Any) -> dict[str, Any]:
-    """Bytes per slice, per aggregation in a slice and per event id, from the checkpoints' sizes."""
-    rows, sizes = [], []
-    for run in runs.values():
-        if "error" in run or not run.get("checkpoint_bytes") or "timeline" not in run:
-            continue
-        views = [v for v in example.views if v.name in run["views"]]
-        rows.append(state_terms(views, run))
-        sizes.append(run["checkpoint_bytes"])
-    coef = _nonneg_lstsq(np.asarray(rows), np.asarray(sizes, dtype=float))
-    return {
-        "state_pane_bytes": round(float(coef[0]), 1),
-        "state_slot_bytes": dict.fromkeys(AGG_KINDS_RT, round(float(coef[1]), 2)),
-        "state_dedup_id_bytes": round(float(coef[2]), 2),
-    }
+    return len({e.get(key) for e in stream_events()[source] if e.get(key)})
 
 
 def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]:
@@ -550,15 +655,21 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
         span = -min(a for a, _, _ in run["timeline"])
         state_est = 0.0
         online_est = online_meas = 0.0
+        basis = {}
         for v in views:
-            feats, srate, live = state_inputs(v, run)
-            fp = estimate_footprint(feats, srate, tier, live, 12, cal)
+            feats, srate, entities = state_inputs(v, run)
+            fp = estimate_footprint(feats, srate, tier, entities, 12, cal, stream=(v.source, v.join_key))
             state_est += fp.state_bytes
-            online_est += fp.online_bytes
+            basis[v.name] = {"rate": round(srate, 1), "entities": entities, "state": fp.state_basis}
+            # online: bytes a key as estimated, times the keys the view wrote (how many entities the
+            # run touched is the run's, not the model's)
+            keys = run["redis"][v.name]["keys"]
+            online_est += fp.online_bytes / max(fp.entities, 1.0) * keys
             online_meas += run["redis"][v.name]["bytes"]
         ckpt = run["checkpoint_bytes"]
         out[name] = {
-            "views": run["views"], "phases": rows, "span_s": round(span),
+            "views": run["views"], "phases": rows, "span_s": round(span), "state_basis": basis,
+            "drained": run.get("drained"),
             "state_estimate": round(state_est), "checkpoint_bytes": ckpt,
             "state_error": round(state_est / ckpt - 1, 3) if ckpt else None,
             "online_estimate": round(online_est), "redis_bytes": round(online_meas),
@@ -623,6 +734,47 @@ def prior_runs() -> dict[str, Any]:
     return out
 
 
+STATE_JOBS = ["user_session", "item_trending", "user_dwell", "account_payments"]
+"""The state runs: each realtime example view alone."""
+
+
+def calibrate_state(refit: bool, rate: float, seconds: float, write: bool, command: str) -> None:
+    """Each realtime view alone at one steady rate for ``seconds`` (> its window): checkpoint vs estimate.
+
+    State is an amount of data, not speed: these runs may share the machine (a job that falls behind
+    is waited for before its state is read, ``drained``). The stream's filter shares and profile are
+    measured again and written to realtime.json (``where_shares``, ``stream_profile``) unless
+    ``write`` is false; the CPU constants are kept.
+    """
+    import time
+
+    from headwater.registry.calibration import calibration_path, parse_calibration
+    from headwater.registry.validate import check_repo
+
+    out = ROOT / "bench/results/bench_calibrate_rt_jobs.json"
+    started, load0 = time.monotonic(), os.getloadavg()
+    if not refit:
+        measure_jobs(out, (rate,), seconds, only=STATE_JOBS, key="state_runs")
+    doc = json.loads(out.read_text())
+    example = check_repo(ROOT / "features")
+    path = calibration_path("realtime")
+    cal_data = json.loads(path.read_text(encoding="utf-8"))
+    cal_data["where_shares"], cal_data["stream_profile"] = where_shares(example)
+    cal_data["state_command"] = command
+    cal = parse_calibration("realtime", cal_data, path)
+    if write:
+        path.write_text(json.dumps(cal_data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)}")
+    acc = job_accuracy(doc["state_runs"], example, cal)
+    doc["state_fit"] = {"command": command, "accuracy": acc,
+                        "load_average_start": [round(x, 2) for x in load0],
+                        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+                        "seconds": round(time.monotonic() - started),
+                        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print_job_table(acc)
+
+
 def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write: bool, command: str) -> None:
     """Run (or, ``refit``, reuse) the jobs of :data:`JOBS`, fit realtime.json, print the accuracy table."""
     import time
@@ -639,8 +791,11 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
     example = check_repo(ROOT / "features")
     path = calibration_path("realtime")
     kept = json.loads(path.read_text(encoding="utf-8"))
-    constants = {**kept["constants"], **fit_jobs(runs, example), **fit_state(runs, example)}
+    fresh = {k: r for k, r in runs.items() if "timeline" in r and "error" not in r}
+    fitted = fresh if sum(holds(p) for r in fresh.values() for p in r["phases"]) >= 4 else runs
+    constants = {**kept["constants"], **fit_jobs(fitted, example)}
     constants["selectivity"] = 1.0
+    shares, profile = where_shares(example)
     cal_data = {
         "tier": "realtime",
         "model": "registry/cost.py",
@@ -651,10 +806,20 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
         "isolation": "the Flink job's process group CPU (mini-cluster JVM + PyFlink Python workers, /proc "
         "utime+stime) per wall second of each phase, after a warm-up phase (JIT, first checkpoints) that "
         "is not measured; jobs of 1, 2 and 3 behaviour views, each view alone, and the payments view",
-        "derivation": "least squares (negative terms pinned at 0) over every phase of every job: cores = "
-        "job_fixed_cores + groups x group_fixed_cores + rate x (job_event_us + views x event_us + "
-        "aggregations x agg_us); state: the newest checkpoint's bytes on slices, slices x aggregations "
-        "and event ids (the model's counts at the run's end)",
+        "derivation": "CPU: least squares (negative terms pinned at 0) over every phase that held of this "
+        "command's jobs (the earlier runs only when fewer than 4 phases held): cores = job_fixed_cores + "
+        "groups x group_fixed_cores + rate x (job_event_us + views x event_us + aggregations x agg_us). "
+        "State: not fitted; the bytes of KeyStateSerializer's layout (format 2, no snapshot compression): "
+        "per entity 1 namespace + 1 key length + 1 format + 8 boundary + 8 next change + 5 running array "
+        "+ 4 slice count + 4 view count = 32 (+ the key); per view 13 (change, pending, size); per slot 5 "
+        "(float + text marker), a text slot ~8 more; running: count long[1] 13, sum double[2] 21, avg "
+        "double[3] 29, min/max a multiset 5 + 16 a value, last 56 (slice, partial), distinct_count/top_k a "
+        "map 5 + an entry (28 / 16); a slice 8 start + 4 id count + 5 partial array = 17, 1 a null "
+        "partial, a partial: count 13, sum 21, avg 29, min/max 13, last 42, distinct_count 33, top_k 21; "
+        "8 an event id hash. where_shares and stream_profile are measured on the calibration streams "
+        "(where_shares() of bench/calibrate_realtime.py); the checkpoints verify the whole.",
+        "where_shares": shares,
+        "stream_profile": profile,
         "stream": {"rates": list(rates), "phase_s": phase_s, "users": 5000, "items": 2000,
                    "accounts": PAY_ACCOUNTS},
         "notes": kept.get("notes", ""),

@@ -203,7 +203,10 @@ def view_footprint(view: CompiledView, result: CheckResult) -> Footprint | None:
     if view.tier == "nearline" and source.spec.event_id:
         timing = resolve_timing(source.spec)
         dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
-    return estimate_footprint(view.features, rate, TIERS[view.tier], entities, key_bytes, None, dedup_s)
+    stream = (view.source, view.join_key)  # the measured profile of its entities (realtime state)
+    return estimate_footprint(
+        view.features, rate, TIERS[view.tier], entities, key_bytes, None, dedup_s, stream
+    )
 
 
 def check_footprints(result: CheckResult, budget: Located[BudgetFile], diags: Diagnostics) -> None:

@@ -22,15 +22,28 @@ equal share of its job's and its group's fixed cost (:class:`JobShare`: the view
 The views of a job together are charged exactly the job's estimate; a view alone in its job carries
 all of it.
 
-State (streaming tiers: RocksDB / Flink keyed state, one record per entity and slice)::
+State (nearline: RocksDB, one record per view, entity and slice)::
 
     bytes = live entities x live slices x (state_pane_bytes + sum over aggregations of state_slot_bytes[kind])
       live entities = min(entities, rate x longest window)
       live slices   = min(longest window / shortest slide + 1, rate x longest window / live entities)
 
       + event ids kept for de-duplication: rate x dedup window x state_dedup_id_bytes
-        (nearline: out-of-orderness + lateness + a bucket; realtime: the longest window, the ids of
-        the events that hit a feature live in their slice)
+        (out-of-orderness + lateness + a bucket)
+
+State (realtime: Flink keyed state, one record per entity of a group, ``KeyStateSerializer``'s layout).
+Only the events that hit one of the view's features (``hit``: the share its filters keep, measured
+per filter on the calibration stream, ``where_shares``) make a slice, keep their id and make an
+entity live; an entity's record goes when its last slice leaves the longest window::
+
+    n_a     = rate x share(a) x window(a) / live        events of aggregation a per live entity
+    slices  = min(longest window / slide + 1, rate x hit x longest window / live)   per live entity
+    bytes   = live x (state_entity_bytes + key + state_view_bytes + slots x state_value_slot_bytes
+                      + text slots x state_text_bytes
+                      + sum over a of state_running_bytes[a] + n_a x state_running_event_bytes[a])
+            + live x slices x (state_pane_bytes + aggregations)         (a slice, a null per feature)
+            + live x sum over a of min(slices, n_a) x (state_slot_bytes[a] - 1)   (a's partials)
+            + rate x hit x longest window x state_dedup_id_bytes        (event-id hashes, 8 bytes)
 
 State (offline): the feature table, rows = entities x days kept (the longest window), each
 ``state_pane_bytes + slots x table_row_bytes``. Online memory (every tier, one Redis key per entity,
@@ -52,8 +65,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.registry.calibration import Calibration, load_calibration
+from headwater.registry.calibration import Calibration, load_calibration, where_key
 from headwater.registry.compiled import CompiledFeature
+from headwater.registry.expr import And, Expr
 from headwater.registry.slots import feature_slots
 from headwater.registry.tiers import Tier
 
@@ -77,6 +91,9 @@ class Shape:
         rekeyed: the view's join key is not the topic's key (a repartition).
         shortest_slide_s: the most frequent publish step.
         longest_window_s: the longest window (state lifetime).
+        agg_filters: per aggregation (as ``aggs``), its window in seconds and its filter (``None``:
+            every event), for the share of events it keeps (realtime state).
+        text_slots: online slots that carry text (top_k names, ``last`` of a text field).
     """
 
     aggs: tuple[tuple[str, bool, int], ...]
@@ -85,6 +102,31 @@ class Shape:
     rekeyed: bool
     shortest_slide_s: float
     longest_window_s: float
+    agg_filters: tuple[tuple[float, Expr | None], ...] = ()
+    text_slots: int = 0
+
+    def distinct_filters(self) -> list[Expr]:
+        """Return the filters, once each, less those that imply another (``A and B`` beside ``A``)."""
+        filters = {where_key(w): w for _, w in self.agg_filters if w is not None}
+        return [
+            w
+            for k, w in filters.items()
+            if not (isinstance(w, And) and any(where_key(a) in filters and where_key(a) != k for a in w.args))
+        ]
+
+    def hit_share(self, cal: Calibration) -> float:
+        """Return the share of events that hit an aggregation (the filters' shares added, at most 1)."""
+        if not self.agg_filters or any(w is None for _, w in self.agg_filters):
+            return 1.0
+        return min(1.0, sum(cal.share(w) for w in self.distinct_filters()))
+
+    def hit_burst(self, cal: Calibration, stream: tuple[str, str] | None) -> float:
+        """Return the events of one entity that come together among those that hit the view."""
+        if not self.agg_filters or any(w is None for _, w in self.agg_filters):
+            return cal.burst(None, stream)
+        filters = self.distinct_filters()
+        runs = sum(cal.share(w) / cal.burst(w, stream) for w in filters)
+        return max(1.0, sum(cal.share(w) for w in filters) / runs) if runs > 0 else 1.0
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON form (reports)."""
@@ -101,11 +143,14 @@ class Shape:
 def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> Shape:
     """Return the shape of a view with ``features`` (``rekeyed``: keyed by another field than the topic)."""
     aggs: list[tuple[str, bool, int]] = []
+    agg_filters: list[tuple[float, Expr | None]] = []
     filters = 0
     slots = 0
+    text_slots = 0
     for f in features:
         panes = max(1, math.ceil(f.window.seconds / f.slide.seconds - 1e-9))
         slots += len(feature_slots(f.name, f.agg, f.k))
+        text_slots += (f.k or 0) if f.agg == "top_k" else int(f.agg == "last" and f.dtype == "string")
         filters += f.where is not None
         operands = [op for op in (f.numerator, f.denominator) if op is not None]
         if operands:
@@ -114,8 +159,10 @@ def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> 
                 own = op.where is not None and op.where is not f.where
                 filters += own
                 aggs.append((op.agg, op.where is not None, panes))
+                agg_filters.append((f.window.seconds, op.where))
         else:
             aggs.append((f.agg, f.where is not None, panes))
+            agg_filters.append((f.window.seconds, f.where))
     return Shape(
         aggs=tuple(aggs),
         filters=filters,
@@ -123,6 +170,8 @@ def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> 
         rekeyed=rekeyed,
         shortest_slide_s=min((f.slide.seconds for f in features), default=1.0),
         longest_window_s=max((f.window.seconds for f in features), default=0.0),
+        agg_filters=tuple(agg_filters),
+        text_slots=text_slots,
     )
 
 
@@ -302,12 +351,15 @@ def estimate_footprint(
     key_bytes: int = 12,
     calibration: Calibration | None = None,
     dedup_window_s: float = 0.0,
+    stream: tuple[str, str] | None = None,
 ) -> Footprint:
     """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown).
 
-    ``dedup_window_s``: how long the tier keeps each event id for de-duplication (nearline: the
-    source's out-of-orderness + allowed lateness + one bucket; realtime: the longest window, the ids
-    live in their slice); those ids are part of its state.
+    ``dedup_window_s``: how long the nearline tier keeps each event id for de-duplication (the
+    source's out-of-orderness + allowed lateness + one bucket); those ids are part of its state (the
+    realtime tier keeps them in their slice: :func:`realtime_state`). ``stream``: the view's
+    ``(source, join key)``, whose measured profile the realtime state follows (``None``: even, no
+    bursts).
     """
     cal = calibration or load_calibration(tier.name)
     shape = view_shape(features)
@@ -317,18 +369,14 @@ def estimate_footprint(
         row = cal.scalar("state_pane_bytes") + shape.slots * cal.scalar("table_row_bytes")
         state = live * days * row
         state_basis = f"{live:,.0f} entities x {days} days x {row:.0f} bytes/row (feature table)"
+    elif tier.name == "realtime":
+        state, state_basis = realtime_state(shape, rate_per_s, entities, key_bytes, cal, stream)
     else:
-        # realtime: a slice holds the 64-bit id hash of every event that hit one of its features, for
-        # as long as the slice lives (the longest window); an all-filtered view keeps the selected share
-        hit = 1.0
-        if tier.name == "realtime":
-            hit = 1.0 if any(not f for _, f, _ in shape.aggs) else cal.scalar("selectivity")
-            dedup_window_s = max(dedup_window_s, shape.longest_window_s)
-        slices = live_slices(shape, rate_per_s * hit, live)
+        slices = live_slices(shape, rate_per_s, live)
         pane = cal.scalar("state_pane_bytes") + sum(
             cal.per_agg("state_slot_bytes", k) for k, _, _ in shape.aggs
         )
-        ids = rate_per_s * hit * dedup_window_s
+        ids = rate_per_s * dedup_window_s
         state = live * slices * pane + ids * cal.scalar("state_dedup_id_bytes")
         state_basis = f"{live:,.0f} entities x {slices:,.1f} live slices x {pane:.0f} bytes/slice"
         if ids and cal.scalar("state_dedup_id_bytes"):
@@ -348,6 +396,74 @@ def estimate_footprint(
         state_basis=state_basis,
         online_basis=online_basis,
     )
+
+
+def realtime_state(
+    shape: Shape,
+    rate_per_s: float,
+    entities: float | None,
+    key_bytes: int,
+    cal: Calibration,
+    stream: tuple[str, str] | None = None,
+) -> tuple[float, str]:
+    """Flink keyed state of a realtime view, by the operator's layout; the bytes and how they add up.
+
+    ``entities``: the join key's distinct entities (``None``: each burst of events a new entity, the
+    upper bound); ``stream``: ``(source, join key)``, whose measured profile (how events spread over
+    entities, how they come in bursts) gives the live entities and slices. Every term follows
+    ``KeyStateSerializer`` (format 2): one record per live entity (header, running accumulators,
+    last values), one per (entity, slice) holding events (start, a partial per feature), the ids'
+    8-byte hashes. A slice holds a burst's events: ``panes x (1 - exp(-bursts / panes))`` slices of
+    an entity with ``bursts`` runs of events in the window (Poisson occupancy of its panes).
+    """
+    hit = shape.hit_share(cal)
+    window = max(shape.longest_window_s, 1.0)
+    panes = max(1.0, shape.longest_window_s / max(shape.shortest_slide_s, 1.0)) + 1
+    burst = shape.hit_burst(cal, stream)
+    hits = rate_per_s * hit * window
+    per_agg = [
+        (kind, cal.share(where), agg_window, cal.burst(where, stream))
+        for (kind, _, _), (agg_window, where) in zip(shape.aggs, shape.agg_filters, strict=True)
+    ]
+    live = slices = partials = 0.0
+    if entities is None:  # every burst a new entity: one slice each
+        live = slices = hits / burst
+        partials = sum(
+            min(live, rate_per_s * s * window / b) * (cal.per_agg("state_slot_bytes", k) - 1)
+            for k, s, _, b in per_agg
+        )
+    else:
+        deciles = cal.profile(stream).deciles
+        for share in deciles:
+            group = max(float(entities), 1.0) / len(deciles)
+            runs = hits * share / group / burst  # bursts of hit events per entity of this tenth
+            live += group * -math.expm1(-runs)
+            slices += group * panes * -math.expm1(-runs / panes)
+            for kind, s, _, b in per_agg:
+                runs_a = rate_per_s * s * window * share / group / b
+                filled = group * panes * -math.expm1(-runs_a / panes)
+                partials += filled * (cal.per_agg("state_slot_bytes", kind) - 1)
+    entity = (
+        cal.scalar("state_entity_bytes")
+        + key_bytes
+        + cal.scalar("state_view_bytes")
+        + shape.slots * cal.scalar("state_value_slot_bytes")
+        + shape.text_slots * cal.scalar("state_text_bytes")
+        + sum(cal.per_agg("state_running_bytes", k) for k, _, _, _ in per_agg)
+    )
+    # what a running accumulator keeps per value of its window (a multiset, a counter map): every
+    # event of the window, whichever entity it belongs to
+    running = sum(rate_per_s * s * w * cal.per_agg("state_running_event_bytes", k) for k, s, w, _ in per_agg)
+    slice_bytes = cal.scalar("state_pane_bytes") + len(shape.aggs)
+    ids = hits * cal.scalar("state_dedup_id_bytes")
+    state = live * entity + running + slices * slice_bytes + partials + ids
+    basis = (
+        f"{live:,.0f} live entities x {entity:.0f} bytes + {running:,.0f} bytes of running values + "
+        f"{slices:,.0f} slices x {slice_bytes:.0f} bytes + {partials:,.0f} bytes of partials + "
+        f"{hits:,.0f} event ids ({hit:.0%} of events hit, {burst:.1f} a burst) x "
+        f"{cal.scalar('state_dedup_id_bytes'):.0f} bytes"
+    )
+    return state, basis
 
 
 def format_bytes(n: float) -> str:

@@ -25,6 +25,32 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     state_slot_bytes  state bytes of one aggregation in one (entity, slice) record, by kind
     state_dedup_id_bytes state bytes per event id kept for de-duplication (nearline)
     table_row_bytes   offline only: bytes of one row (entity, day) of a feature table per slot
+
+Realtime state follows the operator's byte layout (``KeyStateSerializer`` format 2), so it has terms
+per live entity besides the slices (0 elsewhere):
+
+    state_entity_bytes        per live entity: Flink's entry (namespace, key length) and the state's
+                              header (format, boundary, next change, array and map sizes); the key's
+                              own bytes are added
+    state_view_bytes          per live entity and view: the last value's header (change, pending, size)
+    state_value_slot_bytes    per live entity and online slot: the last value (float + text marker)
+    state_text_bytes          per live entity and text slot (a top_k name, a text ``last``): its text
+    state_running_bytes       per live entity and aggregation, by kind: the running accumulator
+    state_running_event_bytes per live entity, aggregation and event of its window, by kind: what a
+                              running accumulator keeps per value (min/max: a multiset; distinct_count,
+                              top_k: a counter map)
+
+Two measured properties of the calibration stream (not constants: a registry declares neither) shape
+realtime state, which holds one record per live entity and one slice per (entity, slide) with events:
+
+    where_shares    ``[{"where": text, "share": fraction, "bursts": {key: events}}]``: the share of
+                    events each filter keeps (a filter not listed takes ``selectivity``), and per join
+                    key the events of one entity that come together (one run: a feed page's
+                    impressions share a user and a moment, so they fill one slice)
+    stream_profile  ``{source: {key: {"deciles": [10 event shares], "burst": events}}}``: how unevenly
+                    events spread over entities (the share of events of each tenth of the entities,
+                    most active first) and the burst of all its events; without one, every entity is
+                    as active as the others and every event comes alone (an upper bound)
 """
 
 from __future__ import annotations
@@ -34,6 +60,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from headwater.registry.expr import Expr, ExprError, parse, to_json
 
 FOLDER = Path(__file__).resolve().parent
 AGG_KINDS = ("count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k")
@@ -51,6 +79,10 @@ SCALARS = (
     "state_pane_bytes",
     "state_dedup_id_bytes",
     "table_row_bytes",
+    "state_entity_bytes",
+    "state_view_bytes",
+    "state_value_slot_bytes",
+    "state_text_bytes",
 )
 
 # The first guesses, used only where a calibration file gives nothing (they say so: ``defaulted``).
@@ -79,7 +111,30 @@ DEFAULTS: dict[str, Any] = {
     "state_pane_bytes": 64.0,
     "state_dedup_id_bytes": 0.0,
     "table_row_bytes": 8.0,
+    "state_entity_bytes": 0.0,
+    "state_view_bytes": 0.0,
+    "state_value_slot_bytes": 0.0,
+    "state_text_bytes": 0.0,
+    "state_running_bytes": dict.fromkeys(AGG_KINDS, 0.0),
+    "state_running_event_bytes": dict.fromkeys(AGG_KINDS, 0.0),
 }
+
+
+@dataclass(frozen=True)
+class StreamProfile:
+    """How a source's events spread over one join key's entities (measured on the calibration stream).
+
+    Attributes:
+        deciles: the share of events of each tenth of the entities, most active first (sums to 1).
+        burst: events of one entity that come one right after the other (1: each alone).
+    """
+
+    deciles: tuple[float, ...]
+    burst: float = 1.0
+
+
+EVEN = StreamProfile(deciles=(0.1,) * 10)
+"""No profile measured: every entity equally active, no bursts (the state's upper bound)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +150,8 @@ class Calibration:
         command: the command that measured them.
         path: the file read (``None`` when there is no file for the tier).
         measured: per-view CPU and state measured by the calibration run (view name -> figures).
+        where_shares: the share of the calibration stream's events a filter keeps, by the filter's
+            canonical form (:func:`where_key`); filters not listed take the ``selectivity`` constant.
     """
 
     tier: str
@@ -105,6 +162,28 @@ class Calibration:
     command: str = ""
     path: Path | None = None
     measured: dict[str, Any] = field(default_factory=dict)
+    where_shares: dict[str, float] = field(default_factory=dict)
+    where_bursts: dict[tuple[str, str], float] = field(default_factory=dict)
+    profiles: dict[tuple[str, str], StreamProfile] = field(default_factory=dict)
+
+    def share(self, where: Expr | None) -> float:
+        """Return the share of events ``where`` keeps: measured on the stream, else ``selectivity``."""
+        if where is None:
+            return 1.0
+        return self.where_shares.get(where_key(where), self.scalar("selectivity"))
+
+    def burst(self, where: Expr | None, stream: tuple[str, str] | None) -> float:
+        """Return the events of one entity that come together among those ``where`` keeps (1: alone)."""
+        if stream is None:
+            return 1.0
+        if where is None:
+            profile = self.profiles.get(stream)
+            return profile.burst if profile else 1.0
+        return self.where_bursts.get((where_key(where), stream[1]), 1.0)
+
+    def profile(self, stream: tuple[str, str] | None) -> StreamProfile:
+        """Return how events spread over the entities of ``(source, join key)`` (even: not measured)."""
+        return self.profiles.get(stream, EVEN) if stream else EVEN
 
     def scalar(self, name: str) -> float:
         """Return a scalar constant, e.g. ``event_us``."""
@@ -127,6 +206,77 @@ class Calibration:
         cores = self.machine.get("cores", "?")
         guessed = f"; defaults for {', '.join(self.defaulted)}" if self.defaulted else ""
         return f"{self.path.name} measured {self.measured_at} on {model} x{cores}{guessed}"
+
+
+def where_key(where: Expr) -> str:
+    """Return a filter's canonical form (its AST as sorted JSON): one key however it is spelled."""
+    return json.dumps(to_json(where), sort_keys=True, separators=(",", ":"))
+
+
+def parse_where_shares(data: Any, where: object) -> dict[str, float]:
+    """Read a file's ``where_shares`` list (``[{"where": text, "share": fraction}]``) by canonical filter.
+
+    Raises:
+        ValueError: an entry without a parseable ``where`` or a share outside [0, 1], naming the file.
+    """
+    out: dict[str, float] = {}
+    for i, item in enumerate(data or []):
+        text, share = (item.get("where"), item.get("share")) if isinstance(item, dict) else (None, None)
+        if not isinstance(text, str) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            msg = f"{where}: where_shares[{i}] must be {{where: filter text, share: 0..1}}, got {item!r}"
+            raise ValueError(msg)
+        try:
+            out[where_key(parse(text))] = float(share)
+        except ExprError as e:
+            msg = f"{where}: where_shares[{i}]: cannot parse the filter {text!r}: {e}"
+            raise ValueError(msg) from e
+    return out
+
+
+def parse_where_bursts(data: Any, where: object) -> dict[tuple[str, str], float]:
+    """Read the ``bursts`` of a file's ``where_shares`` entries: ``{(canonical filter, key): events}``.
+
+    Raises:
+        ValueError: a burst that is not a number >= 1, naming the file.
+    """
+    out: dict[tuple[str, str], float] = {}
+    for i, item in enumerate(data or []):
+        bursts = item.get("bursts", {}) if isinstance(item, dict) else {}
+        for key, value in bursts.items():
+            if not _is_number(value) or float(value) < 1:
+                msg = f"{where}: where_shares[{i}].bursts.{key} must be a number >= 1, got {value!r}"
+                raise ValueError(msg)
+            out[(where_key(parse(item["where"])), key)] = float(value)
+    return out
+
+
+def parse_profiles(data: Any, where: object) -> dict[tuple[str, str], StreamProfile]:
+    """Read a file's ``stream_profile``: ``{source: {key: {"deciles": [...], "burst": n}}}``.
+
+    Raises:
+        ValueError: deciles that are not 10 non-negative shares summing to 1, or a burst below 1.
+    """
+    out: dict[tuple[str, str], StreamProfile] = {}
+    for source, keys in (data or {}).items():
+        for key, prof in keys.items():
+            deciles = prof.get("deciles") if isinstance(prof, dict) else None
+            burst = prof.get("burst", 1.0) if isinstance(prof, dict) else None
+            ok = (
+                isinstance(deciles, list)
+                and len(deciles) == 10
+                and all(_is_number(x) and x >= 0 for x in deciles)
+                and abs(sum(deciles) - 1) < 1e-3
+                and _is_number(burst)
+                and float(burst) >= 1  # type: ignore[arg-type]
+            )
+            if not ok:
+                msg = (
+                    f"{where}: stream_profile.{source}.{key} must be {{deciles: 10 shares summing to 1, "
+                    f"burst: a number >= 1}}, got {prof!r}"
+                )
+                raise ValueError(msg)
+            out[(source, key)] = StreamProfile(tuple(float(x) for x in deciles), float(burst))  # type: ignore[union-attr, arg-type]
+    return out
 
 
 def calibration_path(tier: str, folder: Path | None = None) -> Path:
@@ -169,6 +319,9 @@ def parse_calibration(tier: str, data: dict[str, Any], path: Path | None = None)
         command=str(data.get("command", "")),
         path=path,
         measured=dict(data.get("measured", {})),
+        where_shares=parse_where_shares(data.get("where_shares"), where),
+        where_bursts=parse_where_bursts(data.get("where_shares"), where),
+        profiles=parse_profiles(data.get("stream_profile"), where),
     )
 
 

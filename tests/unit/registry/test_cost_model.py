@@ -237,3 +237,99 @@ def test_check_splits_the_job_among_the_views_of_a_source(repo: ScratchRepo) -> 
     for view in views:
         expected = estimate_view(view.features, 2000, TIERS["realtime"], share=JobShare(2, 2))
         assert view.estimated_cost == pytest.approx(expected.cpu_hours_per_day)
+
+
+RT_CAL = parse_calibration(
+    "realtime",
+    {
+        "constants": {
+            "selectivity": 0.5,
+            "state_entity_bytes": 32.0,
+            "state_view_bytes": 13.0,
+            "state_value_slot_bytes": 5.0,
+            "state_running_bytes": {"count": 13.0, "max": 5.0},
+            "state_running_event_bytes": {"max": 16.0},
+            "state_pane_bytes": 17.0,
+            "state_slot_bytes": {"count": 13.0, "max": 13.0},
+            "state_dedup_id_bytes": 8.0,
+        },
+        "measured_at": "2026-12-02",
+        "where_shares": [
+            {"where": "event_type = 'click'", "share": 0.1, "bursts": {"user_id": 1.0}},
+            {"where": "event_type = 'impression'", "share": 0.8, "bursts": {"user_id": 8.0}},
+        ],
+        "stream_profile": {"events": {"user_id": {"deciles": [0.1] * 10, "burst": 4.0}}},
+    },
+    Path("registry/calibration/realtime.json"),
+)
+
+
+def test_a_filters_share_is_measured_however_it_is_spelled_else_the_selectivity() -> None:
+    assert RT_CAL.share(parse("event_type='click'")) == pytest.approx(0.1)
+    assert RT_CAL.share(parse("(event_type = 'click')")) == pytest.approx(0.1)
+    assert RT_CAL.share(parse("event_type = 'like'")) == pytest.approx(0.5)
+    assert RT_CAL.share(None) == 1.0
+    assert RT_CAL.burst(parse("event_type = 'impression'"), ("events", "user_id")) == 8.0
+    assert RT_CAL.burst(None, ("events", "user_id")) == 4.0
+    assert RT_CAL.burst(None, None) == 1.0
+
+
+def test_a_view_is_hit_by_its_filters_shares_without_counting_an_implied_filter_twice() -> None:
+    click = feature("a", where="event_type = 'click'")
+    click_cat = feature("b", where="event_type = 'click' and category is not null")
+    impression = feature("c", where="event_type = 'impression'")
+    assert view_shape((click, click_cat, impression)).hit_share(RT_CAL) == pytest.approx(0.9)
+    # runs of hit events: clicks alone, impressions 8 at a time: 0.9 / (0.1 / 1 + 0.8 / 8)
+    assert view_shape((click, impression)).hit_burst(RT_CAL, ("events", "user_id")) == pytest.approx(4.5)
+    assert view_shape((click, feature("d"))).hit_share(RT_CAL) == 1.0
+
+
+def test_realtime_state_follows_the_operators_layout() -> None:
+    # one unfiltered count over 1 min of 1 s slices, 100 entities, 1 event/s, each alone (no profile)
+    f = (feature(window="1m", slide="1s"),)
+    cal = parse_calibration("realtime", {"constants": RT_CAL.constants, "measured_at": "2026-12-02"})
+    fp = estimate_footprint(f, 1.0, TIERS["realtime"], 100, 12, cal)
+    runs = 60 / 100  # events of an entity in the window
+    live = 100 * -math.expm1(-runs)
+    slices = 100 * 61 * -math.expm1(-runs / 61)
+    entity = 32 + 12 + 13 + 5 * 1 + 13  # header + key + view value + one slot + count's running
+    expected = live * entity + slices * (17 + 1) + slices * (13 - 1) + 60 * 8
+    assert fp.state_bytes == pytest.approx(expected)
+    assert "live entities" in fp.state_basis
+
+
+def test_bursts_and_uneven_entities_mean_fewer_slices_and_live_entities() -> None:
+    f = (feature(where="event_type = 'impression'", window="5m", slide="1s"),)
+    tier = TIERS["realtime"]
+    even = parse_calibration("realtime", {"constants": RT_CAL.constants, "measured_at": "2026-12-02"})
+    alone = estimate_footprint(f, 20.0, tier, 1000, 12, even, stream=("events", "user_id"))
+    bursts = estimate_footprint(f, 20.0, tier, 1000, 12, RT_CAL, stream=("events", "user_id"))
+    assert bursts.state_bytes < alone.state_bytes
+    skewed = parse_calibration(
+        "realtime",
+        {
+            "constants": RT_CAL.constants,
+            "where_shares": [{"where": "event_type = 'impression'", "share": 0.8}],
+            "stream_profile": {"events": {"user_id": {"deciles": [0.91] + [0.01] * 9}}},
+        },
+    )
+    flat = parse_calibration(
+        "realtime",
+        {
+            "constants": RT_CAL.constants,
+            "where_shares": [{"where": "event_type = 'impression'", "share": 0.8}],
+        },
+    )
+    few = estimate_footprint(f, 1.0, tier, 1000, 12, skewed, stream=("events", "user_id"))
+    many = estimate_footprint(f, 1.0, tier, 1000, 12, flat, stream=("events", "user_id"))
+    assert few.state_bytes < many.state_bytes
+
+
+def test_a_bad_stream_profile_or_share_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "realtime.json"
+    with pytest.raises(ValueError, match=r"realtime.json: stream_profile.events.user_id must be"):
+        parse_calibration("realtime", {"stream_profile": {"events": {"user_id": {"deciles": [1.0]}}}}, path)
+    with pytest.raises(ValueError, match=r"realtime.json: where_shares\[0\] must be"):
+        parse_calibration("realtime", {"where_shares": [{"where": "x = 1", "share": 2}]}, path)
+    with pytest.raises(ValueError, match=r"cannot parse the filter"):
+        parse_calibration("realtime", {"where_shares": [{"where": "x = = 1", "share": 0.5}]}, path)
