@@ -363,6 +363,9 @@ def main() -> None:
     )
     ap.add_argument("--rt-jobs-refit", action="store_true", help="--rt-jobs on the last runs' figures")
     ap.add_argument(
+        "--summary", action="store_true", help="print the accuracy table of every tier from the results"
+    )
+    ap.add_argument(
         "--rt-state", action="store_true", help="realtime: each view alone at one steady rate; state table"
     )
     ap.add_argument("--rt-state-refit", action="store_true", help="--rt-state on the last runs' figures")
@@ -380,6 +383,9 @@ def main() -> None:
         doc = json.loads(out.read_text())
         doc["tiers"]["nearline"]["state"] = nearline_state(args, command)
         out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return
+    if args.summary:
+        summary()
         return
     if args.rt_state or args.rt_state_refit:
         import calibrate_realtime as rt
@@ -987,6 +993,89 @@ def print_table(accuracy: dict[str, Any]) -> None:
                   f"{pct(r['cpu_error']):>6}  {r['state_estimate']:>10,} {r['state_bytes']:>10,} "
                   f"{pct(r['state_error']):>6}  {r['online_estimate']:>9,} {r['redis_bytes']:>10,} "
                   f"{pct(r['online_error']):>6}")  # fmt: skip
+
+
+def summary() -> dict[str, Any]:
+    """Build the accuracy table of every tier and example view: CPU at two rates and state, est vs meas.
+
+    From the last runs' results: realtime ``bench_calibrate_rt_jobs.json`` (``fit``: each view alone
+    at two rates; ``state_fit``: each view alone at a steady rate), nearline and offline
+    ``bench_calibrate.json``. Written to ``bench_calibrate.json`` (``summary``) and printed.
+    """
+    out = ROOT / "bench/results/bench_calibrate.json"
+    doc = json.loads(out.read_text())
+    rt_file = ROOT / "bench/results/bench_calibrate_rt_jobs.json"
+    rt_doc = json.loads(rt_file.read_text()) if rt_file.is_file() else {}
+    rows: list[dict[str, Any]] = []
+    cpu = {r["views"][0]: r for k, r in rt_doc.get("fit", {}).get("accuracy", {}).items()
+           if "error" not in r and len(r["views"]) == 1 and not k.startswith("prior:")}  # fmt: skip
+    state = {r["views"][0]: r for r in rt_doc.get("state_fit", {}).get("accuracy", {}).values()
+             if "error" not in r and len(r["views"]) == 1}  # fmt: skip
+    for view in sorted(set(cpu) | set(state)):
+        c, st = cpu.get(view, {}), state.get(view, {})
+        rows.append({
+            "tier": "realtime", "view": view, "cpu_unit": "cores",
+            "cpu": [{"rate": p["consumed_eps"], "estimate": p["estimated_cores"],
+                     "measured": p["measured_cores"], "error": p["cpu_error"], "held": p["holds"],
+                     "load_1m": p["load_1m"]} for p in c.get("phases", [])],
+            "state": {"estimate": st.get("state_estimate"), "measured": st.get("checkpoint_bytes"),
+                      "error": st.get("state_error"), "what": "Flink checkpoint, steady rate"}
+            if st else None,
+            "online": {"estimate": st.get("online_estimate"), "measured": st.get("redis_bytes"),
+                       "error": st.get("online_error")} if st else None,
+        })  # fmt: skip
+    nl = doc["tiers"].get("nearline", {})
+    nl_state = {v: r for v, r in nl.get("state", {}).get("accuracy", {}).items()}
+    for view, row in nl.get("accuracy", {}).items():
+        srows = {r["rate"]: r for r in nl_state.get(view, {}).get("rates", [])}
+        rows.append({
+            "tier": "nearline", "view": view, "cpu_unit": "us/event",
+            "cpu": [{"rate": r["rate"], "estimate": r["estimated_us"], "measured": r["measured_us"],
+                     "error": r["cpu_error"], "load_1m": r["load_1m"]} for r in row["rates"]],
+            "state": [{"rate": rate, "estimate": r["state_estimate"], "measured": r["state_bytes"],
+                       "error": r["state_error"], "what": "RocksDB live bytes"} for rate, r in srows.items()]
+            or None,
+            "online": {"estimate": row["rates"][0]["online_estimate"],
+                       "measured": row["rates"][0]["redis_bytes"], "error": row["rates"][0]["online_error"]},
+        })  # fmt: skip
+    off = doc["tiers"].get("offline", {})
+    for view, row in off.get("accuracy", {}).items():
+        rows.append({
+            "tier": "offline", "view": view, "cpu_unit": "CPU s/day",
+            "cpu": [{"rate": r["events_per_day"], "estimate": r["estimated_cpu_s_per_day"],
+                     "measured": r["measured_cpu_s_per_day"], "error": r["cpu_error"],
+                     "load_1m": r["load_1m"]} for r in row["rates"]],
+            "state": [{"rate": r["events_per_day"], "estimate": r["state_estimate"],
+                       "measured": r["state_bytes"], "error": r["state_error"],
+                       "what": "Delta table (Parquet)"} for r in row["rates"]],
+            "online": None,
+        })  # fmt: skip
+    doc["summary"] = {"rows": rows, "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print_summary(rows)
+    return doc["summary"]
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    """Print the summary: one line per view and rate."""
+
+    def pct(x: float | None) -> str:
+        return "   n/a" if x is None else f"{x:+5.0%}"
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else (f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}")
+
+    print(f"\n{'tier':<9}{'view':<33}{'unit':<10}{'rate':>10}{'cpu est':>10}{'meas':>9}{'err':>7}   "
+          f"{'state est':>12}{'meas':>12}{'err':>7}  load")  # fmt: skip
+    for r in rows:
+        states = r["state"] if isinstance(r["state"], list) else [r["state"]] * len(r["cpu"] or [None])
+        for i, c in enumerate(r["cpu"] or [{}]):
+            st = states[i] if i < len(states) and states[i] else {}
+            print(f"{r['tier'] if i == 0 else '':<9}{r['view'] if i == 0 else '':<33}"
+                  f"{r['cpu_unit'] if i == 0 else '':<10}{num(c.get('rate')):>10}{num(c.get('estimate')):>10}"
+                  f"{num(c.get('measured')):>9}{pct(c.get('error')):>7}   "
+                  f"{num(st.get('estimate')):>12}{num(st.get('measured')):>12}{pct(st.get('error')):>7}  "
+                  f"{c.get('load_1m', '')}")  # fmt: skip
 
 
 if __name__ == "__main__":
