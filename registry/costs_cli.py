@@ -60,6 +60,18 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
             at_rate = sum(cores) / len(cores)
             basis = f"job cores {cores} measured at {rates} events/s (no per-event slope seen: their mean)"
         hours = at_rate * 24
+    elif got.get("cpu_s_per_day") and got.get("events_per_day"):  # offline: daily runs of a stream
+        per_day, seconds = got["events_per_day"], got["cpu_s_per_day"]
+        events = rate_per_s * SECONDS_PER_DAY
+        slope = 0.0
+        if len(per_day) >= 2 and per_day[1] != per_day[0]:
+            slope = max(0.0, (seconds[1] - seconds[0]) / (per_day[1] - per_day[0]))
+        fixed = seconds[0] - slope * per_day[0] if slope else sum(seconds) / len(seconds)
+        hours = (max(fixed, 0.0) + slope * events) / 3600
+        basis = (
+            f"CPU s a day {seconds} measured at {per_day} events/day, at {events:,.0f} events/day: "
+            f"{hours * 3600:,.0f} s"
+        )
     else:
         return None
     return {

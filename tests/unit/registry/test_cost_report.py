@@ -71,3 +71,10 @@ def test_measured_cost_scales_the_calibration_run_to_the_declared_rate(example: 
     assert got is not None
     assert got["cpu_hours_per_day"] == pytest.approx(0.2 * 24)
     assert measured_cost(view, 2000, parse_calibration("offline", {})) is None
+    # offline: CPU seconds of a daily run at two stream sizes, a fixed part and a per-event slope
+    off = parse_calibration(
+        "offline", {"measured": {view.name: {"cpu_s_per_day": [10.0, 30.0], "events_per_day": [1e6, 3e6]}}}
+    )
+    got = measured_cost(view, 2000, off)
+    assert got is not None
+    assert got["cpu_hours_per_day"] == pytest.approx((0.0 + 1e-5 * 2000 * 86400) / 3600)
