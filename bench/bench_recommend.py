@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,13 +142,13 @@ async def recommend_level(
         *[connection(port, bodies, loop.time() + warmup, fresh(), c * 7) for c in range(concurrency)]
     )
     out = fresh()
-    cpu_before, load_before = cpu_seconds(pid), os.getloadavg()[0]
+    cpu_before, load_before, client_before = cpu_seconds(pid), os.getloadavg()[0], time.process_time()
     start = loop.time()
     await asyncio.gather(
         *[connection(port, bodies, start + seconds, out, c * 13) for c in range(concurrency)]
     )
     elapsed = loop.time() - start
-    cpu_after = cpu_seconds(pid)
+    cpu_after, client_cpu = cpu_seconds(pid), time.process_time() - client_before
     lat = np.asarray(out["latency"]) * 1000.0
     n = len(lat)
     stages = {}
@@ -175,6 +176,7 @@ async def recommend_level(
         "server_cpu_ms_per_request": round((cpu_after - cpu_before) * 1000.0 / n, 3)
         if n and cpu_before is not None and cpu_after is not None
         else None,
+        "client_cpu_ms_per_request": round(client_cpu * 1000.0 / n, 3) if n else None,
         "stages": stages,
         "load_avg_1m": round((load_before + os.getloadavg()[0]) / 2.0, 2),
     }
@@ -244,8 +246,23 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--no-rank", action="store_true", help="Skip the /v1/rank phase.")
+    ap.add_argument("--idle", type=float, default=0.0, help="Measure the idle service's CPU this long.")
+    ap.add_argument("--profile-variants", default="base,current", help="Variants --profile records.")
     ap.add_argument("--profile", type=float, default=0.0, help="py-spy the service for this many seconds.")
-    ap.add_argument("--redis-url", default=Settings.from_env().redis_url)
+    ap.add_argument(
+        "--redis-url", default=None,
+        help="Default: a private redis-server on a free port, stopped (and its data gone) at the end.",
+    )  # fmt: skip
+    ap.add_argument(
+        "--variants", default="current",
+        help=f"Comma list of service variants run one after another on the same data: {', '.join(VARIANTS)}.",
+    )  # fmt: skip
+    ap.add_argument(
+        "--work", type=Path, default=None,
+        help="Keep the state and the trained models here, reused by the next run (default: a temp dir).",
+    )  # fmt: skip
+    ap.add_argument("--base", type=Path, default=None, help="PYTHONPATH of the 'base' variant's code.")
+    ap.add_argument("--write-chunk", type=int, default=20_000, help="Rows per pipelined write to Redis.")
     ap.add_argument("--bootstrap", default=Settings.from_env().kafka_bootstrap)
     ap.add_argument("--no-feedback", action="store_true", help="Impressions not sent to Kafka.")
     ap.add_argument("--seed", type=int, default=11)
@@ -255,58 +272,107 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def main() -> None:
-    """Set up, run, print and write the report."""
-    args = parse_args()
-    out_path = args.out or RESULTS / f"bench_recommend_{args.items}.json"
-    config = ServingConfig()
-    namespace = f"hwbench-rec-{uuid.uuid4().hex[:6]}"
-    work = Path(tempfile.mkdtemp(prefix="headwater-bench-recommend-"))
-    state_dir, models = work / "state", work / "models"
-    apply_registry(state_dir)
-    registry = load_registry(state_dir, config.popularity)
-    t0 = time.perf_counter()
-    print(
-        f"training the DCN, the two-tower model and the re-ranker for {registry.registry_version} ...",
-        flush=True,
-    )
-    train_models(models, registry, args.seed)
-    timings = {"train_s": round(time.perf_counter() - t0, 1)}
-    reader = OnlineStoreReader.from_url(args.redis_url, namespace=namespace, timeout_s=10.0)
-    t0 = time.perf_counter()
-    print(f"writing {args.users} users and {args.items} items under namespace {namespace} ...", flush=True)
-    world = make_world(registry, users=args.users, items=args.items, seed=args.seed, prefixes=("b-u", "b-i"))
-    write_world(reader, registry, world, now_ms())
-    recent = RedisRecentItems(reader.store.client, namespace)
-    recent.put_categories({item: f"c{j % args.categories:02d}" for j, item in enumerate(world.item_ids)})
-    timings["write_s"] = round(time.perf_counter() - t0, 1)
-    del world
-    topic = f"hwbench-rec-{namespace[-6:]}"
-    feedback = not args.no_feedback and create_topic(args.bootstrap, topic)
-    rng = random.Random(args.seed)
-    rec_bodies = [
-        encode("/v1/recommend", {"user_id": f"b-u{rng.randrange(args.users):06d}", "k": args.k})
-        for _ in range(512)
-    ]
-    items = [f"b-i{i:06d}" for i in range(args.items)]
-    rank_bodies = [
-        encode("/v1/rank", {"user_id": f"b-u{rng.randrange(args.users):06d}",
-                            "candidates": rng.sample(items, args.candidates), "k": args.k})
-        for _ in range(256)
-    ]  # fmt: skip
+VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
+    "current": ([], {}, {}),
+    "base": ([], {}, {}),
+    "kafka-python": ([], {}, {"HEADWATER_FEEDBACK_CLIENT": "kafka-python"}),
+    "no-kafka": (["--no-feedback"], {}, {}),
+    "scan-refresh": ([], {"funnel": {"index_full_scan_s": 30.0}}, {}),
+    "switch5": ([], {"gil_switch_interval_ms": 5.0}, {}),
+}
+"""Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
+and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
+``headwater`` package of symlinks to that checkout's folders, put first on PYTHONPATH), the
+levers' "before"; ``kafka-python`` the impressions producer's previous client; ``no-kafka`` what
+Kafka still costs; ``scan-refresh`` the refresher of the previous round (a SCAN of the whole
+catalog's write times every 30 s instead of the change-log test); ``switch5`` the interpreter's default
+thread switch interval (5 ms) instead of the service's 1 ms."""
+
+
+class PrivateRedis:
+    """A redis-server of the benchmark's own on a free port, no persistence; its folder goes at stop."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", str(folder), "--protected-mode", "no"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        import redis
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                break
+            except redis.RedisError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit(f"private redis-server on port {self.port} did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop the server and delete its folder."""
+        self.proc.terminate()
+        self.proc.wait(30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def forget_seen(url: str, namespace: str) -> None:
+    """Delete the funnel's seen sets of the benchmark's users."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{namespace}:funnel:seen:*", count=1000))
+    for start in range(0, len(keys), 1000):
+        client.delete(*keys[start : start + 1000])
+    client.close()
+
+
+def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
+    """Service CPU while no request comes: the background threads (index refresh, producers)."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    after = cpu_seconds(pid)
+    used = (after - before) if before is not None and after is not None else None
+    return {"seconds": seconds, "cpu_s": None if used is None else round(used, 3),
+            "cores": None if used is None else round(used / seconds, 4),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+
+
+def run_variant(
+    name: str, args: argparse.Namespace, work: Path, models: Path, state_dir: Path, redis_url: str,
+    namespace: str, bodies: tuple[list[bytes], list[bytes]],
+) -> dict[str, Any]:  # fmt: skip
+    """Start ``headwater serve`` as the variant asks, measure every level, stop it."""
+    extra, overrides, env = VARIANTS[name]
+    if name == "base":
+        if args.base is None:
+            raise SystemExit("--variants base needs --base FOLDER (see VARIANTS)")
+        env = {"PYTHONPATH": str(args.base)}
+    config = ServingConfig.model_validate(overrides)
+    forget_seen(redis_url, namespace)  # each variant starts with empty seen sets (same retrieval sizes)
+    cfg_path = work / f"serving-{name}.yaml"
+    cfg_path.write_text(json.dumps(overrides) + "\n", encoding="utf-8")  # JSON is YAML
+    topic = f"hwbench-rec-{namespace[-6:]}-{name}"
+    feedback = "--no-feedback" not in extra and not args.no_feedback and create_topic(args.bootstrap, topic)
     port = free_port()
-    cmd = [HEADWATER, "serve", "--port", str(port), "--model", str(models), "--redis-url", args.redis_url,
-           "--namespace", namespace, "--state-dir", str(state_dir), "--log-level", "warning"]  # fmt: skip
+    cmd = [HEADWATER, "serve", "--port", str(port), "--model", str(models), "--redis-url", redis_url,
+           "--namespace", namespace, "--state-dir", str(state_dir), "--log-level", "warning",
+           "--config", str(cfg_path)]  # fmt: skip
     cmd += ["--bootstrap", args.bootstrap, "--feedback-topic", topic] if feedback else ["--no-feedback"]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
     levels: list[dict[str, Any]] = []
     rank_levels: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
+    idle: dict[str, Any] | None = None
+    rec_bodies, rank_bodies = bodies
     try:
         health = wait_healthy(port, proc, timeout=7200.0)
-        timings["service_start_s"] = round(time.perf_counter() - t0, 1)
-        print(f"service up in {timings['service_start_s']} s (index built from Redis)", flush=True)
+        start_s = round(time.perf_counter() - t0, 1)
+        print(f"[{name}] service up in {start_s} s (index built from Redis)", flush=True)
         concurrencies = [int(x) for x in args.concurrency.split(",")]
         for c in concurrencies:
             r = asyncio.run(recommend_level(port, proc.pid, rec_bodies, c, args.seconds, args.warmup))
@@ -314,44 +380,133 @@ def main() -> None:
             stages = "  ".join(
                 f"{s} {v['mean_ms']}ms/{v['candidates_mean']:g}" for s, v in r["stages"].items()
             )
-            print(f"recommend c={c:>2} {r['qps']:>6} qps p50 {r['p50_ms']} p99 {r['p99_ms']} ms"
-                  f" cpu/req {r['server_cpu_ms_per_request']} ms errors {r['errors']} load {r['load_avg_1m']}"
+            print(f"[{name}] recommend c={c:>2} {r['qps']:>6} qps p50 {r['p50_ms']} p99 {r['p99_ms']} ms"
+                  f" cpu/req {r['server_cpu_ms_per_request']} ms (client {r['client_cpu_ms_per_request']})"
+                  f" errors {r['errors']} load {r['load_avg_1m']}"
                   f" | {stages} | fallbacks {r['fallbacks']}", flush=True)  # fmt: skip
         if not args.no_rank:
             for c in concurrencies:
                 r = asyncio.run(level(port, proc.pid, rank_bodies, c, args.seconds, args.warmup))
                 rank_levels.append(r)
-                print(f"rank      c={c:>2} {r['qps']:>6} qps p50 {r['p50_ms']} p99 {r['p99_ms']} ms"
+                print(f"[{name}] rank      c={c:>2} {r['qps']:>6} qps p50 {r['p50_ms']} p99 {r['p99_ms']} ms"
                       f" cpu/req {r['server_cpu_ms_per_request']} ms errors {r['errors']}"
                       f" load {r['load_avg_1m']}", flush=True)  # fmt: skip
-        if args.profile > 0:
-            profile = run_profile(args, port, proc.pid, rec_bodies, work, max(concurrencies))
+        if args.idle > 0:
+            idle = idle_cpu(proc.pid, args.idle)
+            print(f"[{name}] idle {args.idle:g} s: {idle['cpu_s']} CPU-s ({idle['cores']} cores)", flush=True)
+        if args.profile > 0 and name in args.profile_variants.split(","):
+            profile = run_profile(args, port, proc.pid, rec_bodies, work, max(concurrencies), name)
         health = wait_healthy(port, proc)
     finally:
         proc.terminate()
-        proc.wait(30)
-        drop_namespace(args.redis_url, namespace)
-        reader.close()
+        proc.wait(60)
         if feedback:
             delete_topics(args.bootstrap, [topic])
+    return {
+        "variant": name,
+        "serve_options": extra,
+        "env": env,
+        "config": overrides,
+        "funnel": config.funnel.model_dump(),
+        "impressions_loop": {"kafka": feedback, "seen_set": True},
+        "service_start_s": start_s,
+        "device": health["device"],
+        "model_version": health["model_version"],
+        "feedback": health["feedback"],
+        "recommend": levels,
+        "rank": rank_levels,
+        "idle": idle,
+        "profile": profile,
+    }
+
+
+def main() -> None:
+    """Set up once, run each variant of the service on the same data, print and write the report."""
+    args = parse_args()
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    out_path = args.out or RESULTS / f"bench_recommend_{args.items}.json"
+    config = ServingConfig()
+    namespace = f"hwbench-rec-{uuid.uuid4().hex[:6]}"
+    keep = args.work is not None
+    work = args.work or Path(tempfile.mkdtemp(prefix="headwater-bench-recommend-"))
+    work.mkdir(parents=True, exist_ok=True)
+    state_dir, models = work / "state", work / "models"
+    timings: dict[str, Any] = {}
+    if not state_dir.exists():
+        apply_registry(state_dir)
+    registry = load_registry(state_dir, config.popularity)
+    t0 = time.perf_counter()
+    if not (models / "latest.json").exists():
+        print(f"training the DCN, the two-tower model and the re-ranker for {registry.registry_version} ...",
+              flush=True)  # fmt: skip
+        train_models(models, registry, args.seed)
+        timings["train_s"] = round(time.perf_counter() - t0, 1)
+    else:
+        print(f"reusing the models in {models}", flush=True)
+    private = PrivateRedis(work / "redis") if args.redis_url is None else None
+    redis_url = private.url if private is not None else args.redis_url
+    results: list[dict[str, Any]] = []
+    try:
+        reader = OnlineStoreReader.from_url(redis_url, namespace=namespace, timeout_s=30.0)
+        t0 = time.perf_counter()
+        print(f"writing {args.users} users and {args.items} items under namespace {namespace}"
+              f" ({'private redis ' + redis_url if private else redis_url}) ...", flush=True)  # fmt: skip
+        world = make_world(
+            registry, users=args.users, items=args.items, seed=args.seed, prefixes=("b-u", "b-i")
+        )
+        write_world(reader, registry, world, now_ms(), chunk=args.write_chunk)
+        recent = RedisRecentItems(reader.store.client, namespace)
+        recent.put_categories({item: f"c{j % args.categories:02d}" for j, item in enumerate(world.item_ids)})
+        timings["write_s"] = round(time.perf_counter() - t0, 1)
+        print(f"written in {timings['write_s']} s", flush=True)
+        del world
+        rng = random.Random(args.seed)
+        rec_bodies = [
+            encode("/v1/recommend", {"user_id": f"b-u{rng.randrange(args.users):06d}", "k": args.k})
+            for _ in range(512)
+        ]
+        items = [f"b-i{i:06d}" for i in range(args.items)]
+        rank_bodies = [
+            encode("/v1/rank", {"user_id": f"b-u{rng.randrange(args.users):06d}",
+                                "candidates": rng.sample(items, args.candidates), "k": args.k})
+            for _ in range(256)
+        ]  # fmt: skip
+        del items
+        for name in args.variants.split(","):
+            results.append(
+                run_variant(
+                    name, args, work, models, state_dir, redis_url, namespace, (rec_bodies, rank_bodies)
+                )
+            )
+        reader.close()
+    finally:
+        if private is not None:
+            private.stop()
+        else:
+            drop_namespace(redis_url, namespace)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    first = results[0] if results else {}
     result = {
         "benchmark": "recommend",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "catalog_items": args.items,
         "users": args.users,
         "k": args.k,
-        "funnel": config.funnel.model_dump(),
         "rank_candidates": args.candidates,
-        "impressions_loop": {"kafka": feedback, "seen_set": True},
-        "device": health["device"],
-        "model_version": health["model_version"],
-        "feedback": health["feedback"],
+        "redis": "private redis-server" if private is not None else redis_url,
         "setup": timings,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "recommend": levels,
-        "rank": rank_levels,
-        "profile": profile,
+        # The first variant's figures at the top level (the shape of the previous round's JSON).
+        "funnel": first.get("funnel"),
+        "impressions_loop": first.get("impressions_loop"),
+        "recommend": first.get("recommend"),
+        "rank": first.get("rank"),
+        "profile": first.get("profile"),
+        "variants": results,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -359,10 +514,16 @@ def main() -> None:
 
 
 def run_profile(
-    args: argparse.Namespace, port: int, pid: int, bodies: list[bytes], work: Path, concurrency: int
+    args: argparse.Namespace,
+    port: int,
+    pid: int,
+    bodies: list[bytes],
+    work: Path,
+    concurrency: int,
+    name: str = "current",
 ) -> dict[str, Any] | None:
     """py-spy the service under recommend load; returns the summary (None if py-spy cannot attach)."""
-    raw = work / "profile.txt"
+    raw = work / f"profile-{name}.txt"
     spy = Path(sys.executable).with_name("py-spy")
     cmd = [str(spy), "record", "-p", str(pid), "-d", str(int(args.profile)), "-r", "100", "--format", "raw",
            "-o", str(raw), "--nonblocking", "--threads"]  # fmt: skip
@@ -377,7 +538,9 @@ def run_profile(
     summary["under"] = {
         k: r[k] for k in ("concurrency", "qps", "p50_ms", "p99_ms", "server_cpu_ms_per_request")
     }
-    (RESULTS / f"bench_recommend_{args.items}_profile.txt").write_text(raw.read_text(), encoding="utf-8")
+    (RESULTS / f"bench_recommend_{args.items}_{name}_profile.txt").write_text(
+        raw.read_text(), encoding="utf-8"
+    )
     print(f"profile: {summary['samples']} samples (100/s, all threads); by thread:", flush=True)
     for name, share in summary["threads"]:
         print(f"  {share:7.2%}  {name}", flush=True)

@@ -224,3 +224,36 @@ def test_without_a_funnel_the_route_answers_404_and_bad_bodies_422() -> None:
         extra = c.post("/v1/recommend", json={"user_id": "u1", "k": 1, "candidates": ["i1"]})
         assert extra.status_code == 422
         assert "expected user_id, k" in extra.json()["errors"][0]["message"]
+
+
+class CountingStore(InMemoryFeatureStore):
+    """Records the views of each read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views: list[list[str]] = []
+
+    def read_many(self, requests: Sequence[tuple[Any, Sequence[str]]]) -> Any:
+        self.views.append([layout.view for layout, _ in requests])
+        return super().read_many(requests)
+
+
+def test_the_users_rows_are_read_once_per_request_and_a_store_failure_falls_back() -> None:
+    counting = CountingStore()
+    source = store()
+    counting._rows = source._rows  # the same rows
+    cfg = FunnelConfig(retrieve_n=20, rank_keep=15, rerank_top=5, max_per_category=None)
+    config = ServingConfig(item_cache_ttl_s=60.0, editorial_items=("i7", "i8"), funnel=cfg)
+    art = type("A", (), {"version": "abc123abc123"})()
+    loaded = LoadedModels(FakeNeural(), art, None, None, "cpu")  # type: ignore[arg-type]
+    parts = FunnelParts(MemoryRecentItems(cfg, CATEGORY), FakeRetriever())
+    with TestClient(create_app(config, REGISTRY, counting, loaded, funnel=parts)) as c:
+        first = recommend(c, log_impressions=False)
+        assert [v.count(U.view) for v in counting.views] == [1, 0]  # the context read, then items only
+        second = recommend(c, log_impressions=False)
+        assert len(counting.views) == 3  # every candidate cached: the rank stage read nothing
+        assert ids(second) == ids(first)
+        counting.fail = "down"
+        down = recommend(c, log_impressions=False)
+    assert stage(down, "retrieve")["fallback_reason"] == "store_error"
+    assert stage(down, "rank")["fallback"] is not None
