@@ -1,24 +1,33 @@
 """Ranking quality with a ceiling (issue 15 item 2): every ranker and baseline on one time holdout.
 
-Oracle, DCN (listwise+pointwise, pointwise only, listwise only), linear, popularity, ALS and the
-best single input feature.
+Oracle, DCN variants (``--variants``: the default mixed loss, listwise, pointwise, without the
+position offsets, without the user x category inputs), linear, popularity, ALS and the best single
+input feature.
 
-    .venv/bin/python bench/bench_quality.py                   # synthetic (with the oracle) + MovieLens
-    .venv/bin/python bench/bench_quality.py --no-movielens --seeds 0,1,2
+    nice -n 19 .venv/bin/python bench/bench_quality.py --stream-only 80000 --seeds 0,1,2   # Python sets
+    .venv/bin/python bench/bench_quality.py                   # offline tier (Spark): synthetic + MovieLens
 
-Data (built once, cached under --cache, see bench/quality_data.py): the behaviour generator's
-stream through the offline tier, with the generator's true click probability per impression as
-the ``oracle`` (and ``oracle_relevance``: the same without the position factor, the ceiling of a
-ranker that does not see the position); MovieLens 100k (the copy the ``recbole`` wheel ships:
-``.venv/bin/pip install --no-deps recbole==1.2.1``) through the source import path.
+Data. ``--stream-only N`` (serving/quality_sets.py, no Spark): the behaviour generator's stream of N
+emissions (generator seed 11, 2,000 users, 1,000 items) with point-in-time user, item and pair
+(user x the item's category) features, the generator's true click probability per impression as
+the ``oracle`` and ``oracle_relevance`` (the same without the position factor: the ceiling of a
+score that does not see the position); and MovieLens 100k, every rating a row of the ``events``
+source through the import path's reader, ``to-now`` time shift and row checker, the films' first
+genre as their category (the ``recbole`` 1.2.1 wheel ships the files: an installed copy, else
+``pip download --no-deps`` into --cache and the two files are read out of the wheel). Without
+``--stream-only`` (cached under --cache, see bench/quality_data.py): the same two through the
+offline tier (import into bronze, every view, labels, the training-set join).
 
 Every model trains on the earlier 80% of slates and is judged on the latest 20%
 (``serving.train.split_by_time``), the split ``headwater model train`` uses. AUC over all holdout
-rows, NDCG@10 within slates (tied rows get their expected discount). ``best_feature`` is the input
-feature with the best holdout NDCG@10 used alone as a score (sign from the training rows), an
-upper bound of the single-feature baselines. ``als`` is implicit's AlternatingLeastSquares on the
-training rows' clicks (user x item), a user's dot product with each item; unseen users or items
-score 0. Writes bench/results/bench_quality.json.
+rows, NDCG@10 within slates (tied rows get their expected discount). ``dcn`` is the served score
+(no position); ``dcn_at_position`` adds the per-slot offsets fitted on the training rows (the click
+probability where each row was shown: the figure to hold against the oracle, which knows the
+slot). ``best_feature`` is the input feature with the best holdout NDCG@10 used alone as a score
+(sign from the training rows), an upper bound of the single-feature baselines. ``als`` is implicit's
+AlternatingLeastSquares on the training rows' clicks (user x item), a user's dot product with each
+item; unseen users or items score 0. Training runs on one torch thread. Writes
+bench/results/bench_quality.json.
 """
 
 from __future__ import annotations
@@ -29,31 +38,43 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quality_data
 
 from headwater.serving.model import linear_logits
+from headwater.serving.quality_sets import generator_set
 from headwater.serving.train import (
     TrainOptions,
     _score_dcn,
     _standardized,
+    at_position,
     holdout_metrics,
     moments,
     split_by_time,
-    train_dcn,
     train_linear,
+    train_ranker,
 )
 from headwater.serving.trainset import TrainingSet, read_parquet
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_quality.json"
-LOSSES = {"dcn": "mixed", "dcn_pointwise": "pointwise", "dcn_listwise": "listwise"}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "dcn": {"loss": "mixed"},
+    "dcn_listwise": {"loss": "listwise"},
+    "dcn_pointwise": {"loss": "pointwise"},
+    "dcn_no_position_bias": {"loss": "mixed", "position_bias": False},
+    "dcn_no_category": {"loss": "mixed", "pair": False},
+}
+"""DCN variants: TrainOptions fields, and ``pair: False`` to leave out the pair (user x category) inputs."""
+DEFAULT_VARIANTS = "dcn,dcn_listwise,dcn_no_position_bias,dcn_no_category"
 
 
 def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[np.float64]:
@@ -82,18 +103,31 @@ def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[
     return out
 
 
-def evaluate(ts: TrainingSet, seed: int, epochs: int) -> dict[str, Any]:
-    """Train every model with ``seed`` on the earlier slates; holdout metrics of all of them."""
+def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> dict[str, Any]:
+    """Train every model with ``seed`` on the earlier slates; holdout metrics of all of them.
+
+    ``ts`` still holds its pair (on-demand) features apart: each variant takes them as item inputs
+    (:meth:`TrainingSet.for_ranker`, what ``headwater model train`` does) unless it says not to.
+    """
     train_rows, test_rows = split_by_time(ts, 0.2)
-    train, test = ts.take(train_rows), ts.take(test_rows)
-    norm = (*moments(train.user), *moments(train.item))
     scores: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    for name, loss in LOSSES.items():
+    for name in variants:
+        spec = dict(VARIANTS[name])
+        full = ts if spec.pop("pair", True) else replace(ts, pair={})
+        full = full.for_ranker()
+        train, test = full.take(train_rows), full.take(test_rows)
+        norm = (*moments(train.user), *moments(train.item))
         started = time.process_time()
-        model = train_dcn(train, TrainOptions(seed=seed, epochs=epochs, loss=loss, device="cpu"), "cpu", norm)
+        opts = TrainOptions(seed=seed, epochs=epochs, device="cpu", **spec)
+        model, bias = train_ranker(train, opts, "cpu", norm)
         seconds[name] = round(time.process_time() - started, 1)
         scores[name] = _score_dcn(model, test)
+        if bias is not None:
+            scores[f"{name}_at_position"] = at_position(scores[name], bias, test)
+    full = ts.for_ranker()
+    train, test = full.take(train_rows), full.take(test_rows)
+    norm = (*moments(train.user), *moments(train.item))
     started = time.process_time()
     state = train_linear(train, TrainOptions(seed=seed), norm)
     seconds["linear"] = round(time.process_time() - started, 1)
@@ -142,12 +176,19 @@ def table(title: str, summary: dict[str, Any]) -> str:
 
 
 def run_set(
-    name: str, built: quality_data.Built, seeds: list[int], epochs: int, ts: TrainingSet | None = None
+    name: str,
+    built: quality_data.Built,
+    seeds: list[int],
+    epochs: int,
+    variants: list[str],
+    ts: TrainingSet | None = None,
 ) -> dict[str, Any]:
     """Evaluate every model on one data set (``ts``, else ``built.path``) per seed; print a table."""
     ts = ts if ts is not None else read_parquet(built.path)
-    ts = ts.for_ranker() if hasattr(ts, "for_ranker") else ts
-    runs = [evaluate(ts, seed, epochs) for seed in seeds]
+    runs = []
+    for seed in seeds:
+        runs.append(evaluate(ts, seed, epochs, variants))
+        print(f"  seed {seed} done (load {os.getloadavg()[0]:.1f})", flush=True)
     summary = summarize(runs)
     print(table(f"\n{name}: {built.rows} rows, {built.positives} clicks, seeds {seeds}", summary), flush=True)
     return {
@@ -159,6 +200,8 @@ def run_set(
         },
         "user_features": list(ts.user_features),
         "item_features": list(ts.item_features),
+        "pair_features": list(ts.pair),
+        "position": ts.position is not None,
         "summary": summary,
         "runs": runs,
     }
@@ -174,44 +217,83 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="training seeds")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--movielens", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--stream-only",
         type=int,
         default=0,
         metavar="EVENTS",
-        help="skip the offline tier: only the Python stream set of this many emissions (stream_set)",
+        help="skip the offline tier (Spark): Python point-in-time sets (serving/quality_sets.py), the"
+        " generator's stream of this many emissions and MovieLens 100k through the import path's checks",
+    )
+    parser.add_argument(
+        "--variants", default=DEFAULT_VARIANTS, help=f"DCN variants, of {', '.join(VARIANTS)}"
+    )
+    parser.add_argument(
+        "--movielens-variants",
+        default="dcn,dcn_no_category",
+        help="DCN variants on MovieLens (its sets have no display position: no position bias)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    variants = [v for v in args.variants.split(",") if v]
+    ml_variants = [v for v in args.movielens_variants.split(",") if v]
+    unknown = sorted(set(variants + ml_variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    torch.set_num_threads(1)  # one core: the machine is shared, and results do not depend on threads
     args.cache.mkdir(parents=True, exist_ok=True)
     load = {"before": os.getloadavg()[0]}
     result: dict[str, Any] = {
         "command": " ".join(["bench/bench_quality.py", *sys.argv[1:]]),
         "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
         "seeds": seeds,
         "epochs": args.epochs,
         "sets": {},
     }
     if args.stream_only:
-        started = time.monotonic()
-        ts = quality_data.stream_set(args.stream_only, args.generator_seed)
-        built = quality_data.Built(
-            Path("-"), len(ts), int(ts.label.sum()), time.monotonic() - started, {"events": args.stream_only}
-        )
-        title = "synthetic stream set (Python point-in-time features, oracle = true click probability)"
-        result["sets"]["stream"] = run_set(title, built, seeds, args.epochs, ts)
+        if args.synthetic:
+            started = time.monotonic()
+            ts = generator_set(args.stream_only, args.generator_seed)
+            info = {
+                "events": args.stream_only,
+                "generator_seed": args.generator_seed,
+                "users": 2000,
+                "items": 1000,
+            }
+            built = quality_data.Built(
+                Path("-"), len(ts), int(ts.label.sum()), time.monotonic() - started, info
+            )
+            title = "synthetic stream set (Python point-in-time features, oracle = true click probability)"
+            result["sets"]["stream"] = run_set(title, built, seeds, args.epochs, variants, ts)
+        if args.movielens:
+            started = time.monotonic()
+            ts, info = quality_data.movielens_stream_set(args.cache)
+            built = quality_data.Built(
+                Path("-"), len(ts), int(ts.label.sum()), time.monotonic() - started, info
+            )
+            title = "MovieLens 100k (all ratings, rating >= 4 = click; import path's checks, Python features)"
+            result["sets"]["movielens"] = run_set(title, built, seeds, args.epochs, ml_variants, ts)
         return finish(result, args.out, load)
-    synthetic = quality_data.synthetic(args.cache, args.events, args.days, args.generator_seed, 5000, 2000)
-    result["sets"]["synthetic"] = run_set(
-        "synthetic (generator, oracle = true click probability)", synthetic, seeds, args.epochs
-    )
+    if args.synthetic:
+        synthetic = quality_data.synthetic(
+            args.cache, args.events, args.days, args.generator_seed, 5000, 2000
+        )
+        result["sets"]["synthetic"] = run_set(
+            "synthetic (generator, oracle = true click probability)", synthetic, seeds, args.epochs, variants
+        )
     if args.movielens:
         movielens = quality_data.movielens(args.cache)
         result["sets"]["movielens"] = run_set(
-            "MovieLens 100k (last 7 weeks, rating >= 4 = click)", movielens, seeds, args.epochs
+            "MovieLens 100k (last 7 weeks, rating >= 4 = click)", movielens, seeds, args.epochs, ml_variants
         )
     finish(result, args.out, load)
+
+
+def _built(ts: TrainingSet, started: float, info: dict[str, Any]) -> quality_data.Built:
+    return quality_data.Built(Path("-"), len(ts), int(ts.label.sum()), time.monotonic() - started, info)
 
 
 def finish(result: dict[str, Any], out: Path, load: dict[str, float]) -> None:

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import uuid
+import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -37,6 +40,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FEATURES = Path(__file__).resolve().parents[1] / "features"
+RECBOLE = "recbole==1.2.1"
+"""The wheel that ships MovieLens 100k (``recbole/dataset_example/ml-100k``)."""
 SYNTH_START = date(2026, 1, 1)
 ML_END = date(2026, 1, 31)
 ML_SESSION_GAP_S = 1_800
@@ -239,65 +244,66 @@ def movielens(cache: Path) -> Built:
     return Built(out, n, positives, seconds, info)
 
 
-def stream_set(events: int, seed: int, users: int = 2000, items: int = 1000) -> Any:
-    """Return a training set computed in Python from the generator's stream (no Spark), with the oracle.
+def movielens_files(cache: Path) -> tuple[Path, Path]:
+    """Return ml-100k's ratings and films: from an installed ``recbole``, else from its wheel.
 
-    The fallback when the offline tier cannot run (a loaded machine): per impression, point-in-time
-    features from the events before it, in one pass: item impressions, clicks and click rate so far;
-    user clicks so far; and ``pair_affinity``, the share of the user's clicks so far in this item's
-    category (what an on-demand user x category affinity feature gives). Slates: one page of a
-    session (a new one at each position-1 impression). Impressions in the last 10% of the stream's
-    time are left out (their clicks may not have been emitted yet).
+    Without the package, ``pip download --no-deps recbole==1.2.1`` fetches the wheel (a zip) into
+    ``cache`` and the two files are extracted from it: recbole's dependencies (torch versions, ray,
+    ...) are never installed.
     """
-    from collections import defaultdict
-
-    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
-    from headwater.serving.trainset import TrainingSet
-
-    config = GeneratorConfig(seed=seed, users=users, items=items, duplicate_share=0.0, malformed_share=0.0)
-    generator = EventGenerator(config, record_truth=True)
-    stream = [e.event for e in generator.take(events) if e.event is not None and not e.late]
-    clicked = {(e["session_id"], e["item_id"], e["position"]) for e in stream if e["event_type"] == "click"}
-    truth = {t.event_id: t for t in generator.truth or []}
-    cut = config.start_ms + 0.9 * (stream[-1]["event_time"] - config.start_ms)
-    item_imp: dict[str, int] = defaultdict(int)
-    item_clk: dict[str, int] = defaultdict(int)
-    user_clk: dict[str, int] = defaultdict(int)
-    user_cat: dict[tuple[str, str], int] = defaultdict(int)
-    pages: dict[str, int] = defaultdict(int)
-    slates: dict[tuple[str, int], int] = {}
-    rows: list[tuple[Any, ...]] = []
-    for e in stream:
-        user, item, kind = e["user_id"], e["item_id"] or "", e["event_type"]
-        if kind == "impression":
-            if e["position"] == 1:
-                pages[e["session_id"]] += 1
-            t = truth.get(e["event_id"])
-            if t is not None and e["event_time"] < cut:
-                imp, clk, uc = item_imp[item], item_clk[item], user_clk[user]
-                affinity = user_cat[(user, e["category"] or "")] / uc if uc else np.nan
-                rows.append((
-                    slates.setdefault((e["session_id"], pages[e["session_id"]]), len(slates)), user, item,
-                    e["event_time"], float((e["session_id"], item, e["position"]) in clicked),
-                    float(uc), float(imp), float(clk), clk / imp if imp else np.nan, affinity,
-                    t.p_click, t.relevance,
-                ))  # fmt: skip
-            item_imp[item] += 1
-        elif kind == "click":
-            item_clk[item] += 1
-            user_clk[user] += 1
-            user_cat[(user, e["category"] or "")] += 1
-    col = list(zip(*rows, strict=True))
-    return TrainingSet(
-        ("clicks_so_far",),
-        ("item_impressions", "item_clicks", "item_ctr", "pair_affinity"),
-        "stream",
-        np.asarray([col[5]], np.float32).T,
-        np.asarray(col[6:10], np.float32).T,
-        np.asarray(col[4], np.float32),
-        np.asarray(col[0], np.int64),
-        np.asarray(col[3], np.int64),
-        np.asarray(col[1]),
-        np.asarray(col[2]),
-        oracle={"oracle": np.asarray(col[10]), "oracle_relevance": np.asarray(col[11])},
+    try:
+        inter = movielens_file()
+        return inter, inter.with_suffix(".item")
+    except FileNotFoundError:
+        pass
+    folder = cache / "ml-100k"
+    inter, item = folder / "ml-100k.inter", folder / "ml-100k.item"
+    if inter.is_file() and item.is_file():
+        return inter, item
+    wheels = cache / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), RECBOLE],
+        check=True,
     )
+    wheel = next(wheels.glob("recbole-*.whl"))
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        for target in (inter, item):
+            target.write_bytes(archive.read(f"recbole/dataset_example/ml-100k/{target.name}"))
+    return inter, item
+
+
+def movielens_stream_set(cache: Path) -> tuple[Any, dict[str, Any]]:
+    """MovieLens 100k as a Python point-in-time training set, through the import path's checks.
+
+    All 100,000 ratings (:func:`headwater.serving.quality_sets.movielens_rows`), written as a file
+    of the ``events`` source and read back by ``events produce --from``'s reader, its ``to-now``
+    time shift (the newest rating lands on :data:`ML_END`) and the source's row checker. The films'
+    first genre is their category. No display position exists (a slate is 10 ratings in the order
+    entered): the set has none, so the ranker learns no position bias on it.
+    """
+    from dataclasses import replace
+
+    from headwater.serving.quality_sets import events_source, events_training_set, import_rows, movielens_rows
+
+    inter, item = movielens_files(cache)
+    rows = movielens_rows(inter, item)
+    end_ms = int(datetime(ML_END.year, ML_END.month, ML_END.day, 23, 0, tzinfo=UTC).timestamp() * 1000)
+    imported = import_rows(rows, cache / "movielens-import", events_source(FEATURES), "to-now", end_ms)
+    events = sorted(imported.events, key=lambda e: e["event_time"])
+    ts = events_training_set(events, name="movielens-100k")
+    info = {
+        "file": str(inter),
+        "ratings": sum(r["event_type"] == "impression" for r in rows),
+        "rows_imported": len(imported.events),
+        "rejected": imported.rejected,
+        "time_shift_days": round(imported.shift_ms / 86_400_000, 1),
+    }
+    return replace(ts, position=None), info
+
+
+def stream_set(events: int, seed: int, users: int = 2000, items: int = 1000) -> Any:
+    """Return the generator's stream as a Python point-in-time set (see serving/quality_sets.py)."""
+    from headwater.serving.quality_sets import generator_set
+
+    return generator_set(events, seed, users, items)

@@ -8,7 +8,13 @@ Steps of :func:`train_and_save`:
    ``pointwise`` (binary cross-entropy per row), ``listwise`` (softmax cross-entropy within each
    slate, :func:`slate_softmax_loss`: the order within a slate is what NDCG judges) or ``mixed``
    (``listwise_weight`` x listwise + the rest x pointwise, the default: the pointwise part keeps
-   scores calibrated across slates for AUC, the listwise part orders each slate).
+   scores calibrated across slates for AUC, the listwise part orders each slate). When the set
+   carries the slot each impression was shown at, a per-position logit offset
+   (:class:`PositionBias`, ``opts.position_bias``) is fitted on the DCN's logits (by default
+   after it trains) and never served: the service ranks by what an item is worth, not by where a
+   production ranker happened to put it. Its holdout entry ``dcn_at_position`` (the click
+   probability where each row was shown) is the one to compare with the oracle, which knows the
+   position too; ``dcn`` (the served score) compares with ``oracle_relevance``.
 4. Fit the logistic-regression fallback on the same inputs (full-batch L-BFGS, to convergence).
 5. Score the holdout with both, with the popularity baseline and with each input feature alone
    (``best_feature``: the one with the best NDCG@10); when the training set carries an ``oracle``
@@ -61,11 +67,20 @@ class TrainOptions:
     """``pointwise``, ``listwise`` or ``mixed`` (see the module docstring)."""
     listwise_weight: float = 0.5
     """Share of the listwise term in the ``mixed`` loss."""
+    position_bias: str = "after"
+    """When the training set carries positions, a logit offset per slot shown at
+    (:class:`PositionBias`; never part of the served score): ``after`` fits the offsets on the
+    trained DCN's logits (the DCN sees no position), ``joint`` trains them beside the DCN (clicks the
+    slot explains are not credited to the items' features; but the slot a production ranker chose
+    also carries that ranker's view of relevance, which then leaves the DCN), ``none`` skips them."""
 
     def __post_init__(self) -> None:
         """Reject an unknown loss or a weight outside [0, 1], naming the option."""
         if self.loss not in LOSSES:
             msg = f"TrainOptions.loss: expected one of {LOSSES}, found {self.loss!r}"
+            raise ValueError(msg)
+        if self.position_bias not in POSITION_BIAS:
+            msg = f"TrainOptions.position_bias: expected one of {POSITION_BIAS}, found {self.position_bias!r}"
             raise ValueError(msg)
         if not 0.0 <= self.listwise_weight <= 1.0:
             msg = f"TrainOptions.listwise_weight: expected a value in [0, 1], found {self.listwise_weight}"
@@ -73,6 +88,7 @@ class TrainOptions:
 
 
 LOSSES = ("pointwise", "listwise", "mixed")
+POSITION_BIAS = ("after", "joint", "none")
 
 
 @dataclass
@@ -159,8 +175,65 @@ def slate_softmax_loss(logits: torch.Tensor, labels: torch.Tensor, slate: torch.
     return per_slate[has].mean()
 
 
+MAX_POSITION = 20
+"""Slots past this share :class:`PositionBias`'s last offset."""
+
+
+class PositionBias(nn.Module):
+    """A learned logit offset per slot an impression was shown at, relative to the top slot.
+
+    Fitted on the DCN's logits (``after``: :func:`fit_position_bias`) or trained beside it (``joint``:
+    their logits add up), and never served: the service ranks by the DCN's logit alone, the score of
+    an item shown at the top. Position 0 (unknown) gets no offset.
+    """
+
+    def __init__(self, slots: int = MAX_POSITION, *, scaled: bool = False) -> None:
+        super().__init__()
+        self.slots = slots
+        self.weight = nn.Parameter(torch.zeros(slots + 1))
+        self.scale = nn.Parameter(torch.ones(()), requires_grad=scaled)
+        """Multiplies the DCN's logits in :func:`at_position` (fitted by ``after``; 1 when joint)."""
+
+    def start_from(self, position: npt.NDArray[np.int64], label: npt.NDArray[np.float32]) -> None:
+        """Start from each slot's log click rate against the top slot's (smoothed toward the mean rate).
+
+        Adam moves a weight by about the learning rate a step; a few hundred steps from zero could
+        not reach the offsets a slot 10 has (about -1.8 in the generator's click model).
+        """
+        known = (position > 0) & (position <= self.slots)
+        base = max(float(label[known].mean()) if known.any() else 0.0, 1e-4)
+        shown = np.bincount(position[known], minlength=self.slots + 1).astype(np.float64)
+        clicked = np.bincount(position[known], weights=label[known], minlength=self.slots + 1)
+        rate = (clicked + 1.0) / (shown + 1.0 / base)
+        with torch.no_grad():
+            self.weight.copy_(torch.from_numpy(np.log(rate) - np.log(rate[1])).float())
+
+    def forward(self, position: torch.Tensor) -> torch.Tensor:
+        """Offsets (B,) for ``position`` (B,) int64."""
+        clipped = position.clamp(0, self.slots)
+        offset = self.weight[clipped] - self.weight[1]
+        return torch.where(clipped > 0, offset, torch.zeros_like(offset))
+
+    def describe(self, mode: str) -> dict[str, Any]:
+        """Return the mode, the scale and the offsets, for an artifact's metadata (never read back)."""
+        return {"mode": mode, "scale": round(float(self.scale.detach()), 4), "offsets": self.offsets()}
+
+    def offsets(self) -> list[float]:
+        """Return the learned offsets of positions 1..slots (position 1 is 0 by construction)."""
+        with torch.no_grad():
+            values = self(torch.arange(1, self.slots + 1))
+        return [round(float(v), 4) for v in values]
+
+
 def train_dcn(train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[Any, ...]) -> DCNRanker:
     """Fit the DCN ranker on ``train`` with ``opts.loss`` (batches of whole slates unless pointwise)."""
+    return train_ranker(train, opts, device, norm)[0]
+
+
+def train_ranker(
+    train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[Any, ...]
+) -> tuple[DCNRanker, PositionBias | None]:
+    """Fit the DCN and, when the set has positions and ``opts.position_bias`` is not ``none``, its offsets."""
     torch.manual_seed(opts.seed)
     model = DCNRanker(
         len(train.user_features), len(train.item_features), opts.embed_dim, opts.cross_layers, opts.deep
@@ -169,7 +242,14 @@ def train_dcn(train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[A
     model.to(device).train()
     users, items = torch.from_numpy(train.user).to(device), torch.from_numpy(train.item).to(device)
     labels = torch.from_numpy(train.label).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts.learning_rate)
+    bias = None
+    if opts.position_bias == "joint" and train.position is not None:
+        bias = PositionBias()
+        bias.start_from(train.position, train.label)
+        bias.to(device)
+    positions = torch.from_numpy(train.position).to(device) if bias is not None else None
+    params = list(model.parameters()) + (list(bias.parameters()) if bias is not None else [])
+    optimizer = torch.optim.Adam(params, lr=opts.learning_rate)
     loss_fn = nn.BCEWithLogitsLoss()
     rng = np.random.default_rng(opts.seed)
     weight = {"pointwise": 0.0, "listwise": 1.0, "mixed": opts.listwise_weight}[opts.loss]
@@ -183,6 +263,8 @@ def train_dcn(train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[A
         for rows in batches:
             idx = torch.from_numpy(rows).to(device)
             logits = model(users[idx], items[idx], torch.arange(len(rows), device=device))
+            if bias is not None and positions is not None:
+                logits = logits + bias(positions[idx])
             loss = (1.0 - weight) * loss_fn(logits, labels[idx]) if weight < 1.0 else logits.sum() * 0.0
             if weight > 0.0:
                 _, dense = np.unique(slate[rows], return_inverse=True)
@@ -191,7 +273,33 @@ def train_dcn(train: TrainingSet, opts: TrainOptions, device: str, norm: tuple[A
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-    return model.eval().cpu()
+    model = model.eval().cpu()
+    if opts.position_bias == "after" and train.position is not None:
+        return model, fit_position_bias(_score_dcn(model, train), train.position, train.label)
+    return model, (bias.eval().cpu() if bias is not None else None)
+
+
+def fit_position_bias(
+    logits: npt.NDArray[np.floating[Any]], position: npt.NDArray[np.int64], label: npt.NDArray[np.float32]
+) -> PositionBias:
+    """Fit a scale of the fixed ``logits`` and the per-slot offsets: full-batch L-BFGS of the log loss.
+
+    The loss is convex in (scale, offsets). The scale recalibrates a listwise-trained DCN, whose
+    logits are only defined up to a shift within a slate; it is positive for any useful model.
+    """
+    bias = PositionBias(scaled=True)
+    fixed = torch.from_numpy(np.asarray(logits, np.float32))
+    slots, labels = torch.from_numpy(position), torch.from_numpy(label)
+    optimizer = torch.optim.LBFGS(bias.parameters(), lr=1.0, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.binary_cross_entropy_with_logits(bias.scale * fixed + bias(slots), labels)
+        torch.autograd.backward(loss)
+        return loss
+
+    optimizer.step(closure)  # type: ignore[no-untyped-call]  # torch leaves LBFGS.step untyped
+    return bias.eval()
 
 
 def train_linear(train: TrainingSet, opts: TrainOptions, norm: tuple[Any, ...]) -> dict[str, torch.Tensor]:
@@ -253,6 +361,19 @@ def _score_dcn(model: DCNRanker, ts: TrainingSet) -> npt.NDArray[np.float32]:
     return scores
 
 
+def at_position(
+    scores: npt.NDArray[np.floating[Any]], bias: PositionBias, ts: TrainingSet
+) -> npt.NDArray[np.float64]:
+    """Return the click logit where each row was shown: ``scale x scores`` (DCN logits) + its offset."""
+    if ts.position is None:
+        msg = "at_position: the training set has no position column"
+        raise ValueError(msg)
+    with torch.no_grad():
+        offsets = bias(torch.from_numpy(ts.position)).numpy().astype(np.float64)
+    out: npt.NDArray[np.float64] = float(bias.scale.detach()) * np.asarray(scores, np.float64) + offsets
+    return out
+
+
 def holdout_metrics(
     train: TrainingSet, test: TrainingSet, models: dict[str, npt.NDArray[np.floating[Any]]]
 ) -> dict[str, Any]:
@@ -291,11 +412,14 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     # Step 2
     norm = (*moments(train.user), *moments(train.item))
     # Step 3, 4
-    dcn = train_dcn(train, opts, device, norm)
+    dcn, bias = train_ranker(train, opts, device, norm)
     linear_state = train_linear(train, opts, norm)
     # Step 5
     linear_scores = linear_logits(linear_state, *_standardized(test, norm)).detach().numpy()
-    holdout = holdout_metrics(train, test, {"dcn": _score_dcn(dcn, test), "linear": linear_scores})
+    scores = {"dcn": _score_dcn(dcn, test), "linear": linear_scores}
+    if bias is not None:  # the click logit where each holdout row was shown: against the oracle's AUC
+        scores["dcn_at_position"] = at_position(scores["dcn"], bias, test)
+    holdout = holdout_metrics(train, test, scores)
     # Step 6
     base = {
         "registry_version": ts.registry_version,
@@ -307,6 +431,7 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
             "holdout_rows": len(test),
             "seed": opts.seed,
             "loss": opts.loss,
+            "position_bias": bias.describe(opts.position_bias) if bias is not None else None,
             "holdout": holdout,
         },
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -10,7 +10,8 @@ registry version and the view versions are the file's metadata
 (:mod:`headwater.pipelines.offline.trainset_format`). An optional ``oracle`` column (and
 ``oracle_relevance``) holds a score known from outside the features, e.g. the synthetic generator's
 true click probability (``EventGenerator(record_truth=True)``, NaN where unknown): evaluation then
-reports it as the ceiling on the same holdout. On-demand features (``tier: on_demand`` views) are
+reports it as the ceiling on the same holdout. An optional ``position`` column (the slot shown at)
+feeds the ranker's training-only position-bias term. On-demand features (``tier: on_demand`` views) are
 ``pair.<feature>`` columns (:attr:`TrainingSet.pair`): the ranker takes them as item inputs
 (:meth:`TrainingSet.for_ranker`), the two-tower model does not (its item tower sees no user).
 """
@@ -57,6 +58,10 @@ class TrainingSet:
     pair: Mapping[str, npt.NDArray[np.float32]] = field(default_factory=dict)
     """On-demand features ``{name: values}`` (Parquet ``pair.<name>``), computed per (user, item,
     label time) by :mod:`headwater.serving.on_demand`; :meth:`for_ranker` makes them item inputs."""
+    position: npt.NDArray[np.int64] | None = None
+    """The slot each impression was shown at (1 = top; 0 = unknown), or None for a set without it
+    (Parquet ``position``). Training only: the ranker's position-bias term reads it
+    (:mod:`headwater.serving.train`); no serving input depends on it."""
 
     def __len__(self) -> int:
         return len(self.label)
@@ -77,6 +82,7 @@ class TrainingSet:
             self.view_versions,
             {name: values[rows] for name, values in self.oracle.items()},
             {name: values[rows] for name, values in self.pair.items()},
+            None if self.position is None else self.position[rows],
         )
 
     def for_ranker(self) -> TrainingSet:
@@ -110,6 +116,8 @@ def write_parquet(ts: TrainingSet, path: Path) -> None:
     columns.update({f"item.{f}": ts.item[:, j] for j, f in enumerate(ts.item_features)})
     columns.update({f"pair.{f}": values for f, values in ts.pair.items()})
     columns.update(ts.oracle)
+    if ts.position is not None:
+        columns["position"] = ts.position
     meta = {
         VERSION_KEY: ts.registry_version.encode(),
         VIEW_VERSIONS_KEY: json.dumps(dict(ts.view_versions), sort_keys=True).encode(),
@@ -164,6 +172,13 @@ def read_parquet(path: Path) -> TrainingSet:
             if c in names
         },
         pair={c[5:]: table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in pair_cols},
+        position=(
+            np.nan_to_num(table.column("position").to_numpy(zero_copy_only=False).astype(np.float64)).astype(
+                np.int64
+            )
+            if "position" in names
+            else None
+        ),
     )
 
 
