@@ -376,7 +376,11 @@ def main() -> None:
     )
     ap.add_argument("--nl-shapes", default="", help="--nl-state: only these shapes (and cal_base)")
     ap.add_argument("--nl-one-rate", action="store_true", help="--nl-state: examples at the first rate only")
+    ap.add_argument("--nl-state-refit", action="store_true", help="re-estimate the last --nl-state rows")
     args = ap.parse_args()
+    if args.nl_state_refit:
+        nearline_state_refit()
+        return
     if args.nl_state:
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
         out = ROOT / "bench/results/bench_calibrate.json"
@@ -822,9 +826,53 @@ def check_examples(
     return out
 
 
+def nearline_stream(events: int, rate: float) -> dict[str, list[dict[str, Any]]]:
+    """Return the events of the nearline calibration streams, as produced (valid ones, in order).
+
+    Behaviour: the generator as ``harness.produce`` runs it (seed 17, ``rate`` of event time, 5,000
+    users); payments: ``harness.produce_payments``'s draws replayed (same seed, same calls), less its
+    corrupt records.
+    """
+    import random
+
+    from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
+
+    gen = EventGenerator(GeneratorConfig(seed=SEED, rate=rate, users=USERS))
+    behaviour = [dict(em.event) for em in gen.take(events) if em.event is not None]
+    rng = random.Random(SEED)
+    accounts = [f"acct-{i:04d}" for i in range(300)]
+    merchants = [f"m-{i:03d}" for i in range(40)]
+    statuses = ["authorized", "captured", "declined", "refunded"]
+    payments: list[dict[str, Any]] = []
+    sent: list[dict[str, Any]] = []  # what a duplicate repeats (not the duplicates)
+    for _ in range(max(2_000, events // 4)):  # harness.produce_payments' draws, in its order
+        rng.expovariate(1 / 200_000)
+        draw = rng.random()
+        if draw < 0.02 and sent:
+            payments.append(rng.choice(sent[-500:]))
+            continue
+        if draw < 0.025:
+            rng.randbytes(12)
+            continue
+        if draw < 0.08:
+            rng.randint(0, 2_500_000)
+        elif draw < 0.09:
+            rng.randint(40_000_000, 180_000_000)
+        payments.append({
+            "account_id": rng.choice(accounts),
+            "merchant_id": merchants[min(int(rng.paretovariate(1.2)) - 1, len(merchants) - 1)],
+            "method": rng.choice(["card", "card", "wallet", "bank_transfer"]),
+            "status": rng.choices(statuses, weights=[20, 60, 15, 5])[0],
+            "amount": round(rng.uniform(1, 500), 2),
+            "risk_score": None if rng.random() < 0.2 else round(rng.random(), 4),
+        })  # fmt: skip
+        sent.append(payments[-1])
+    return {"events": behaviour, "payments": payments}
+
+
 IDLE_EXIT_STATE_S = 30.0
 """State runs measure no CPU: the worker waits longer for its partitions on a loaded machine."""
-DEADLINE_STATE_S = 300.0
+DEADLINE_STATE_S = 600.0
 
 
 def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -875,9 +923,12 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
             "the stores' live bytes (keys + values of pane records and dedup ids, PartitionStore.live_bytes "
             "at the worker's close), least squares on the worker's slice and id counts per shape"
         )
-        cal = parse_calibration("nearline", cal_data, path)
         example = check_repo(FEATURES)
-        tier = TIERS["nearline"]
+        import calibrate_realtime as rt
+
+        events = nearline_stream(args.events, args.sim_rate)
+        cal_data["where_shares"], cal_data["stream_profile"] = rt.where_shares(example, events=events)
+        cal = parse_calibration("nearline", cal_data, path)
         accuracy: dict[str, Any] = {}
         for view in sorted((v for v in example.views if v.tier == "nearline"), key=lambda v: v.name):
             source = example.sources[view.source]
@@ -895,16 +946,13 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
                 if not run["complete"]:
                     print(f"  {view.name} @ {rate:g}/s: incomplete in {DEADLINE_STATE_S:g} s", flush=True)
                     continue
-                timing = resolve_timing(source.spec)
-                lag_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000
-                dedup_s = lag_s + DEDUP_BUCKET_S
                 span_s = run["records"] / rate
-                fp = estimate_footprint(
-                    capped(view.features, span_s), rate, tier, run["entities"] or None, 12, cal, dedup_s
-                )
+                population = len({e.get(view.join_key) for e in events[view.source]} - {None, ""})
+                fp = nl_state_estimate(view, source, rate, span_s, population, cal)
                 meas = run["live_state_bytes"]
                 row["rates"].append({
                     "rate": rate, "records": run["records"], "stream_span_s": round(span_s),
+                    "population": population, "state_basis": fp.state_basis,
                     "entities": run["entities"], "state_bytes": meas, "folder_bytes": run["state_bytes"],
                     "state_estimate": round(fp.state_bytes),
                     "state_error": round(fp.state_bytes / meas - 1, 3) if meas else None,
@@ -933,6 +981,41 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
     finally:
         stream.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def nl_state_estimate(view: Any, source: Any, rate: float, span_s: float, population: int, cal: Any) -> Any:
+    """Return the footprint estimate of a nearline view for a calibration run's stream.
+
+    Windows capped to the stream's span (its state cannot be older), the stream's entities (the
+    distinct join keys produced), its profile (``stream=(source, join key)``), the source's dedup window.
+    """
+    timing = resolve_timing(source.spec)
+    dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
+    return estimate_footprint(
+        capped(view.features, span_s), rate, TIERS["nearline"], population, 12, cal, dedup_s,
+        stream=(view.source, view.join_key),
+    )  # fmt: skip
+
+
+def nearline_state_refit() -> None:
+    """Re-estimate the last ``--nl-state`` rows with registry/calibration/nearline.json; print them."""
+    out = ROOT / "bench/results/bench_calibrate.json"
+    doc = json.loads(out.read_text())
+    section = doc["tiers"]["nearline"]["state"]
+    cal = parse_calibration(
+        "nearline", json.loads(calibration_path("nearline").read_text()), calibration_path("nearline")
+    )
+    example = check_repo(FEATURES)
+    for name, row in section["accuracy"].items():
+        view = next(v for v in example.views if v.name == name)
+        for r in row["rates"]:
+            fp = nl_state_estimate(view, example.sources[view.source], r["rate"], r["stream_span_s"],
+                                   r["population"], cal)  # fmt: skip
+            r["state_estimate"], r["state_basis"] = round(fp.state_bytes), fp.state_basis
+            r["state_error"] = round(fp.state_bytes / r["state_bytes"] - 1, 3) if r["state_bytes"] else None
+            print(f"  {name} @ {r['rate']:g}/s: state est {r['state_estimate']:,} vs live "
+                  f"{r['state_bytes']:,} ({r['state_error']:+.0%}): {fp.state_basis}")  # fmt: skip
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 def capped(features: tuple[Any, ...], span_s: float) -> tuple[Any, ...]:

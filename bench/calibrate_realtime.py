@@ -222,7 +222,9 @@ def deciles_of(keys: list[Any]) -> list[float]:
     return out
 
 
-def where_shares(example: Any, n: int = 60_000) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def where_shares(
+    example: Any, n: int = 60_000, events: dict[str, list[dict[str, Any]]] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Return the calibration streams' filter shares and bursts, and their per-key profiles.
 
     Behaviour: the events bench_realtime.py sends (the generator, 5,000 users, 2,000 items, in
@@ -230,12 +232,13 @@ def where_shares(example: Any, n: int = 60_000) -> tuple[list[dict[str, Any]], d
     filter includes its feature's) with its bursts per join key of the views of its source, as
     ``registry/calibration/realtime.json`` ``where_shares`` holds them; the profile per source and
     join key: the event share of each tenth of the entities and the burst of all events.
+    ``events``: another tier's streams (source -> events in the order sent).
     """
     from headwater.registry.calibration import where_key
     from headwater.registry.expr import parse
     from headwater.registry.expr_eval import compile_predicate
 
-    events = stream_events(n)
+    events = events or stream_events(n)
     keys: dict[str, set[str]] = {}
     for view in example.views:
         keys.setdefault(view.source, set()).add(view.join_key)

@@ -22,28 +22,29 @@ equal share of its job's and its group's fixed cost (:class:`JobShare`: the view
 The views of a job together are charged exactly the job's estimate; a view alone in its job carries
 all of it.
 
-State (nearline: RocksDB, one record per view, entity and slice)::
+Streaming state holds records only where events are: a record per (entity, pane) that an event hit
+(one of the view's filters kept it: ``hit``, each filter's share measured on the calibration stream,
+``where_shares``). :func:`pane_occupancy` counts them: the events of a window come in runs
+(``burst``: a feed page's impressions share a user and a moment, so one pane) spread over the
+entities as the stream's profile says (``stream_profile``: each tenth of the entities its share of
+the events); an entity with ``r`` runs in a window of ``panes`` panes holds ``panes x (1 - exp(-r /
+panes))`` of them, and has state at all with probability ``1 - exp(-r)``.
 
-    bytes = live entities x live slices x (state_pane_bytes + sum over aggregations of state_slot_bytes[kind])
-      live entities = min(entities, rate x longest window)
-      live slices   = min(longest window / shortest slide + 1, rate x longest window / live entities)
+State (nearline: RocksDB, one record per view, entity and pane start of each slide)::
 
-      + event ids kept for de-duplication: rate x dedup window x state_dedup_id_bytes
-        (out-of-orderness + lateness + a bucket)
+    bytes = records x state_pane_bytes + sum over aggregations a of records holding a x state_slot_bytes[a]
+          + rate x dedup window x state_dedup_id_bytes  (every event's id: out-of-orderness, lateness, bucket)
 
-State (realtime: Flink keyed state, one record per entity of a group, ``KeyStateSerializer``'s layout).
-Only the events that hit one of the view's features (``hit``: the share its filters keep, measured
-per filter on the calibration stream, ``where_shares``) make a slice, keep their id and make an
-entity live; an entity's record goes when its last slice leaves the longest window::
+State (realtime: Flink keyed state, ``KeyStateSerializer``'s layout: one record per live entity of a
+group, one slice per (entity, slide) an event hit; an entity's record goes when its last slice
+leaves the longest window)::
 
-    n_a     = rate x share(a) x window(a) / live        events of aggregation a per live entity
-    slices  = min(longest window / slide + 1, rate x hit x longest window / live)   per live entity
-    bytes   = live x (state_entity_bytes + key + state_view_bytes + slots x state_value_slot_bytes
-                      + text slots x state_text_bytes
-                      + sum over a of state_running_bytes[a] + n_a x state_running_event_bytes[a])
-            + live x slices x (state_pane_bytes + aggregations)         (a slice, a null per feature)
-            + live x sum over a of min(slices, n_a) x (state_slot_bytes[a] - 1)   (a's partials)
-            + rate x hit x longest window x state_dedup_id_bytes        (event-id hashes, 8 bytes)
+    bytes = live x (state_entity_bytes + key + state_view_bytes + slots x state_value_slot_bytes
+                    + text slots x state_text_bytes + sum over a of state_running_bytes[a])
+          + sum over a of rate x share(a) x window(a) x state_running_event_bytes[a]  (multiset/map entries)
+          + slices x (state_pane_bytes + aggregations)                   (a slice, a null per feature)
+          + sum over a of slices holding a x (state_slot_bytes[a] - 1)  (a's partials)
+          + rate x hit x longest window x state_dedup_id_bytes         (event-id hashes, 8 bytes)
 
 State (offline): the feature table, rows = entities x days kept (the longest window), each
 ``state_pane_bytes + slots x table_row_bytes``. Online memory (every tier, one Redis key per entity,
@@ -65,7 +66,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.registry.calibration import Calibration, load_calibration, where_key
+from headwater.registry.calibration import Calibration, StreamProfile, load_calibration, where_key
 from headwater.registry.compiled import CompiledFeature
 from headwater.registry.expr import And, Expr
 from headwater.registry.slots import feature_slots
@@ -91,8 +92,8 @@ class Shape:
         rekeyed: the view's join key is not the topic's key (a repartition).
         shortest_slide_s: the most frequent publish step.
         longest_window_s: the longest window (state lifetime).
-        agg_filters: per aggregation (as ``aggs``), its window in seconds and its filter (``None``:
-            every event), for the share of events it keeps (realtime state).
+        agg_filters: per aggregation (as ``aggs``), its window and slide in seconds and its filter
+            (``None``: every event), for the share of events it keeps (state).
         text_slots: online slots that carry text (top_k names, ``last`` of a text field).
     """
 
@@ -102,31 +103,16 @@ class Shape:
     rekeyed: bool
     shortest_slide_s: float
     longest_window_s: float
-    agg_filters: tuple[tuple[float, Expr | None], ...] = ()
+    agg_filters: tuple[tuple[float, Expr | None, float], ...] = ()
     text_slots: int = 0
-
-    def distinct_filters(self) -> list[Expr]:
-        """Return the filters, once each, less those that imply another (``A and B`` beside ``A``)."""
-        filters = {where_key(w): w for _, w in self.agg_filters if w is not None}
-        return [
-            w
-            for k, w in filters.items()
-            if not (isinstance(w, And) and any(where_key(a) in filters and where_key(a) != k for a in w.args))
-        ]
 
     def hit_share(self, cal: Calibration) -> float:
         """Return the share of events that hit an aggregation (the filters' shares added, at most 1)."""
-        if not self.agg_filters or any(w is None for _, w in self.agg_filters):
-            return 1.0
-        return min(1.0, sum(cal.share(w) for w in self.distinct_filters()))
+        return hit_share([w for _, w, _ in self.agg_filters], cal)
 
     def hit_burst(self, cal: Calibration, stream: tuple[str, str] | None) -> float:
         """Return the events of one entity that come together among those that hit the view."""
-        if not self.agg_filters or any(w is None for _, w in self.agg_filters):
-            return cal.burst(None, stream)
-        filters = self.distinct_filters()
-        runs = sum(cal.share(w) / cal.burst(w, stream) for w in filters)
-        return max(1.0, sum(cal.share(w) for w in filters) / runs) if runs > 0 else 1.0
+        return hit_burst([w for _, w, _ in self.agg_filters], cal, stream)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON form (reports)."""
@@ -140,10 +126,57 @@ class Shape:
         }
 
 
+def distinct_filters(filters: list[Expr | None]) -> list[Expr]:
+    """Return ``filters`` once each, less those that imply another (``A and B`` beside ``A``)."""
+    found = {where_key(w): w for w in filters if w is not None}
+    return [
+        w
+        for k, w in found.items()
+        if not (isinstance(w, And) and any(where_key(a) in found and where_key(a) != k for a in w.args))
+    ]
+
+
+def hit_share(filters: list[Expr | None], cal: Calibration) -> float:
+    """Return the share of events one of ``filters`` keeps (None: every event); shares added, at most 1."""
+    if not filters or any(w is None for w in filters):
+        return 1.0
+    return min(1.0, sum(cal.share(w) for w in distinct_filters(filters)))
+
+
+def hit_burst(filters: list[Expr | None], cal: Calibration, stream: tuple[str, str] | None) -> float:
+    """Return the events of one entity that come together among those one of ``filters`` keeps."""
+    if not filters or any(w is None for w in filters):
+        return cal.burst(None, stream)
+    kept = distinct_filters(filters)
+    runs = sum(cal.share(w) / cal.burst(w, stream) for w in kept)
+    return max(1.0, sum(cal.share(w) for w in kept) / runs) if runs > 0 else 1.0
+
+
+def pane_occupancy(
+    hits: float, burst: float, panes: float, entities: float | None, profile: StreamProfile
+) -> tuple[float, float]:
+    """Return (entities with an event, (entity, pane) pairs with one) for ``hits`` events in a window.
+
+    ``hits`` events come in runs of ``burst`` (one run, one moment, one pane) over the window's
+    ``panes`` panes; they spread over ``entities`` as ``profile`` says (each tenth of the entities
+    its share). An entity with ``r`` runs holds ``panes x (1 - exp(-r / panes))`` panes (Poisson).
+    ``entities`` ``None``: every run a new entity (the upper bound).
+    """
+    if entities is None:
+        return hits / burst, hits / burst
+    live = filled = 0.0
+    group = max(float(entities), 1.0) / len(profile.deciles)
+    for share in profile.deciles:
+        runs = hits * share / group / burst
+        live += group * -math.expm1(-runs)
+        filled += group * panes * -math.expm1(-runs / panes)
+    return live, filled
+
+
 def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> Shape:
     """Return the shape of a view with ``features`` (``rekeyed``: keyed by another field than the topic)."""
     aggs: list[tuple[str, bool, int]] = []
-    agg_filters: list[tuple[float, Expr | None]] = []
+    agg_filters: list[tuple[float, Expr | None, float]] = []
     filters = 0
     slots = 0
     text_slots = 0
@@ -159,10 +192,10 @@ def view_shape(features: tuple[CompiledFeature, ...], rekeyed: bool = False) -> 
                 own = op.where is not None and op.where is not f.where
                 filters += own
                 aggs.append((op.agg, op.where is not None, panes))
-                agg_filters.append((f.window.seconds, op.where))
+                agg_filters.append((f.window.seconds, op.where, f.slide.seconds))
         else:
             aggs.append((f.agg, f.where is not None, panes))
-            agg_filters.append((f.window.seconds, f.where))
+            agg_filters.append((f.window.seconds, f.where, f.slide.seconds))
     return Shape(
         aggs=tuple(aggs),
         filters=filters,
@@ -372,15 +405,7 @@ def estimate_footprint(
     elif tier.name == "realtime":
         state, state_basis = realtime_state(shape, rate_per_s, entities, key_bytes, cal, stream)
     else:
-        slices = live_slices(shape, rate_per_s, live)
-        pane = cal.scalar("state_pane_bytes") + sum(
-            cal.per_agg("state_slot_bytes", k) for k, _, _ in shape.aggs
-        )
-        ids = rate_per_s * dedup_window_s
-        state = live * slices * pane + ids * cal.scalar("state_dedup_id_bytes")
-        state_basis = f"{live:,.0f} entities x {slices:,.1f} live slices x {pane:.0f} bytes/slice"
-        if ids and cal.scalar("state_dedup_id_bytes"):
-            state_basis += f" + {ids:,.0f} event ids x {cal.scalar('state_dedup_id_bytes'):.0f} bytes"
+        state, state_basis = nearline_state(shape, rate_per_s, entities, cal, stream, dedup_window_s)
     per_key = HEADER_BYTES + 4 * shape.slots + KEY_PREFIX_BYTES + key_bytes + REDIS_KEY_OVERHEAD
     online = live * per_key
     online_basis = (
@@ -421,28 +446,16 @@ def realtime_state(
     panes = max(1.0, shape.longest_window_s / max(shape.shortest_slide_s, 1.0)) + 1
     burst = shape.hit_burst(cal, stream)
     hits = rate_per_s * hit * window
+    profile = cal.profile(stream)
     per_agg = [
         (kind, cal.share(where), agg_window, cal.burst(where, stream))
-        for (kind, _, _), (agg_window, where) in zip(shape.aggs, shape.agg_filters, strict=True)
+        for (kind, _, _), (agg_window, where, _) in zip(shape.aggs, shape.agg_filters, strict=True)
     ]
-    live = slices = partials = 0.0
-    if entities is None:  # every burst a new entity: one slice each
-        live = slices = hits / burst
-        partials = sum(
-            min(live, rate_per_s * s * window / b) * (cal.per_agg("state_slot_bytes", k) - 1)
-            for k, s, _, b in per_agg
-        )
-    else:
-        deciles = cal.profile(stream).deciles
-        for share in deciles:
-            group = max(float(entities), 1.0) / len(deciles)
-            runs = hits * share / group / burst  # bursts of hit events per entity of this tenth
-            live += group * -math.expm1(-runs)
-            slices += group * panes * -math.expm1(-runs / panes)
-            for kind, s, _, b in per_agg:
-                runs_a = rate_per_s * s * window * share / group / b
-                filled = group * panes * -math.expm1(-runs_a / panes)
-                partials += filled * (cal.per_agg("state_slot_bytes", kind) - 1)
+    live, slices = pane_occupancy(hits, burst, panes, entities, profile)
+    partials = 0.0
+    for kind, s, _, b in per_agg:  # a partial lives in its slice as long as the slice (the longest window)
+        _, filled = pane_occupancy(rate_per_s * s * window, b, panes, entities, profile)
+        partials += filled * (cal.per_agg("state_slot_bytes", kind) - 1)
     entity = (
         cal.scalar("state_entity_bytes")
         + key_bytes
@@ -463,6 +476,46 @@ def realtime_state(
         f"{hits:,.0f} event ids ({hit:.0%} of events hit, {burst:.1f} a burst) x "
         f"{cal.scalar('state_dedup_id_bytes'):.0f} bytes"
     )
+    return state, basis
+
+
+def nearline_state(
+    shape: Shape,
+    rate_per_s: float,
+    entities: float | None,
+    cal: Calibration,
+    stream: tuple[str, str] | None = None,
+    dedup_window_s: float = 0.0,
+) -> tuple[float, str]:
+    """RocksDB state of a nearline view: its pane records and the event ids it keeps; the basis.
+
+    One record per (entity, pane start) of each slide that an event hit (pipelines/windows/panes.py
+    folds an event only into the features whose filter keeps it), kept for the longest window of
+    that slide: ``state_pane_bytes`` each, plus ``state_slot_bytes`` per aggregation whose filter
+    an event of that pane passed. Records follow :func:`pane_occupancy` (the stream's bursts and
+    uneven entities, as in the realtime state). Every event's id is kept ``dedup_window_s``.
+    """
+    profile = cal.profile(stream)
+    routes: dict[float, list[tuple[str, float, Expr | None]]] = {}
+    for (kind, _, _), (agg_window, where, slide) in zip(shape.aggs, shape.agg_filters, strict=True):
+        routes.setdefault(slide, []).append((kind, agg_window, where))
+    records = partials = 0.0
+    for slide, aggs in routes.items():
+        window = max(w for _, w, _ in aggs)
+        panes = max(1.0, window / max(slide, 1.0)) + 1
+        wheres = [w for _, _, w in aggs]
+        hits = rate_per_s * hit_share(wheres, cal) * window
+        records += pane_occupancy(hits, hit_burst(wheres, cal, stream), panes, entities, profile)[1]
+        for kind, _, where in aggs:
+            own = rate_per_s * cal.share(where) * window
+            filled = pane_occupancy(own, cal.burst(where, stream), panes, entities, profile)[1]
+            partials += filled * cal.per_agg("state_slot_bytes", kind)
+    ids = rate_per_s * dedup_window_s
+    state = records * cal.scalar("state_pane_bytes") + partials + ids * cal.scalar("state_dedup_id_bytes")
+    pane = cal.scalar("state_pane_bytes")
+    basis = f"{records:,.0f} pane records x {pane:.0f} bytes + {partials:,.0f} bytes of partials"
+    if ids and cal.scalar("state_dedup_id_bytes"):
+        basis += f" + {ids:,.0f} event ids x {cal.scalar('state_dedup_id_bytes'):.0f} bytes"
     return state, basis
 
 
