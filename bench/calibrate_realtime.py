@@ -534,13 +534,20 @@ def _nonneg_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return coef
 
 
-def job_terms(views: list[Any], rate: float) -> list[float]:
-    """One phase's terms: job, groups, job events, view events, aggregation events (rate-weighted)."""
+def job_terms(views: list[Any], rate: float, cal: Any) -> list[float]:
+    """One phase's terms: job, groups, job events, view events, aggregation events (rate-weighted).
+
+    An aggregation folds the events its filter keeps (the operator returns early on an event no
+    feature keeps): its term is weighted by its filter's share of the stream (``cal.share``).
+    """
     from headwater.registry.cost import view_shape
 
     groups = len({v.entity for v in views})
-    aggs = sum(len(view_shape(v.features).aggs) for v in views)
-    return [1.0, float(groups), rate, rate * len(views), rate * aggs]
+    folded = 0.0
+    for v in views:
+        shape = view_shape(v.features)
+        folded += sum(cal.share(w) for _, w, _ in shape.agg_filters)
+    return [1.0, float(groups), rate, rate * len(views), rate * folded]
 
 
 def holds(phase: dict[str, Any]) -> bool:
@@ -553,13 +560,13 @@ def holds(phase: dict[str, Any]) -> bool:
     return lag is None or lag <= 2 * phase["rate"]
 
 
-def fit_jobs(runs: dict[str, Any], example: Any) -> dict[str, Any]:
+def fit_jobs(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]:
     """Fit job_fixed_cores, group_fixed_cores, job_event_us, event_us and agg_us from the jobs' phases.
 
     Every phase of every job (1, 2 and 3 views of the behaviour source, each view alone, payments)
     is one row: job cores = job_fixed + groups x group_fixed + rate x (job_event_us + views x
-    event_us + aggregations x agg_us). The per-aggregation term is one figure for every kind (the
-    example views do not separate eight kinds; the shapes' runs showed no slope per kind).
+    event_us + sum of the aggregations' filter shares x agg_us). One per-aggregation figure for
+    every kind (the example views do not separate eight kinds; the shapes showed no slope per kind).
     """
     rows, cores = [], []
     for run in runs.values():
@@ -569,7 +576,7 @@ def fit_jobs(runs: dict[str, Any], example: Any) -> dict[str, Any]:
         for p in run["phases"]:
             if not holds(p):  # starved: its cores are the scheduler's share, not what the job needs
                 continue
-            rows.append(job_terms(views, p["consumed_eps"] or p["rate"]))
+            rows.append(job_terms(views, p["consumed_eps"] or p["rate"], cal))
             cores.append(p["job_cpu_cores"])
     coef = _nonneg_lstsq(np.asarray(rows), np.asarray(cores))
     return {
@@ -796,9 +803,10 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
     kept = json.loads(path.read_text(encoding="utf-8"))
     fresh = {k: r for k, r in runs.items() if "timeline" in r and "error" not in r}
     fitted = fresh if sum(holds(p) for r in fresh.values() for p in r["phases"]) >= 4 else runs
-    constants = {**kept["constants"], **fit_jobs(fitted, example)}
-    constants["selectivity"] = 1.0
     shares, profile = where_shares(example)
+    stream_cal = parse_calibration("realtime", {"where_shares": shares})
+    constants = {**kept["constants"], **fit_jobs(fitted, example, stream_cal)}
+    constants["selectivity"] = 1.0
     cal_data = {
         "tier": "realtime",
         "model": "registry/cost.py",
@@ -811,7 +819,7 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
         "is not measured; jobs of 1, 2 and 3 behaviour views, each view alone, and the payments view",
         "derivation": "CPU: least squares (negative terms pinned at 0) over every phase that held of this "
         "command's jobs (the earlier runs only when fewer than 4 phases held): cores = job_fixed_cores + "
-        "groups x group_fixed_cores + rate x (job_event_us + views x event_us + aggregations x agg_us). "
+        "groups x group_fixed_cores + rate x (job_event_us + views x event_us + filter shares x agg_us). "
         "State: not fitted; the bytes of KeyStateSerializer's layout (format 2, no snapshot compression): "
         "per entity 1 namespace + 1 key length + 1 format + 8 boundary + 8 next change + 5 running array "
         "+ 4 slice count + 4 view count = 32 (+ the key); per view 13 (change, pending, size); per slot 5 "

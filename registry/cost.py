@@ -7,7 +7,8 @@ CPU (per view, on its tier; the constants come from ``registry/calibration/<tier
               + where_us x filters                            each filter is evaluated per event
               + sum over aggregations a (a ratio: its two operands) of
                 s(a) x (agg_us[kind(a)] + pane_us x (panes - 1))
-                  with s(a) = selectivity if a is filtered else 1, panes = ceil(window / slide)
+                  with s(a) = the share of events a's filter keeps (measured on the calibration
+                  stream, ``where_shares``; else ``selectivity``), 1 unfiltered; panes = window / slide
     writes/day = min(entities, rate x slide) x 86,400 / slide     (each feature's slide; the shortest)
     marginal  = (rate x 86,400 x us/event + writes/day x publish_us) / 1e6 / 3,600 + fixed_cores x 24
     job share = (job_fixed_cores + rate x job_event_us / 1e6) / views in the job x 24
@@ -288,8 +289,10 @@ def us_per_event(shape: Shape, cal: Calibration) -> float:
     if shape.rekeyed:
         us += cal.scalar("rekey_us")
     sel = cal.scalar("selectivity")
-    for kind, filtered, panes in shape.aggs:
-        s = sel if filtered else 1.0
+    wheres = [where for _, where, _ in shape.agg_filters] or [None] * len(shape.aggs)
+    for (kind, filtered, panes), where in zip(shape.aggs, wheres, strict=True):
+        # an aggregation folds the events its filter keeps: the share measured for that filter
+        s = (cal.share(where) if where is not None else sel) if filtered else 1.0
         us += s * (cal.per_agg("agg_us", kind) + cal.scalar("pane_us") * (panes - 1))
     return us
 
