@@ -42,6 +42,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one thread (shared machine); set before numpy loads
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -57,6 +60,7 @@ from headwater.serving.train import (
     _score_dcn,
     _standardized,
     at_position,
+    fit_position_bias,
     holdout_metrics,
     moments,
     split_by_time,
@@ -70,11 +74,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dcn": {"loss": "mixed"},
     "dcn_listwise": {"loss": "listwise"},
     "dcn_pointwise": {"loss": "pointwise"},
-    "dcn_no_position_bias": {"loss": "mixed", "position_bias": False},
+    "dcn_joint_position_bias": {"loss": "mixed", "position_bias": "joint"},
     "dcn_no_category": {"loss": "mixed", "pair": False},
 }
 """DCN variants: TrainOptions fields, and ``pair: False`` to leave out the pair (user x category) inputs."""
-DEFAULT_VARIANTS = "dcn,dcn_listwise,dcn_no_position_bias,dcn_no_category"
+DEFAULT_VARIANTS = "dcn,dcn_listwise,dcn_joint_position_bias,dcn_no_category"
 
 
 def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[np.float64]:
@@ -89,7 +93,7 @@ def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[
     cols = np.asarray([items[i] for i in train.item_ids[clicked]])
     matrix = csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(len(users), len(items)))
     model = implicit.als.AlternatingLeastSquares(
-        factors=32, regularization=0.05, iterations=20, random_state=seed, use_gpu=False
+        factors=32, regularization=0.05, iterations=20, random_state=seed, use_gpu=False, num_threads=1
     )
     from threadpoolctl import threadpool_limits
 
@@ -132,6 +136,10 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
     state = train_linear(train, TrainOptions(seed=seed), norm)
     seconds["linear"] = round(time.process_time() - started, 1)
     scores["linear"] = linear_logits(state, *_standardized(test, norm)).detach().numpy()
+    if train.position is not None:  # the same per-slot offsets on the linear model's logits
+        fitted = linear_logits(state, *_standardized(train, norm)).detach().numpy()
+        bias = fit_position_bias(fitted, train.position, train.label)
+        scores["linear_at_position"] = at_position(scores["linear"], bias, test)
     started = time.process_time()
     scores["als"] = als_scores(train, test, seed)
     seconds["als"] = round(time.process_time() - started, 1)
