@@ -480,10 +480,10 @@ def events_in_last(timeline: list[tuple[float, float, int]], seconds: float) -> 
 JOBS = {
     # one source per job; 1, 2 and 3 views of the behaviour source, each example view alone, payments
     "user_session": ["user_session_realtime"],
-    "behaviour_all": ["user_session_realtime", "user_dwell_realtime", "item_trending_realtime"],
-    "account_payments": ["account_payments_realtime"],
     "item_trending": ["item_trending_realtime"],
     "user_dwell": ["user_dwell_realtime"],
+    "account_payments": ["account_payments_realtime"],
+    "behaviour_all": ["user_session_realtime", "user_dwell_realtime", "item_trending_realtime"],
     "user_session+user_dwell": ["user_session_realtime", "user_dwell_realtime"],
 }
 
