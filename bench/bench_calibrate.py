@@ -1038,26 +1038,26 @@ def capped(features: tuple[Any, ...], span_s: float) -> tuple[Any, ...]:
 
 
 def recompute_table() -> None:
-    """Recompute the nearline accuracy rows' state estimates from bench/results/bench_calibrate.json."""
+    """Re-estimate the nearline CPU rows of bench_calibrate.json with registry/calibration/nearline.json.
+
+    The measured figures stay; the estimates follow the file as it is now (e.g. the filter shares
+    ``--nl-state`` measured). State rows: ``--nl-state-refit``.
+    """
     out = ROOT / "bench/results/bench_calibrate.json"
     doc = json.loads(out.read_text())
     section = doc["tiers"]["nearline"]
-    cal = parse_calibration("nearline", {"constants": section["constants"]}, calibration_path("nearline"))
+    path = calibration_path("nearline")
+    cal = parse_calibration("nearline", json.loads(path.read_text(encoding="utf-8")), path)
     example = check_repo(FEATURES)
     tier = TIERS["nearline"]
     for name, row in section["accuracy"].items():
         view = next(v for v in example.views if v.name == name)
-        source = example.sources[view.source]
-        timing = resolve_timing(source.spec)
-        dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
+        rekeyed = view.join_key != example.sources[view.source].spec.key
         for r in row["rates"]:
-            span_s = r.get("records", section["stream_records"][view.source]) / r["rate"]
-            fp = estimate_footprint(
-                capped(view.features, span_s), r["rate"], tier, r["entities"] or None, 12, cal, dedup_s
-            )
-            r["state_estimate"] = round(fp.state_bytes)
-            r["state_error"] = round(fp.state_bytes / r["state_bytes"] - 1, 3) if r["state_bytes"] else None
-            r["stream_span_s"] = round(span_s)
+            est = estimate_view(view.features, r["rate"], tier, rekeyed, None, cal)
+            r["estimated_us"] = round(est.us_per_event, 2)
+            r["cpu_error"] = round(est.us_per_event / r["measured_us"] - 1, 3) if r["measured_us"] else None
+    section["estimates_from"] = cal.source_text()
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     print_table(section["accuracy"])
 
