@@ -350,8 +350,18 @@ def dead_letter_audit(letters: list[Any], tiers: int) -> dict[str, Any]:
     }
 
 
-def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    """Run the soak and return its figures (see the module docstring for the steps)."""
+def soak(
+    system: System,
+    cfg: dict[str, Any],
+    args: argparse.Namespace,
+    run_dir: Path,
+    partial: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the soak and return its figures (see the module docstring for the steps).
+
+    ``partial`` receives each figure as soon as it is known, so a run that fails late keeps them.
+    """
+    partial = {} if partial is None else partial
     state, namespace, run_id = cfg["state"], cfg["namespace"], cfg["topic"]
     system.run("apply", str(cfg["repo"]), "--state-dir", str(state), "--no-feast")
     system.run("topics", "create", "--state-dir", str(state))
@@ -392,18 +402,24 @@ def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir:
     produced = produce_all(cfg, args)
     produced_at = time.monotonic()
     print(f"produced: {produced}", flush=True)
-    drained = wait_drained(cfg, timeout_s=args.drain_s)
-    drained_s = round(time.monotonic() - produced_at, 1)
-    stop.set()
-    sampler.join()
-    final_fresh = _freshness(system, state, namespace)
+    partial["produced"] = produced
+    # the service sends an impression per answer to the events topic: stop the load before the drain
     ranking_stats: dict[str, Any] = ranking.stop() if ranking is not None else {"skipped": "--qps 0"}
     feedback_sent = int((ranking_stats.get("feedback") or {}).get("sent", 0))
+    partial["ranking"] = ranking_stats
+    drained = wait_drained(cfg, timeout_s=args.drain_s)
+    drained_s = round(time.monotonic() - produced_at, 1)
+    partial["group_lag_at_end"] = drained
+    stop.set()
+    sampler.join()
+    partial["memory"] = {name: track.summary() for name, track in sampled.get("memory", {}).items()}
+    final_fresh = _freshness(system, state, namespace)
     crashed = [n for n in ("realtime", "nearline", "serve") if n in system.procs and not system.alive(n)]
     system.stop_all()
     ends = {name: sum(probe.end_offsets(cfg["bootstrap"], t).values()) for name, t in cfg["topics"].items()}
     landing = land(system, state, run_dir / "lake")
     landed_s = round(time.monotonic() - produced_at, 1)
+    partial.update(records_in_topic=ends, landing=landing)
     consistency = json.loads(
         system.run(
             "consistency",
@@ -418,12 +434,14 @@ def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir:
         )
     )
     consistency_s = round(time.monotonic() - produced_at, 1)
+    partial["consistency"] = consistency
     dlq = f"{run_id}.dlq"
     deadline = time.monotonic() + 120  # a tier stopped mid-transaction: aborted at its timeout
     while (unstable := probe.unstable_records(cfg["bootstrap"], dlq)) and time.monotonic() < deadline:
         time.sleep(5)
     letters = probe.dead_letters(cfg["bootstrap"], dlq)
     audit = dead_letter_audit(letters, tiers=3)
+    partial["dead_letters"] = audit
     memory = {name: track.summary() for name, track in sampled.get("memory", {}).items()}
     per_source = {}
     for name, count in produced.items():
@@ -440,7 +458,9 @@ def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir:
             "every_record_in_topic": ends[name] == sent and count["failed"] == 0,
             "every_record_landed_or_rejected": row.get("records") == ends[name] == accounted,
         }
-    mismatches = sum(int(v.get("mismatches", 0)) for v in consistency)
+    # per view: {slot: values that differ}, over ``found`` entities x slots compared
+    mismatches = sum(sum(v.get("mismatches", {}).values()) for v in consistency)
+    compared = sum(v.get("found", 0) * len(v.get("mismatches", {})) for v in consistency)
     statuses = ranking_stats.get("statuses") or {}
     five_xx = sum(n for code, n in statuses.items() if code.startswith("5"))
     reconcile = {
@@ -460,11 +480,15 @@ def soak(system: System, cfg: dict[str, Any], args: argparse.Namespace, run_dir:
         ),
         "dead_letters_once_per_tier": audit["records_with_more_letters_than_tiers_count"] == 0
         and audit["undecodable_records_not_lettered_by_every_tier_count"] == 0,
+        # the records the landing rejected as malformed are the ones every tier dead-lettered
+        "undecodable_records_equal_the_landing_malformed": audit["undecodable_records"]
+        == sum(s["landing"].get("malformed", 0) for s in per_source.values()),
         "every_group_drained": all(lag == 0 for lag in drained.values()),
         "no_tier_crashed": not crashed,
         "memory_flat": all(m.get("flat", False) for m in memory.values()),
         "mismatches_after_drain": mismatches,
-        "values_checked": sum(int(v.get("found", 0)) for v in consistency),
+        "values_checked": compared,
+        "entities_checked": sum(v.get("found", 0) for v in consistency),
         "service_5xx": five_xx if ranking is not None else None,
         "service_requests": ranking_stats.get("requests"),
         "no_sla_breach_at_end": bool(final_fresh and final_fresh.get("ok")),

@@ -238,6 +238,7 @@ def main() -> None:
     faults: list[dict[str, Any]] = []
     stop = threading.Event()
     system: ChaosSystem | None = None
+    partial: dict[str, Any] = {}
     try:
         broker.start()
         os.environ["HEADWATER_KAFKA_BOOTSTRAP"] = broker.bootstrap  # this process (Settings) and children
@@ -265,9 +266,10 @@ def main() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         threading.Thread(target=chaos, args=(system, broker, store, args, stop, faults), daemon=True).start()
         try:
-            result.update(base.soak(system, cfg, args, run_dir))
-        except Exception as exc:  # keep the fault log and say where the run stopped
+            result.update(base.soak(system, cfg, args, run_dir, partial))
+        except Exception as exc:  # keep the fault log and the figures known, and say where the run stopped
             result["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
+            result["partial"] = partial
     finally:
         stop.set()
         if system is not None:
