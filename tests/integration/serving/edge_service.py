@@ -62,31 +62,25 @@ def _grpc_listens(port: int) -> bool:
 
 
 @contextmanager
-def running_service(
-    tmp: Path, redis_url: str, *extra: str, grpc: bool = False, users: int = 20, items: int = 60
+def serve_process(
+    tmp: Path, *args: str, grpc_port: int | None = None, timeout_s: float = 120.0
 ) -> Iterator[Service]:
-    state = tmp / "state"
-    cmd = [HEADWATER, "apply", str(ROOT / "features"), "--state-dir", str(state), "--no-feast"]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-    registry = load_registry(state, DEFAULT_POPULARITY)
-    world = make_world(registry, users=users, items=items, seed=3)
-    namespace = f"t{uuid.uuid4().hex[:8]}"
-    reader = OnlineStoreReader.from_url(redis_url, namespace=namespace)
-    write_world(reader, registry, world, now_ms())
+    """Run `headwater serve --port P *args` (log in ``tmp``) until /health (and gRPC) answer; stop on exit.
+
+    Fails with the log's tail when the process exits or does not answer within ``timeout_s``.
+    """
     port = free_port()
-    grpc_port = free_port() if grpc else None
-    serve = [HEADWATER, "serve", "--port", str(port), "--state-dir", str(state), "--redis-url", redis_url,
-             "--namespace", namespace, "--no-feedback", "--device", "cpu", *extra]  # fmt: skip
+    serve = [HEADWATER, "serve", "--port", str(port), *args]
     if grpc_port is not None:
         serve += ["--grpc-port", str(grpc_port)]
     log = tmp / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(serve, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     service = Service(
-        f"http://127.0.0.1:{port}", None if grpc_port is None else f"127.0.0.1:{grpc_port}", world, proc, log
+        f"http://127.0.0.1:{port}", None if grpc_port is None else f"127.0.0.1:{grpc_port}", None, proc, log
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + timeout_s
         while True:
             assert proc.poll() is None, service.tail()
             assert time.monotonic() < deadline, service.tail()
@@ -100,12 +94,42 @@ def running_service(
         yield service
     finally:
         if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
+            os.kill(proc.pid, signal.SIGCONT)  # a test may have stopped it
             proc.terminate()
             proc.wait(30)
-        client = redis.Redis.from_url(redis_url)
+
+
+def drop_namespace(redis_url: str, namespace: str) -> None:
+    """Delete every key of ``namespace`` from the shared Redis."""
+    client = redis.Redis.from_url(redis_url)
+    try:
         for key in client.scan_iter(match=f"{namespace}:*", count=1000):
             client.delete(key)
+    finally:
+        client.close()
+
+
+@contextmanager
+def running_service(
+    tmp: Path, redis_url: str, *extra: str, grpc: bool = False, users: int = 20, items: int = 60
+) -> Iterator[Service]:
+    """Apply features/, write a synthetic world to a fresh namespace and serve it (no model: popularity)."""
+    state = tmp / "state"
+    cmd = [HEADWATER, "apply", str(ROOT / "features"), "--state-dir", str(state), "--no-feast"]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    registry = load_registry(state, DEFAULT_POPULARITY)
+    world = make_world(registry, users=users, items=items, seed=3)
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    reader = OnlineStoreReader.from_url(redis_url, namespace=namespace)
+    write_world(reader, registry, world, now_ms())
+    args = ["--state-dir", str(state), "--redis-url", redis_url, "--namespace", namespace, "--no-feedback",
+            "--device", "cpu", *extra]  # fmt: skip
+    try:
+        with serve_process(tmp, *args, grpc_port=free_port() if grpc else None) as service:
+            service.world = world
+            yield service
+    finally:
+        drop_namespace(redis_url, namespace)
         reader.close()
 
 

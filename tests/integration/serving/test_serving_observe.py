@@ -8,8 +8,8 @@ starts the chain at popularity), recording every request, impressions and feedba
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
@@ -54,10 +53,11 @@ EXPERIMENT = ExperimentConfig(
 ASSIGNER = Assigner(EXPERIMENT)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_spec = importlib.util.spec_from_file_location("edge_service", Path(__file__).with_name("edge_service.py"))
+assert _spec is not None
+assert _spec.loader is not None
+edge = sys.modules.setdefault("edge_service", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(edge)
 
 
 def _call(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -106,33 +106,17 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, kafka_boots
         "default_deadline_ms": 5000.0,  # under load the DCN must answer: the test checks each arm's model
     }
     (tmp / "serving.yaml").write_text(json.dumps(config))  # JSON is YAML
-    port = _free_port()
-    serve = [HEADWATER, "serve", "--port", str(port), "--model", str(tmp / "models"),
-             "--state-dir", str(state), "--namespace", namespace, "--feedback-topic", topic,
-             "--device", "cpu", "--config", str(tmp / "serving.yaml")]  # fmt: skip
-    log = (tmp / "serve.log").open("wb")
-    proc = subprocess.Popen(serve, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    args = ["--model", str(tmp / "models"), "--state-dir", str(state), "--namespace", namespace,
+            "--feedback-topic", topic, "--device", "cpu", "--config", str(tmp / "serving.yaml")]  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).read()
-                break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
-        yield {"url": url, "world": world, "topic": topic, "tmp": tmp, "state": state, "reader": reader,
-               "registry": registry, "recording": recording, "answers": {}, "clicks": Counter(),
-               "clickers": {}}  # fmt: skip
+        with edge.serve_process(tmp, *args) as service:
+            yield {"url": service.url, "world": world, "topic": topic, "tmp": tmp, "state": state,
+                   "reader": reader, "registry": registry, "recording": recording, "answers": {},
+                   "clicks": Counter(), "clickers": {}}  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(30)
         admin.delete_topics([topic, f"{topic}.dlq", f"{topic}.rec"])
         admin.close()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
-            client.delete(key)
+        edge.drop_namespace(redis_url, namespace)
         reader.close()
 
 

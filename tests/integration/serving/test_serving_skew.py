@@ -11,9 +11,8 @@ a wrong value) and that user ranks again: exit 1, and ``user.clicks_1d`` is the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -26,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
@@ -78,10 +76,11 @@ def history(today: datetime) -> list[dict[str, Any]]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_spec = importlib.util.spec_from_file_location("edge_service", Path(__file__).with_name("edge_service.py"))
+assert _spec is not None
+assert _spec.loader is not None
+edge = sys.modules.setdefault("edge_service", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(edge)
 
 
 def _rank(url: str, user: str) -> dict[str, Any]:
@@ -140,35 +139,19 @@ def served(
         "default_deadline_ms": 5000.0,  # under load the DCN must answer: a fallback logs no model input
     }
     (tmp / "serving.yaml").write_text(json.dumps(config))  # JSON is YAML
-    port = _free_port()
-    serve = [HEADWATER, "serve", "--port", str(port), "--model", str(tmp / "models"), "--state-dir",
-             str(state), "--namespace", namespace, "--device", "cpu", "--config",
-             str(tmp / "serving.yaml")]  # fmt: skip
-    log = (tmp / "serve.log").open("wb")
-    proc = subprocess.Popen(serve, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    serve = ["--model", str(tmp / "models"), "--state-dir", str(state), "--namespace", namespace,
+             "--device", "cpu", "--config", str(tmp / "serving.yaml")]  # fmt: skip
+    args = ["--topic", topic, "--models", str(tmp / "models"), "--state-dir", str(state), "--lake",
+            str(lake), "--redis-url", redis_url, "--namespace", namespace, "--bootstrap", kafka_bootstrap,
+            "--format", "json"]  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).read()
-                break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
-        args = ["--topic", topic, "--models", str(tmp / "models"), "--state-dir", str(state), "--lake",
-                str(lake), "--redis-url", redis_url, "--namespace", namespace, "--bootstrap", kafka_bootstrap,
-                "--format", "json"]  # fmt: skip
-        yield {"url": url, "topic": topic, "store": store, "registry": registry, "args": args}
+        with edge.serve_process(tmp, *serve) as service:
+            yield {"url": service.url, "topic": topic, "store": store, "registry": registry, "args": args}
     finally:
-        proc.terminate()
-        proc.wait(30)
         admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         admin.delete_topics([topic])
         admin.close()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
-            client.delete(key)
+        edge.drop_namespace(redis_url, namespace)
         store.close()
 
 
