@@ -47,6 +47,7 @@ from headwater.serving.schemas import (
     RankResponse,
     RecommendRequest,
     RecommendResponse,
+    known_fields,
     readable_errors,
 )
 from headwater.serving.skew import PredictionLog, prediction_record
@@ -313,7 +314,7 @@ def create_app(
             "/v1/feedback": FeedbackRequest, "/v1/recommend": RecommendRequest,
         }  # fmt: skip
         model = forms.get(path, RankRequest)
-        errors = readable_errors(exc.errors(), tuple(model.model_fields))
+        errors = readable_errors(exc.errors(), known_fields(model))
         telemetry.rejected.labels("invalid").inc()
         detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         return FastJSON({"detail": detail, "errors": errors}, status_code=422)

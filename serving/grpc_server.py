@@ -38,17 +38,20 @@ from headwater.serving.admission import CLASS_HEADER, Throttled
 from headwater.serving.app import FunnelOff
 from headwater.serving.batcher import QueueFullError
 from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
-from headwater.serving.schemas import RankRequest, RecommendRequest, readable_errors
+from headwater.serving.schemas import (
+    OPTION_FIELDS,
+    RankRequest,
+    RecommendRequest,
+    known_fields,
+    readable_errors,
+)
 
 logger = logging.getLogger(__name__)
 SERVICE = "headwater.v1.Ranking"
-OPTIONAL_FIELDS = ("priority", "deadline_ms", "session_id", "device", "log_impressions", "user_class")
-"""Fields of ``RankRequest`` the message marks ``optional``: absent means the REST default."""
 RankFunction = Callable[[RankRequest, str | None], Awaitable[dict[str, Any]]]
 RecommendFunction = Callable[[RecommendRequest, str | None], Awaitable[dict[str, Any]]]
 M = TypeVar("M", bound=Message)
 B = TypeVar("B", bound=BaseModel)
-RECOMMEND_OPTIONAL = ("priority", "deadline_ms", "session_id", "device", "log_impressions", "user_class")
 
 
 class GrpcEdge:
@@ -125,7 +128,7 @@ class GrpcEdge:
         assert self._recommend is not None  # the handler is registered only with one
         message = await self._decode(pb.RecommendRequest, raw, context)
         fields: dict[str, Any] = {"user_id": message.user_id, "k": message.k}
-        fields.update({n: getattr(message, n) for n in RECOMMEND_OPTIONAL if message.HasField(n)})
+        fields.update({n: getattr(message, n) for n in OPTION_FIELDS if message.HasField(n)})
         body = await self._validate(RecommendRequest, fields, context)
         call = self._recommend(body, _metadata(context, CLASS_HEADER))
         return recommend_message(await self._answer(call, context, "Recommend"))
@@ -148,7 +151,7 @@ class GrpcEdge:
             return model.model_validate(fields)
         except ValidationError as exc:
             self._on_invalid()
-            errors = readable_errors(exc.errors(), tuple(model.model_fields))
+            errors = readable_errors(exc.errors(), known_fields(model))
             detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
             raise  # abort raises; this line only tells the type checker
@@ -195,7 +198,7 @@ def to_fields(message: pb.RankRequest) -> dict[str, Any]:
         "candidates": list(message.candidates),
         "k": message.k,
     }
-    for name in OPTIONAL_FIELDS:
+    for name in OPTION_FIELDS:
         if message.HasField(name):
             fields[name] = getattr(message, name)
     return fields

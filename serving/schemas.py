@@ -22,12 +22,32 @@ IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
 
 
-class RankRequest(BaseModel):
-    """Rank ``candidates`` for ``user_id`` and return the best ``k``."""
+class RequestOptions(BaseModel):
+    """What a rank and a recommend request share: the user, admission, and the impressions sent back."""
 
     model_config = ConfigDict(extra="forbid")
 
     user_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["u000042"])
+    priority: Priority = "normal"
+    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    """Session of the impressions sent back to Kafka (default: the request id)."""
+    device: Device = "web"
+    log_impressions: bool = True
+    """Send the answer's items back to Kafka as impression events (the feedback loop); recommend also
+    remembers them for the seen filter."""
+    user_class: str | None = Field(default=None, min_length=1, max_length=64, examples=["vip"])
+    """The caller's class for admission (serving config ``admission``; an ``X-User-Class`` header wins);
+    one the config does not list is its default class (``regular``)."""
+
+
+OPTION_FIELDS = tuple(name for name in RequestOptions.model_fields if name != "user_id")
+"""The optional fields of both requests (the gRPC messages mark them ``optional``: absent is the default)."""
+
+
+class RankRequest(RequestOptions):
+    """Rank ``candidates`` for ``user_id`` and return the best ``k``."""
+
     candidates: list[str] = Field(
         min_length=1,
         max_length=MAX_CANDIDATES,
@@ -39,16 +59,6 @@ class RankRequest(BaseModel):
         },
     )
     k: int = Field(ge=1, le=MAX_CANDIDATES, examples=[10])
-    priority: Priority = "normal"
-    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)
-    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
-    """Session of the impressions sent back to Kafka (default: the request id)."""
-    device: Device = "web"
-    log_impressions: bool = True
-    """Send the returned top k back to Kafka as impression events (the feedback loop)."""
-    user_class: str | None = Field(default=None, min_length=1, max_length=64, examples=["vip"])
-    """The caller's class for admission (serving config ``admission``; an ``X-User-Class`` header wins);
-    one the config does not list is its default class (``regular``)."""
 
     @field_validator("candidates")
     @classmethod
@@ -75,20 +85,10 @@ class RankRequest(BaseModel):
         return self
 
 
-class RecommendRequest(BaseModel):
+class RecommendRequest(RequestOptions):
     """Recommend ``k`` items for ``user_id`` from the whole catalog (the funnel)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    user_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, examples=["u000042"])
     k: int = Field(ge=1, le=MAX_RECOMMEND_K, examples=[10])
-    priority: Priority = "normal"
-    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS)
-    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
-    device: Device = "web"
-    log_impressions: bool = True
-    """Send the answer back as impressions (Kafka) and remember them (the seen filter)."""
-    user_class: str | None = Field(default=None, min_length=1, max_length=64, examples=["vip"])
 
 
 class StageOut(BaseModel):
@@ -287,11 +287,17 @@ def _message(err: dict[str, Any], fields: Sequence[str]) -> str:
     return f"{str(err['msg']).replace('Input should', 'must')}; got {shown}"
 
 
+def known_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """Return a request model's fields as errors list them: the required ones first, in declaration order."""
+    fields = model.model_fields
+    return tuple(sorted(fields, key=lambda name: not fields[name].is_required()))
+
+
 def readable_errors(errors: Sequence[Any], fields: Sequence[str] = ()) -> list[dict[str, str]]:
     """One ``{"field", "message"}`` per pydantic/FastAPI validation error (``fields``: the known ones)."""
     out = []
     for err in errors:
-        field, message = _field(err.get("loc", ())), _message(err, fields or tuple(RankRequest.model_fields))
+        field, message = _field(err.get("loc", ())), _message(err, fields or known_fields(RankRequest))
         match = _FIELD_PREFIX.match(message)
         if field == "body" and match:
             field, message = match.group(1), match.group(2)
