@@ -49,6 +49,8 @@ SCHEMA = pa.schema(
     ]
 )
 """The landed table's columns."""
+MAX_AT_MS = int(datetime.max.replace(tzinfo=UTC).timestamp() * 1000)
+"""The last millisecond a date holds (9999-12-31): a later ``at_ms`` lands as no time, not as a crash."""
 BATCH_RECORDS = 50_000
 """Records per Delta commit (each commit holds the positions of its own rows)."""
 
@@ -105,11 +107,12 @@ def row_of(partition: int, offset: int, value: bytes | None) -> dict[str, Any]:
         empty = dict.fromkeys(("request_id", "at_ms", "day", "user_id", "model_version", "fallback"))
         return {"kafka_partition": partition, "kafka_offset": offset, **empty, "record": text}
     at = data.get("at_ms")
-    at_ms = at if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < 2**53 else None
+    at_ms = at if isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= MAX_AT_MS else None
 
     def text_of(key: str) -> str | None:
         value = data.get(key)
-        return None if value is None else str(value)
+        # A JSON escape may hold a lone surrogate ("\\ud800"), which Arrow cannot store: it becomes "?".
+        return None if value is None else str(value).encode("utf-8", "replace").decode("utf-8")
 
     return {
         "kafka_partition": partition,
