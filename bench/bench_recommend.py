@@ -57,6 +57,7 @@ from bench_serve import (
 )
 
 from headwater.pipelines.settings import Settings
+from headwater.serving.accel import accelerator_report, plan_for
 from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.recent import RedisRecentItems
 from headwater.serving.registry import BoundRegistry, load_registry
@@ -373,6 +374,9 @@ def run_variant(
         health = wait_healthy(port, proc, timeout=7200.0)
         start_s = round(time.perf_counter() - t0, 1)
         print(f"[{name}] service up in {start_s} s (index built from Redis)", flush=True)
+        print(f"[{name}] runs on {plan_for(health['device']).describe()}", flush=True)
+        if accelerator_report(health["device"])["on_gpu"] is not None:
+            print(f"[{name}] no GPU here; with one it would run {plan_for('cuda').describe()}", flush=True)
         concurrencies = [int(x) for x in args.concurrency.split(",")]
         for c in concurrencies:
             r = asyncio.run(recommend_level(port, proc.pid, rec_bodies, c, args.seconds, args.warmup))
@@ -411,6 +415,7 @@ def run_variant(
         "impressions_loop": {"kafka": feedback, "seen_set": True},
         "service_start_s": start_s,
         "device": health["device"],
+        "accelerator": accelerator_report(health["device"]),
         "model_version": health["model_version"],
         "feedback": health["feedback"],
         "recommend": levels,

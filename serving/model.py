@@ -19,6 +19,8 @@ import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from headwater.serving.accel import precision
+
 CLAMP = 8.0
 """Standardised inputs are clamped to +-CLAMP so one outlier cannot dominate a score."""
 
@@ -153,7 +155,7 @@ class NeuralScorer:
         sizes = [len(items) for _, items in jobs]
         items = np.concatenate([items for _, items in jobs]).astype(np.float32, copy=False)
         index = np.repeat(np.arange(len(jobs)), sizes)
-        with torch.inference_mode():
+        with torch.inference_mode(), precision(self.device):  # fp16 autocast on CUDA (serving/accel.py)
             logits = self.model(
                 torch.from_numpy(users).to(self.device),
                 torch.from_numpy(items).to(self.device),

@@ -28,6 +28,7 @@ import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from headwater.serving.accel import precision
 from headwater.serving.model import CLAMP, pick_device
 from headwater.serving.trainset import TrainingFileError, TrainingSet
 
@@ -103,7 +104,7 @@ class TwoTowerModel(nn.Module):
             msg = f"two-tower model: {side} vectors must have shape (n, {dim}); got {x.shape}"
             raise ValueError(msg)
         device = next(self.parameters()).device
-        with torch.inference_mode():
+        with torch.inference_mode(), precision(device):  # fp16 autocast on CUDA (serving/accel.py)
             out: npt.NDArray[np.float32] = tower(torch.from_numpy(x).to(device)).float().cpu().numpy()
         return out
 
