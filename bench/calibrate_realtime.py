@@ -360,7 +360,7 @@ def run_views(
     watch = br.OffsetWatch(settings.kafka_bootstrap, group, topic)
     import threading
 
-    threading.Thread(target=watch.run, daemon=True).start()
+    threading.Thread(target=watch_forever, args=(watch,), daemon=True).start()
     sent_total, timeline = 0, []  # (t0, t1, events) per phase: the events of the state's last window
     phases: list[dict[str, Any]] = []
     try:
@@ -445,6 +445,22 @@ def run_views(
         "drain_s": round(drain_s, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def watch_forever(watch: Any) -> None:
+    """Run ``watch`` (bench_realtime.OffsetWatch) until stopped, again after a broker error.
+
+    On a loaded machine the admin client's broker connection drops now and then (NodeNotReadyError):
+    the watch starts over instead of dying, which would leave the run waiting for offsets forever.
+    """
+    import time
+
+    while not watch.stop.is_set():
+        try:
+            watch.run()
+        except Exception as e:  # any client error: poll again
+            print(f"    offset watch: {e!r}; again in 1 s", flush=True)
+            time.sleep(1.0)
 
 
 DRAIN_MAX_S = 300.0
