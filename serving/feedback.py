@@ -64,6 +64,11 @@ from headwater.serving.schemas import (
 from headwater.serving.store import now_ms
 
 logger = logging.getLogger(__name__)
+_LIBRDKAFKA_LOG = logging.getLogger(__name__ + ".librdkafka")
+"""librdkafka's own log (a line per failed connect, many a second while Kafka is down): critical only
+unless configured. :class:`FeedbackProducer` logs an unreachable Kafka and failed deliveries itself."""
+if _LIBRDKAFKA_LOG.level == logging.NOTSET:
+    _LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
 _STOP = object()
 
 
@@ -157,11 +162,14 @@ class ConfluentSink:
                 "socket.connection.setup.timeout.ms": 1_000,
                 "queue.buffering.max.messages": 200_000,
                 "allow.auto.create.topics": False,
+                "logger": _LIBRDKAFKA_LOG,
             }
         )
         try:
             self._producer.list_topics(timeout=1.0)
         except KafkaException as exc:
+            self._producer.purge()  # nothing queued; close() would otherwise wait on the broker
+            self._producer.close()  # or its threads keep reconnecting (and logging) after this attempt
             raise ConnectionError(f"Kafka at {bootstrap} unreachable: {exc}") from None
         self._sends = 0
 
@@ -192,8 +200,10 @@ class ConfluentSink:
         self._producer.flush(-1 if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush what is left (the client closes with the object)."""
+        """Flush what is left, then stop the client's threads."""
         self.flush(timeout)
+        self._producer.purge()
+        self._producer.close()
 
 
 def python_kafka_sink_factory(bootstrap: str, linger_ms: int) -> SinkFactory:
