@@ -362,6 +362,7 @@ def main() -> None:
         help="realtime: jobs of 1, 2, 3 views, each view alone, payments; fit the per-job model, table",
     )
     ap.add_argument("--rt-jobs-refit", action="store_true", help="--rt-jobs on the last runs' figures")
+    ap.add_argument("--rt-jobs-only", default="", help="--rt-jobs: only these jobs (comma-separated)")
     ap.add_argument(
         "--summary", action="store_true", help="print the accuracy table of every tier from the results"
     )
@@ -404,7 +405,8 @@ def main() -> None:
 
         rates = tuple(float(r) for r in args.rt_rates.split(","))
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
-        rt.calibrate_jobs(args.rt_jobs_refit, rates, args.rt_phase_s, not args.no_write, command)
+        only = [j for j in args.rt_jobs_only.split(",") if j] or None
+        rt.calibrate_jobs(args.rt_jobs_refit, rates, args.rt_phase_s, not args.no_write, command, only)
         return
     if args.table_only:
         recompute_table()

@@ -801,8 +801,15 @@ def calibrate_state(refit: bool, rate: float, seconds: float, write: bool, comma
     print_job_table(acc)
 
 
-def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write: bool, command: str) -> None:
-    """Run (or, ``refit``, reuse) the jobs of :data:`JOBS`, fit realtime.json, print the accuracy table."""
+def calibrate_jobs(
+    refit: bool,
+    rates: tuple[float, ...],
+    phase_s: float,
+    write: bool,
+    command: str,
+    only: list[str] | None = None,
+) -> None:
+    """Run (or, ``refit``, reuse) the jobs of :data:`JOBS` (or ``only``), fit realtime.json, print it."""
     import time
 
     from headwater.registry.calibration import calibration_path, parse_calibration
@@ -811,7 +818,7 @@ def calibrate_jobs(refit: bool, rates: tuple[float, ...], phase_s: float, write:
     out = ROOT / "bench/results/bench_calibrate_rt_jobs.json"
     started, load0 = time.monotonic(), os.getloadavg()
     if not refit:
-        measure_jobs(out, rates, phase_s)
+        measure_jobs(out, rates, phase_s, only)
     doc = json.loads(out.read_text())
     runs = {**prior_runs(), **doc["runs"]}
     example = check_repo(ROOT / "features")
