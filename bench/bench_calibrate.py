@@ -363,6 +363,7 @@ def main() -> None:
     )
     ap.add_argument("--rt-jobs-refit", action="store_true", help="--rt-jobs on the last runs' figures")
     ap.add_argument("--rt-jobs-only", default="", help="--rt-jobs: only these jobs (comma-separated)")
+    ap.add_argument("--rt-no-publish", action="store_true", help="--rt-jobs fit: no term per value written")
     ap.add_argument(
         "--summary", action="store_true", help="print the accuracy table of every tier from the results"
     )
@@ -406,6 +407,7 @@ def main() -> None:
         rates = tuple(float(r) for r in args.rt_rates.split(","))
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
         only = [j for j in args.rt_jobs_only.split(",") if j] or None
+        rt.FIT_PUBLISH = not args.rt_no_publish
         rt.calibrate_jobs(args.rt_jobs_refit, rates, args.rt_phase_s, not args.no_write, command, only)
         return
     if args.table_only:

@@ -551,19 +551,21 @@ def _nonneg_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def job_terms(views: list[Any], rate: float, cal: Any) -> list[float]:
-    """One phase's terms: job, groups, job events, view events, aggregation events (rate-weighted).
+    """One phase's terms: job, groups, job events, view events, aggregation events, values written.
 
     An aggregation folds the events its filter keeps (the operator returns early on an event no
-    feature keeps): its term is weighted by its filter's share of the stream (``cal.share``).
+    feature keeps): its term is weighted by its filter's share of the stream (``cal.share``). Values
+    written: the model's writes per second (entities touched per slide, the stream's entities).
     """
-    from headwater.registry.cost import view_shape
+    from headwater.registry.cost import SECONDS_PER_DAY, view_shape, writes_per_day
 
     groups = len({v.entity for v in views})
-    folded = 0.0
+    folded = writes = 0.0
     for v in views:
         shape = view_shape(v.features)
         folded += sum(cal.share(w) for _, w, _ in shape.agg_filters)
-    return [1.0, float(groups), rate, rate * len(views), rate * folded]
+        writes += writes_per_day(shape, rate, stream_entities(v.source, v.join_key)) / SECONDS_PER_DAY
+    return [1.0, float(groups), rate, rate * len(views), rate * folded, writes]
 
 
 def holds(phase: dict[str, Any]) -> bool:
@@ -594,18 +596,26 @@ def fit_jobs(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]:
                 continue
             rows.append(job_terms(views, p["consumed_eps"] or p["rate"], cal))
             cores.append(p["job_cpu_cores"])
-    coef = _nonneg_lstsq(np.asarray(rows), np.asarray(cores))
+    a = np.asarray(rows)
+    if not FIT_PUBLISH:
+        a[:, 5] = 0.0  # the term left out (pinned at 0)
+    coef = _nonneg_lstsq(a, np.asarray(cores))
     return {
         "job_fixed_cores": round(float(coef[0]), 4),
         "group_fixed_cores": round(float(coef[1]), 4),
         "job_event_us": round(float(coef[2]) * 1e6, 3),
         "event_us": round(float(coef[3]) * 1e6, 3),
         "agg_us": dict.fromkeys(AGG_KINDS_RT, round(float(coef[4]) * 1e6, 3)),
+        "publish_us": round(float(coef[5]) * 1e6, 3),
         "where_us": 0.0,
         "pane_us": 0.0,
         "rekey_us": 0.0,
         "fixed_cores": 0.0,
     }
+
+
+FIT_PUBLISH = True
+"""Whether the job fit has a term per value written (``--rt-no-publish`` leaves it out)."""
 
 
 AGG_KINDS_RT = ("count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k")
@@ -666,7 +676,7 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
         for p in run["phases"]:
             rate = p["consumed_eps"] or p["rate"]
             est = sum(
-                estimate_view(v.features, rate, tier, False, 5000, cal,
+                estimate_view(v.features, rate, tier, False, stream_entities(v.source, v.join_key), cal,
                               job_share(keys, v.tier, v.source, v.entity)).cpu_hours_per_day / 24
                 for v in views
             )  # fmt: skip
