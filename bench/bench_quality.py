@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=3, help="days the synthetic stream spans")
     parser.add_argument("--generator-seed", type=int, default=11)
     parser.add_argument("--seeds", default="0,1,2", help="training seeds")
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--movielens", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(

@@ -7,7 +7,7 @@ pass over the events, each impression's features from the events before it only;
 (user and pair features) as of the start of the impression's slate, since a ranker scores a whole
 slate at once (counting the slate's own earlier slots would leak the position into them):
 
-- user: ``clicks``, ``impressions`` (so far);
+- user: ``clicks``, ``impressions`` and ``ctr`` (clicks per impression), so far;
 - item: ``item_impressions``, ``item_clicks``, ``item_ctr`` and ``item_coec`` (clicks over expected
   clicks: the item's clicks over the sum, across its impressions, of the click rate of the position
   it was shown at, all so far; a CTR that a good slot does not inflate);
@@ -45,7 +45,7 @@ import numpy as np
 
 from headwater.serving.trainset import TrainingSet
 
-USER_FEATURES = ("clicks", "impressions")
+USER_FEATURES = ("clicks", "impressions", "ctr")
 ITEM_FEATURES = ("item_impressions", "item_clicks", "item_ctr", "item_coec")
 PAIR_FEATURES = ("category_click_share", "category_impression_share", "category_ctr")
 COEC_PRIOR = 1.0
@@ -125,7 +125,7 @@ def events_training_set(
                 rows.append((
                     slates.setdefault((session, pages[session]), len(slates)),
                     user, item, e["event_time"], float((session, e["item_id"], e["position"]) in clicked),
-                    position, uc, ui, imp, clk, clk / imp if imp else nan,
+                    position, uc, ui, uc / ui if ui else nan, imp, clk, clk / imp if imp else nan,
                     (clk + COEC_PRIOR) / (item_exp[item] + COEC_PRIOR),
                     cc / uc if uc else nan, ci / ui if ui else nan, cc / ci if ci else nan,
                     known.p_click if known else nan, known.relevance if known else nan,
@@ -149,24 +149,24 @@ def events_training_set(
         msg = f"training set {name!r}: no labelled impression in {len(stream)} events"
         raise ValueError(msg)
     col = list(zip(*rows, strict=True))
-    floats = np.asarray(col[6:15], np.float32).T
+    floats = np.asarray(col[6:16], np.float32).T
     return TrainingSet(
         USER_FEATURES,
         ITEM_FEATURES,
         name,
-        floats[:, :2].copy(),
-        floats[:, 2:6].copy(),
+        floats[:, :3].copy(),
+        floats[:, 3:7].copy(),
         np.asarray(col[4], np.float32),
         np.asarray(col[0], np.int64),
         np.asarray(col[3], np.int64),
         np.asarray(col[1]),
         np.asarray(col[2]),
         oracle=(
-            {"oracle": np.asarray(col[15], np.float64), "oracle_relevance": np.asarray(col[16], np.float64)}
+            {"oracle": np.asarray(col[16], np.float64), "oracle_relevance": np.asarray(col[17], np.float64)}
             if truth is not None
             else {}
         ),
-        pair={f: floats[:, 6 + j].copy() for j, f in enumerate(PAIR_FEATURES)},
+        pair={f: floats[:, 7 + j].copy() for j, f in enumerate(PAIR_FEATURES)},
         position=np.asarray(col[5], np.int64),
     )
 
