@@ -262,6 +262,11 @@ def parse_args() -> argparse.Namespace:
         "--work", type=Path, default=None,
         help="Keep the state and the trained models here, reused by the next run (default: a temp dir).",
     )  # fmt: skip
+    ap.add_argument(
+        "--deadline-ms", type=float, default=None,
+        help="deadline_ms of every request (default: the service's 100 ms). A long one keeps a loaded"
+        " machine's slow requests on the full path, so CPU per request is the full path's.",
+    )  # fmt: skip
     ap.add_argument("--base", type=Path, default=None, help="PYTHONPATH of the 'base' variant's code.")
     ap.add_argument("--write-chunk", type=int, default=20_000, help="Rows per pipelined write to Redis.")
     ap.add_argument("--bootstrap", default=Settings.from_env().kafka_bootstrap)
@@ -468,14 +473,15 @@ def main() -> None:
         print(f"written in {timings['write_s']} s", flush=True)
         del world
         rng = random.Random(args.seed)
+        extra: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
         rec_bodies = [
-            encode("/v1/recommend", {"user_id": f"b-u{rng.randrange(args.users):06d}", "k": args.k})
+            encode("/v1/recommend", {"user_id": f"b-u{rng.randrange(args.users):06d}", "k": args.k, **extra})
             for _ in range(512)
         ]
         items = [f"b-i{i:06d}" for i in range(args.items)]
         rank_bodies = [
             encode("/v1/rank", {"user_id": f"b-u{rng.randrange(args.users):06d}",
-                                "candidates": rng.sample(items, args.candidates), "k": args.k})
+                                "candidates": rng.sample(items, args.candidates), "k": args.k, **extra})
             for _ in range(256)
         ]  # fmt: skip
         del items
@@ -501,6 +507,7 @@ def main() -> None:
         "users": args.users,
         "k": args.k,
         "rank_candidates": args.candidates,
+        "deadline_ms": args.deadline_ms,
         "redis": "private redis-server" if private is not None else redis_url,
         "setup": timings,
         "cpu_count": os.cpu_count(),
