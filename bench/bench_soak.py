@@ -156,7 +156,8 @@ def main() -> None:
     state = run_dir / "state"
     run_dir.mkdir(parents=True)
     settings = Settings.from_env()
-    env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq"}
+    env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq",
+           "FLINK_LOG_DIR": str(run_dir / "flink")}  # the job's own log kept with the run  # fmt: skip
     repo = soak_repo(run_dir, run_id)
     namespace = run_id.replace("-", "")
     cfg = {

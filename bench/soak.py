@@ -246,7 +246,8 @@ def main() -> None:
         args.bootstrap, args.topic = broker.bootstrap, run_id
         lag = probe.group_lag
         probe.group_lag = lambda *a: _safe(lag, None, *a)  # the sampler survives a broker restart
-        env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq"}
+        env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq",
+               "FLINK_LOG_DIR": str(run_dir / "flink")}  # the job's own log kept with the run  # fmt: skip
         cfg = {
             "bootstrap": broker.bootstrap,
             "topic": run_id,
