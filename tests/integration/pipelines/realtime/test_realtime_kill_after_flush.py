@@ -122,6 +122,7 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
 
         wait_for(replayed, 600, "the restarted job's replayed write of T0+30 s", log)
         replayed_at = time.time()
+        after = _snapshot(redis_url, names, tier_plan)  # now: the keys expire 40 s after their last write
         wait_for(  # its dead-letter transaction commits when a checkpoint taken after the replay completes
             lambda: any(j not in first_jobs and m > replayed_at + 1 for _, j, m in checkpoints(chk)),
             240,
@@ -137,7 +138,6 @@ def test_kill_9_after_a_flush_before_the_next_checkpoint_writes_nothing_twice(
     try:
         text = log.read_text(errors="replace")
         assert f"/chk-{last}" in text.split("restoring from checkpoint")[-1][:400], text[-3000:]
-        after = _snapshot(redis_url, names, tier_plan)
         for view, ids in VIEWS:  # first what counts: nothing counted twice, the values of before the kill
             assert after[view][0] == flushed[view][0], view  # same boundaries
             np.testing.assert_array_equal(after[view][2], flushed[view][2])
