@@ -12,7 +12,7 @@ replace a newer one. Nothing is ever added to a stored value, so a replay cannot
 The test proves it: after the restart has replayed (a freshness-log entry of T0+30 s after the
 kill), every value equals the reference and the value before the kill, at the same boundary.
 
-Dead letters too (issue 16 item 4, the realtime DLQ exactly once): two bad records sent with the
+Dead letters too (issue 16 items 5-6: the realtime DLQ exactly once): two bad records sent with the
 flushed events are dead-lettered before the kill, in the sink's Kafka transaction of the checkpoint
 that never completed. The restored job aborts that transaction (same ``sink.transactional-id-prefix``)
 and dead-letters the replayed records again, committed at its first checkpoint: the DLQ read
