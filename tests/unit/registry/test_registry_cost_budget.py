@@ -15,6 +15,7 @@ from headwater.registry import cost
 from headwater.registry.calibration import load_calibration, parse_calibration
 from headwater.registry.commands import check
 from headwater.registry.cost import SECONDS_PER_DAY, CostEstimate, estimate_view
+from headwater.registry.expr import parse
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo, line_of
 from headwater.registry.tiers import TIERS
 
@@ -29,7 +30,7 @@ def test_estimate_follows_the_formula(repo: ScratchRepo) -> None:
     (view,) = repo.check().views
     cal = load_calibration("realtime")
     panes = 30 / TIERS["realtime"].default_slide_s
-    sel = cal.scalar("selectivity")
+    sel = cal.share(parse("event_type = 'click'"))  # the filter's measured share (where_shares)
     us = (
         cal.scalar("event_us")
         + cal.scalar("where_us")
