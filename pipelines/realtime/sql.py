@@ -245,7 +245,6 @@ def _source_ddl(n: int, src: PlanSource, options: JobOptions) -> str:
   'properties.auto.offset.reset' = 'earliest',
   {startup},
   'scan.watermark.idle-timeout' = '{options.idle_timeout_s:g} s',
-  'properties.max.partition.fetch.bytes' = '{PARTITION_FETCH_BYTES}',
   'key.format' = 'raw',
   'key.fields' = 'hw_k',
   'value.format' = 'raw',
@@ -253,17 +252,6 @@ def _source_ddl(n: int, src: PlanSource, options: JobOptions) -> str:
 )"""
 
 
-PARTITION_FETCH_BYTES = 65_536
-"""Bytes a fetch takes from one partition (Kafka's default is 1 MiB).
-
-Why smaller: a job that restores with a backlog reads its partitions a fetch at a time. With 1 MiB
-(about 7,000 records, minutes of event time at a partition's live rate) one partition's chunk can run
-ahead of another's by more than the allowed lateness, or keep the other silent past the source's idle
-timeout, and the lagging partition's on-time events are then "late" (the 30-minute chaos soak saw
-127,288 late letters where 18,027 were due, after five kill -9 restarts). 64 KiB interleaves the
-partitions every few hundred records; a fetch still carries every partition's chunk, so throughput is
-bounded by the fetch round trips, not the chunk size. Unverified until the soak runs again.
-"""
 DLQ_TRANSACTION_TIMEOUT_MS = 600_000
 """Transaction timeout of the dead-letter sink: below the broker's ``transaction.max.timeout.ms``
 (15 min by default; a larger one fails the job at start), above a checkpoint interval plus a restart

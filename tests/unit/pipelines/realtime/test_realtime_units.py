@@ -13,7 +13,6 @@ from headwater.pipelines.realtime.cli import _topic_overrides
 from headwater.pipelines.realtime.decode import decoder_config, event_columns, id_fields
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import (
-    PARTITION_FETCH_BYTES,
     CompiledJob,
     JobOptions,
     RealtimePlanError,
@@ -255,13 +254,3 @@ def test_dead_letter_sink_is_exactly_once_with_a_prefix_per_job_kept_across_rest
     other = job_of(plan, JobOptions("k:9092", "t.dlq", group_id="g2")).ddl[0]
     assert again == dlq  # a restart (same command line) aborts its predecessor's open transactions
     assert "'hw-dlq.g2.t.dlq'" in other  # another job never fences this one's producers
-
-
-def test_every_source_fetches_small_chunks_per_partition(plan: TierPlan) -> None:
-    """A restored job's backlog interleaves its partitions (``PARTITION_FETCH_BYTES``), not 1 MiB each."""
-    job = job_of(plan, JobOptions("k:9092", "t.dlq"))
-    sources = [d for d in job.ddl if "'connector' = 'kafka'" in d and "hw_source_" in d]
-    assert sources
-    for ddl in sources:
-        assert f"'properties.max.partition.fetch.bytes' = '{PARTITION_FETCH_BYTES}'" in ddl
-    assert PARTITION_FETCH_BYTES <= 65_536
