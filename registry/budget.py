@@ -204,8 +204,9 @@ def view_footprint(view: CompiledView, result: CheckResult) -> Footprint | None:
         timing = resolve_timing(source.spec)
         dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
     stream = (view.source, view.join_key)  # the measured profile of its entities (realtime state)
+    rekeyed = view.join_key != source.spec.key  # nearline: a repartitioned leg with its own store
     return estimate_footprint(
-        view.features, rate, TIERS[view.tier], entities, key_bytes, None, dedup_s, stream
+        view.features, rate, TIERS[view.tier], entities, key_bytes, None, dedup_s, stream, rekeyed
     )
 
 

@@ -252,10 +252,14 @@ class CostEstimate:
     shared_cpu_hours: float = 0.0
     job_cores: float = 0.0
     share: JobShare = JobShare()
+    read_days: float = 1
 
     def explain(self) -> str:
         """One line: the numbers that make the estimate."""
         text = f"{self.events_per_day:,.0f} events/day x {self.us_per_event:.2f} us/event"
+        if self.read_days != 1:
+            text = f"{self.events_per_day:,.0f} events read/day ({self.read_days:g} days of window) x "
+            text += f"{self.us_per_event:.2f} us/event"
         if self.writes_per_day:
             text += f" + {self.writes_per_day:,.0f} writes/day"
         if self.fixed_cores:
@@ -276,6 +280,7 @@ class CostEstimate:
             "job_fixed_cores": round(self.job_cores, 4),
             **self.share.as_dict(),
             "events_per_day": round(self.events_per_day),
+            "read_days": self.read_days,
             "us_per_event": round(self.us_per_event, 3),
             "writes_per_day": round(self.writes_per_day),
             "fixed_cores": self.fixed_cores,
@@ -295,6 +300,16 @@ def us_per_event(shape: Shape, cal: Calibration) -> float:
         s = (cal.share(where) if where is not None else sel) if filtered else 1.0
         us += s * (cal.per_agg("agg_us", kind) + cal.scalar("pane_us") * (panes - 1))
     return us
+
+
+def days_read(shape: Shape) -> int:
+    """Days of bronze the offline daily job reads to compute one day of a view of ``shape``.
+
+    ``pipelines/offline/job.py`` ``events_for`` reads every event that can reach the day's values:
+    the longest window plus its slide (``attach_window_ms``), in whole days (partitions).
+    """
+    reach = max((w + s for w, _, s in shape.agg_filters), default=float(SECONDS_PER_DAY))
+    return max(1, math.ceil(reach / SECONDS_PER_DAY - 1e-9))
 
 
 def live_entities(shape: Shape, rate_per_s: float, entities: float | None) -> float:
@@ -325,15 +340,20 @@ def estimate_view(
     entities: float | None = None,
     calibration: Calibration | None = None,
     share: JobShare | None = None,
+    read_days: float | None = None,
 ) -> CostEstimate:
     """Estimated CPU-hours per day of a view with ``features`` on ``tier`` at ``rate_per_s``.
 
     ``share``: the views sharing its job and group (:func:`job_share`); ``None``: alone in its job.
+    ``read_days``: days of events each day's run reads (``None``: the offline job reads its view's
+    window, :func:`days_read`; a streaming tier reads each event once).
     """
     cal = calibration or load_calibration(tier.name)
     share = share or JobShare()
     shape = view_shape(features, rekeyed)
-    events = rate_per_s * SECONDS_PER_DAY
+    if read_days is None:
+        read_days = 1
+    events = rate_per_s * SECONDS_PER_DAY * read_days
     us = us_per_event(shape, cal)
     writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0
     fixed = cal.scalar("fixed_cores")
@@ -351,6 +371,7 @@ def estimate_view(
         shared_cpu_hours=shared,
         job_cores=job + cal.scalar("group_fixed_cores"),
         share=share,
+        read_days=read_days,
     )
 
 
@@ -388,6 +409,7 @@ def estimate_footprint(
     calibration: Calibration | None = None,
     dedup_window_s: float = 0.0,
     stream: tuple[str, str] | None = None,
+    rekeyed: bool = False,
 ) -> Footprint:
     """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown).
 
@@ -395,10 +417,11 @@ def estimate_footprint(
     source's out-of-orderness + allowed lateness + one bucket); those ids are part of its state (the
     realtime tier keeps them in their slice: :func:`realtime_state`). ``stream``: the view's
     ``(source, join key)``, whose measured profile the realtime state follows (``None``: even, no
-    bursts).
+    bursts). ``rekeyed``: the view's join key is not the topic's key (nearline: a repartitioned
+    leg with its own store, :func:`nearline_state`).
     """
     cal = calibration or load_calibration(tier.name)
-    shape = view_shape(features)
+    shape = view_shape(features, rekeyed)
     live = live_entities(shape, rate_per_s, entities)
     if tier.name == "offline":
         days = max(1, math.ceil(shape.longest_window_s / SECONDS_PER_DAY))
@@ -496,13 +519,18 @@ def nearline_state(
     folds an event only into the features whose filter keeps it), kept for the longest window of
     that slide: ``state_pane_bytes`` each, plus ``state_slot_bytes`` per aggregation whose filter
     an event of that pane passed. Records follow :func:`pane_occupancy` (the stream's bursts and
-    uneven entities, as in the realtime state). Every event's id is kept ``dedup_window_s``.
+    uneven entities, as in the realtime state). A counter map (distinct_count, top_k: ``[[value,
+    count], ...]``) holds an entry per distinct value of its pane: the first is in
+    ``state_slot_bytes``, each further event of the record adds ``state_running_event_bytes`` (an
+    upper bound: every value new). Every event's id is kept ``dedup_window_s``; a re-keyed view
+    (``shape.rekeyed``) keeps them twice: the source partition's task de-duplicates every event and
+    the repartitioned task (pipelines/nearline/repartition.py, its own store) every forwarded one.
     """
     profile = cal.profile(stream)
     routes: dict[float, list[tuple[str, float, Expr | None]]] = {}
     for (kind, _, _), (agg_window, where, slide) in zip(shape.aggs, shape.agg_filters, strict=True):
         routes.setdefault(slide, []).append((kind, agg_window, where))
-    records = partials = 0.0
+    records = partials = entries = 0.0
     for slide, aggs in routes.items():
         window = max(w for _, w, _ in aggs)
         panes = max(1.0, window / max(slide, 1.0)) + 1
@@ -513,12 +541,17 @@ def nearline_state(
             own = rate_per_s * cal.share(where) * window
             filled = pane_occupancy(own, cal.burst(where, stream), panes, entities, profile)[1]
             partials += filled * cal.per_agg("state_slot_bytes", kind)
-    ids = rate_per_s * dedup_window_s
-    state = records * cal.scalar("state_pane_bytes") + partials + ids * cal.scalar("state_dedup_id_bytes")
+            entries += max(0.0, own - filled) * cal.per_agg("state_running_event_bytes", kind)
+    ids = rate_per_s * dedup_window_s * (2 if shape.rekeyed else 1)
+    id_bytes = cal.scalar("state_dedup_id_bytes")
+    state = records * cal.scalar("state_pane_bytes") + partials + entries + ids * id_bytes
     pane = cal.scalar("state_pane_bytes")
     basis = f"{records:,.0f} pane records x {pane:.0f} bytes + {partials:,.0f} bytes of partials"
-    if ids and cal.scalar("state_dedup_id_bytes"):
-        basis += f" + {ids:,.0f} event ids x {cal.scalar('state_dedup_id_bytes'):.0f} bytes"
+    if entries:
+        basis += f" + {entries:,.0f} bytes of counter-map entries"
+    if ids and id_bytes:
+        twice = " (x 2: the repartitioned leg keeps its own)" if shape.rekeyed else ""
+        basis += f" + {ids:,.0f} event ids{twice} x {id_bytes:.0f} bytes"
     return state, basis
 
 

@@ -15,6 +15,7 @@ from headwater.registry.cost import (
     HEADER_BYTES,
     SECONDS_PER_DAY,
     JobShare,
+    days_read,
     estimate_footprint,
     estimate_view,
     job_share,
@@ -104,6 +105,24 @@ def test_cpu_hours_follow_rate_and_fixed_cores() -> None:
     )
 
 
+def test_the_offline_job_is_charged_every_event_of_the_window_it_reads_each_day() -> None:
+    # events_for reads the longest window plus its slide, in whole days: 7d + 1d -> 8, 30d + 1d -> 31
+    week = (feature(window="7d", slide="1d"), feature(name="g", window="1d", slide="1d"))
+    assert days_read(view_shape(week)) == 8
+    assert days_read(view_shape((feature(window="30d", slide="1d"),))) == 31
+    assert days_read(view_shape((feature(window="1h", slide="1m"),))) == 1
+    per_event = 20.0 + 2 * 1.0 + 0.01 * 6  # two counts; the week's 7 panes: pane_us x 6
+    est = estimate_view(week, 2000, TIERS["offline"], calibration=CAL, read_days=days_read(view_shape(week)))
+    assert est.read_days == 8
+    assert est.events_per_day == 2000 * SECONDS_PER_DAY * 8
+    assert est.cpu_hours_per_day == pytest.approx(2000 * SECONDS_PER_DAY * 8 * per_event / 3.6e9 + 0.01 * 24)
+    assert "events read/day (8 days of window)" in est.explain()
+    one = estimate_view(week, 2000, TIERS["offline"], calibration=CAL, read_days=1)
+    assert one.events_per_day == 2000 * SECONDS_PER_DAY
+    # a streaming tier reads each event once, whatever the window
+    assert estimate_view(week, 2000, TIERS["nearline"], calibration=CAL).read_days == 1
+
+
 def test_missing_constants_take_the_defaults_and_say_so() -> None:
     cal = parse_calibration("realtime", {"constants": {"event_us": 3}, "measured_at": "2026-12-01"})
     assert cal.scalar("event_us") == 3.0
@@ -153,6 +172,38 @@ def test_state_counts_live_entities_and_slices() -> None:
     # 36 events an hour over 100 entities: about 36 records, one an event
     assert sparse.entities == pytest.approx(36)
     assert sparse.state_bytes == pytest.approx(36 * 1 * 44, rel=0.01)
+
+
+def test_a_rekeyed_nearline_view_keeps_its_ids_twice_and_counter_maps_an_entry_a_value() -> None:
+    cal = parse_calibration(
+        "nearline",
+        {
+            "constants": {
+                "state_pane_bytes": 40.0,
+                "state_slot_bytes": {"count": 4.0, "distinct_count": 30.0},
+                "state_dedup_id_bytes": 45.0,
+                "state_running_event_bytes": {"distinct_count": 16.0},
+            },
+            "measured_at": "2026-12-02",
+        },
+        Path("registry/calibration/nearline.json"),
+    )
+    tier = TIERS["nearline"]
+    count = (feature(window="1h", slide="1m"),)
+    plain = estimate_footprint(count, 10, tier, 100, 12, cal, dedup_window_s=120)
+    rekeyed = estimate_footprint(count, 10, tier, 100, 12, cal, dedup_window_s=120, rekeyed=True)
+    # 10 events/s x 120 s = 1,200 ids; the repartitioned leg's store keeps another 1,200
+    assert rekeyed.state_bytes - plain.state_bytes == pytest.approx(1200 * 45.0)
+    assert "x 2: the repartitioned leg" in rekeyed.state_basis
+    # a distinct_count's map: its records' first values in state_slot_bytes, every further event
+    # of the window an entry (36,000 events in 100 x 61 records)
+    distinct = (feature(agg="distinct_count", field="account_id", window="1h", slide="1m"),)
+    fp = estimate_footprint(distinct, 10, tier, 100, 12, cal)
+    records = 100 * 61 * -math.expm1(-360 / 61)
+    assert fp.state_bytes == pytest.approx(records * (40 + 30) + (36_000 - records) * 16.0)
+    assert "bytes of counter-map entries" in fp.state_basis
+    # a count has no map: no entries
+    assert "counter-map" not in estimate_footprint(count, 10, tier, 100, 12, cal).state_basis
 
 
 def test_online_memory_is_header_slots_and_key_per_entity() -> None:
