@@ -337,6 +337,7 @@ def main() -> None:
     ap.add_argument("--second-rate", type=float, default=50.0)
     ap.add_argument("--rt-rates", default="2000,6000", help="realtime: the two offered rates (events/s)")
     ap.add_argument("--rt-phase-s", type=float, default=30.0)
+    ap.add_argument("--rt-warm-s", type=float, default=20.0, help="--rt-jobs: unmeasured warm-up seconds")
     ap.add_argument("--tiers", default="nearline,realtime")
     ap.add_argument(
         "--rt-examples-only",
@@ -408,6 +409,7 @@ def main() -> None:
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
         only = [j for j in args.rt_jobs_only.split(",") if j] or None
         rt.FIT_PUBLISH = not args.rt_no_publish
+        rt.WARM_S = args.rt_warm_s
         rt.calibrate_jobs(args.rt_jobs_refit, rates, args.rt_phase_s, not args.no_write, command, only)
         return
     if args.table_only:
@@ -997,7 +999,7 @@ def nl_state_estimate(view: Any, source: Any, rate: float, span_s: float, popula
     dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
     return estimate_footprint(
         capped(view.features, span_s), rate, TIERS["nearline"], population, 12, cal, dedup_s,
-        stream=(view.source, view.join_key),
+        stream=(view.source, view.join_key), rekeyed=view.join_key != source.spec.key,
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,15 @@ def main() -> None:
     ap.add_argument("--rates", default="40000,160000", help="events per day of the two streams (behaviour)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--refit", action="store_true", help=f"fit from {PARTIAL.name} (the runs so far)")
+    ap.add_argument(
+        "--measure-days",
+        default="",
+        help="compute each of these days (1-based, comma-separated) alone, each reading its view's "
+        "window of bronze (the daily job); default: every day in one run",
+    )
+    ap.add_argument("--bronze", default="", help="keep (or reuse) the bronze tables in this folder")
+    ap.add_argument("--gen-only", action="store_true", help="with --bronze: write the bronze tables, stop")
+    ap.add_argument("--no-cache", action="store_true", help="read bronze from Delta each run (the job's way)")
     args = ap.parse_args()
     command = "python bench/bench_calibrate_offline.py " + " ".join(sys.argv[1:])
     rates = [float(r) for r in args.rates.split(",")]
@@ -152,6 +162,7 @@ def main() -> None:
         return
 
     from headwater.pipelines.offline.bronze import append_events
+    from headwater.pipelines.offline.compute import attach_window_ms
     from headwater.pipelines.offline.job import read_bronze, run_view
     from headwater.pipelines.offline.lake import bronze_path, day_of_ms, days, feature_path
     from headwater.pipelines.offline.session import offline_session
@@ -162,48 +173,70 @@ def main() -> None:
     plan = build_plans(example, registry_hash(example))["offline"]
     sources = {s.name: s for s in plan.sources}
     tmp = Path(tempfile.mkdtemp(prefix="bench-cal-off-"))
+    kept = Path(args.bronze) if args.bronze else tmp
+    measure = [int(d) for d in args.measure_days.split(",") if d]
     spark = offline_session("calibrate-offline")
     spark.conf.set("spark.sql.shuffle.partitions", "2")
     runs: dict[str, Any] = {}
     try:
         bronze: dict[tuple[str, float], Any] = {}
         counts: dict[tuple[str, float], int] = {}
+        per_day: dict[tuple[str, float], dict[Any, int]] = {}
         for rate in rates:
             for name, events in (
                 ("events", behaviour_events(rate, args.days)),
                 ("payments", payment_events(rate / 4, args.days)),
             ):
-                lake = tmp / f"bronze-{name}-{rate:g}"
-                for chunk in events:
-                    append_events(spark, sources[name], chunk, bronze_path(lake, name))
-                bronze[(name, rate)] = read_bronze(spark, lake, sources[name]).cache()
-                counts[(name, rate)] = bronze[(name, rate)].count()
-                print(f"bronze {name} @ {rate:g}/day: {counts[(name, rate)]} events", flush=True)
+                lake = kept / f"bronze-{name}-{rate:g}-{args.days}d"
+                if not (lake / "_done").is_file():
+                    shutil.rmtree(lake, ignore_errors=True)
+                    for chunk in events:
+                        append_events(spark, sources[name], chunk, bronze_path(lake, name))
+                    (lake / "_done").write_text("done\n")
+                frame = read_bronze(spark, lake, sources[name])
+                bronze[(name, rate)] = frame if args.no_cache else frame.cache()
+                daily = {r["date"]: r["count"] for r in frame.groupBy("date").count().collect()}
+                per_day[(name, rate)], counts[(name, rate)] = daily, sum(daily.values())
+                print(f"bronze {name} @ {rate:g}/day: {counts[(name, rate)]} events "
+                      f"{sorted((str(d), n) for d, n in daily.items())}", flush=True)  # fmt: skip
+        if args.gen_only:
+            return
         all_days = days(day_of_ms(START_MS), day_of_ms(START_MS + (args.days - 1) * SECONDS_PER_DAY * 1000))
         views = sorted(plan.views, key=lambda v: v.name)
         # warm-up: a session's first jobs pay class loading and JIT (last round the per-run cost fell
         # from 25 to 5 CPU s over the first views): every view once at the first rate, not measured
         for warm in views:
             run_view(spark, bronze[(warm.source, rates[0])], warm, sources[warm.source],
-                     tmp / f"warm-{warm.name}", all_days, chunk_days=len(all_days))  # fmt: skip
+                     tmp / f"warm-{warm.name}", all_days[:1], chunk_days=1)  # fmt: skip
             print(f"  warm-up {warm.name}: done (cpu so far {tree_cpu_s():.0f} s)", flush=True)
         for view in views:
             row: dict[str, Any] = {"source": view.source, "runs": []}
+            reach_days = -(-attach_window_ms(view) // (SECONDS_PER_DAY * 1000))
             for rate in rates:
                 key = (view.source, rate)
-                lake = tmp / f"lake-{view.name}-{rate:g}"
-                cpu0, t0 = tree_cpu_s(), time.monotonic()
-                done = run_view(spark, bronze[key], view, sources[view.source], lake, all_days,
-                                chunk_days=len(all_days))  # fmt: skip
-                cpu = tree_cpu_s() - cpu0
-                table = feature_path(lake, view.name)
-                row["runs"].append({
-                    "events_per_day": counts[key] / args.days, "events": counts[key], "days": args.days,
-                    "cpu_s": round(cpu, 2), "wall_s": round(time.monotonic() - t0, 2),
-                    "rows": sum(r.rows for r in done), "table_bytes": data_bytes(spark, table),
-                    "folder_bytes": folder_bytes(table), "load_1m": round(os.getloadavg()[0], 2),
-                })  # fmt: skip
-                print(f"  {view.name} @ {rate:g}/day: {row['runs'][-1]}", flush=True)
+                # each computed day alone (the daily job: it reads the view's whole window of bronze,
+                # here what the bronze holds of it), or every day in one run
+                for k in measure or [0]:
+                    computed = [all_days[k - 1]] if k else list(all_days)
+                    lo = computed[0] - timedelta(days=reach_days)
+                    read = [d for d in all_days if lo < d <= computed[-1]]
+                    lake = tmp / f"lake-{view.name}-{rate:g}-{k}"
+                    cpu0, t0 = tree_cpu_s(), time.monotonic()
+                    done = run_view(spark, bronze[key], view, sources[view.source], lake, computed,
+                                    chunk_days=len(computed))  # fmt: skip
+                    cpu = tree_cpu_s() - cpu0
+                    table = feature_path(lake, view.name)
+                    row["runs"].append({
+                        "events_per_day": counts[key] / args.days, "events": counts[key],
+                        "days": len(computed),
+                        "computed_day": k, "read_days": len(read), "reach_days": reach_days,
+                        "events_read": sum(per_day[key].get(d, 0) for d in read),
+                        "cpu_s": round(cpu, 2), "wall_s": round(time.monotonic() - t0, 2),
+                        "rows": sum(r.rows for r in done), "table_bytes": data_bytes(spark, table),
+                        "folder_bytes": folder_bytes(table), "load_1m": round(os.getloadavg()[0], 2),
+                    })  # fmt: skip
+                    shutil.rmtree(lake, ignore_errors=True)
+                    print(f"  {view.name} @ {rate:g}/day day {k}: {row['runs'][-1]}", flush=True)
             runs[view.name] = row
             PARTIAL.write_text(
                 json.dumps({"command": command, "runs": runs}, indent=2) + "\n", encoding="utf-8"
@@ -276,11 +309,13 @@ def fit_offline(runs: dict[str, Any], example: Any) -> tuple[dict[str, Any], dic
     per_view: dict[str, Any] = {}
     rows, us = [], []
     for name, row in runs.items():
-        (a, b) = row["runs"][:2]
-        slope = (b["cpu_s"] - a["cpu_s"]) / max(1, b["events"] - a["events"])
-        fixed = a["cpu_s"] - slope * a["events"]
+        # CPU of a run against the events it read (the computed days' windows of bronze): a line
+        # through every run of the view (two rates, or one day computed after 1, 2, 3 days of bronze)
+        xs = np.asarray([float(r.get("events_read", r["events"])) for r in row["runs"]])
+        ys = np.asarray([float(r["cpu_s"]) for r in row["runs"]])
+        slope, fixed = (float(c) for c in np.polyfit(xs, ys, 1)) if np.ptp(xs) > 0 else (0.0, 0.0)
         if slope <= 0:  # noise above the events' cost: all of it fixed
-            slope, fixed = 0.0, (a["cpu_s"] + b["cpu_s"]) / 2
+            slope, fixed = 0.0, float(ys.mean())
         per_view[name] = {"fixed_s": round(fixed, 2), "us_per_event": round(slope * 1e6, 3)}
         view = next(v for v in example.views if v.name == name)
         rows.append([1.0, float(len(view_shape(view.features).aggs))])
@@ -346,7 +381,10 @@ def check_accuracy(runs: dict[str, Any], example: Any, constants: dict[str, Any]
         rates = []
         for r in row["runs"]:
             rate = r["events_per_day"] / SECONDS_PER_DAY
-            est = estimate_view(view.features, rate, tier, False, None, cal)
+            # what the run read: its computed day's window of what bronze held (the model's days_read
+            # of a steady daily job, cut to the stream's days)
+            read = r.get("events_read", r["events"]) / max(1.0, r["events_per_day"]) / r["days"]
+            est = estimate_view(view.features, rate, tier, False, None, cal, read_days=read)
             est_s = est.cpu_hours_per_day * 3600
             meas_s = r["cpu_s"] / r["days"]
             # the table holds one row per entity and day computed: entities = rows / days written
@@ -355,7 +393,8 @@ def check_accuracy(runs: dict[str, Any], example: Any, constants: dict[str, Any]
             days_kept = max(1, -(-view_shape(view.features).longest_window_s // SECONDS_PER_DAY))
             state_est = fp.state_bytes * r["days"] / days_kept  # the stream wrote `days` days, not the window
             rates.append({
-                "events_per_day": r["events_per_day"], "estimated_cpu_s_per_day": round(est_s, 2),
+                "events_per_day": r["events_per_day"], "computed_day": r.get("computed_day", 0),
+                "read_days": round(read, 2), "estimated_cpu_s_per_day": round(est_s, 2),
                 "measured_cpu_s_per_day": round(meas_s, 2), "cpu_error": round(est_s / meas_s - 1, 3),
                 "state_estimate": round(state_est), "state_bytes": r["table_bytes"],
                 "state_error": round(state_est / r["table_bytes"] - 1, 3) if r["table_bytes"] else None,
@@ -367,11 +406,12 @@ def check_accuracy(runs: dict[str, Any], example: Any, constants: dict[str, Any]
 
 def print_table(accuracy: dict[str, Any]) -> None:
     """Estimate vs measured per view and rate: CPU seconds a day, table bytes."""
-    print(f"\n{'view':<28} {'events/day':>10} {'est cpu s':>9} {'meas cpu s':>10} {'err':>6}  "
+    print(f"\n{'view':<28} {'events/day':>10} {'read':>4} {'est cpu s':>9} {'meas cpu s':>10} {'err':>6}  "
           f"{'state est':>10} {'state meas':>10} {'err':>6}")  # fmt: skip
     for name, row in accuracy.items():
         for r in row["rates"]:
-            print(f"{name:<28} {r['events_per_day']:>10,.0f} {r['estimated_cpu_s_per_day']:>9.1f} "
+            print(f"{name:<28} {r['events_per_day']:>10,.0f} {r.get('read_days', 1):>4g} "
+                  f"{r['estimated_cpu_s_per_day']:>9.1f} "
                   f"{r['measured_cpu_s_per_day']:>10.1f} {r['cpu_error']:>+6.0%}  {r['state_estimate']:>10,} "
                   f"{r['state_bytes']:>10,} {(r['state_error'] or 0):>+6.0%}")  # fmt: skip
 

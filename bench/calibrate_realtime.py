@@ -504,6 +504,10 @@ JOBS = {
 }
 
 
+WARM_S = 20.0
+"""Seconds of the unmeasured warm-up phase at the first rate (``--rt-warm-s``)."""
+
+
 def measure_jobs(
     out: Path, rates: tuple[float, ...], phase_s: float, only: list[str] | None = None, key: str = "runs"
 ) -> dict[str, Any]:
@@ -526,10 +530,10 @@ def measure_jobs(
         source = "payments" if name == "account_payments" else "events"
         print(f"  job {name}: {views}", flush=True)
         try:
-            runs[name] = run_views(repo, work / "run", source, rates, phase_s)
+            runs[name] = run_views(repo, work / "run", source, rates, phase_s, WARM_S)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        runs[name]["phase_s"] = phase_s
+        runs[name]["phase_s"], runs[name]["warm_s"] = phase_s, WARM_S
         out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc
 
