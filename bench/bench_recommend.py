@@ -185,7 +185,7 @@ async def recommend_level(
 
 BUCKETS = (
     ("rerank (torch)", ("(serving/funnel/reranker.py",)),
-    ("DCN forward (torch)", ("NeuralScorer.score_batch",)),
+    ("DCN forward (ONNX Runtime or torch)", ("NeuralScorer.score_batch",)),
     ("retrieval: user tower + ANN search", ("TwoTowerRetriever.retrieve",)),
     ("recent-items writes (Redis)", ("RedisRecentItems._write",)),
     ("recent/categories/popular reads (Redis)", ("RedisRecentItems.",)),
@@ -379,7 +379,8 @@ def run_variant(
         health = wait_healthy(port, proc, timeout=7200.0)
         start_s = round(time.perf_counter() - t0, 1)
         print(f"[{name}] service up in {start_s} s (index built from Redis)", flush=True)
-        print(f"[{name}] runs on {plan_for(health['device']).describe()}", flush=True)
+        runtime = health.get("ranker_runtime")
+        print(f"[{name}] runs on {plan_for(health['device'], runtime).describe()}", flush=True)
         if accelerator_report(health["device"])["on_gpu"] is not None:
             print(f"[{name}] no GPU here; with one it would run {plan_for('cuda').describe()}", flush=True)
         concurrencies = [int(x) for x in args.concurrency.split(",")]
@@ -420,7 +421,8 @@ def run_variant(
         "impressions_loop": {"kafka": feedback, "seen_set": True},
         "service_start_s": start_s,
         "device": health["device"],
-        "accelerator": accelerator_report(health["device"]),
+        "accelerator": accelerator_report(health["device"], health.get("ranker_runtime")),
+        "ranker_runtime_failures": health.get("ranker_runtime_failures"),
         "model_version": health["model_version"],
         "feedback": health["feedback"],
         "recommend": levels,

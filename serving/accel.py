@@ -6,6 +6,10 @@ agree and a CPU run can say what a GPU run would do (issue 15: "GPU path ready")
 - **The DCN and the two towers** run their forward under fp16 autocast on CUDA (matmuls in half, the
   sums and the sigmoid in fp32: autocast keeps reductions in fp32, which a blanket ``.half()`` would
   not), fp32 on the CPU, where fp16 matmuls are slower than fp32 ones.
+- **The DCN's runtime on the CPU** is ONNX Runtime when it is installed (the model is exported to ONNX
+  at load, in memory; -44% of the DCN's CPU per call against torch, ``bench/bench_dcn_onnx.py``), torch
+  otherwise and on CUDA. ``HEADWATER_RANKER_RUNTIME=torch`` forces torch. A failed export or a failed
+  ORT call falls back to torch (logged and counted, never an error answer): ``serving/onnx_scorer.py``.
 - **The re-ranker** stays in fp32 on the device of the service: it sees 50 rows a request, so half
   precision saves nothing measurable and its attention softmax is the part fp16 rounds worst.
 - **The ANN index** stays in host memory: usearch, chosen by the measured comparison (README), has no
@@ -17,6 +21,8 @@ agree and a CPU run can say what a GPU run would do (issue 15: "GPU path ready")
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,6 +32,11 @@ import torch
 INDEX_BACKEND = "usearch (host memory; it has no GPU index)"
 """Where the retrieval index lives on every device."""
 
+ONNXRUNTIME = "onnxruntime"
+TORCH = "torch"
+RUNTIME_ENV = "HEADWATER_RANKER_RUNTIME"
+"""Set to ``torch`` to keep the DCN on torch on the CPU (``onnxruntime`` is the default when installed)."""
+
 
 @dataclass(frozen=True)
 class AcceleratorPlan:
@@ -34,6 +45,8 @@ class AcceleratorPlan:
     device: str
     ranker: str
     """The DCN's forward: ``fp16 autocast`` or ``fp32``."""
+    ranker_runtime: str
+    """What runs the DCN: ``onnxruntime`` (CPU, when installed) or ``torch``."""
     towers: str
     """The two-tower forward (user embedding per request, item embeddings at index refresh)."""
     reranker: str
@@ -46,8 +59,8 @@ class AcceleratorPlan:
     def describe(self) -> str:
         """Return one line: the device and each part's path."""
         return (
-            f"{self.device}: DCN {self.ranker}, towers {self.towers}, re-ranker {self.reranker}, "
-            f"index {self.index}"
+            f"{self.device}: DCN {self.ranker} on {self.ranker_runtime}, towers {self.towers}, "
+            f"re-ranker {self.reranker}, index {self.index}"
         )
 
 
@@ -56,10 +69,37 @@ def uses_half(device: str) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def plan_for(device: str) -> AcceleratorPlan:
-    """Return the plan of ``device`` (``cpu``, ``cuda``, ``cuda:N``), whether or not one is present."""
+def onnx_available() -> bool:
+    """Return whether ONNX Runtime and the ``onnx`` package (torch's exporter needs it) are installed."""
+    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnx"))
+
+
+def ranker_runtime(device: str) -> str:
+    """Return what runs the DCN on ``device``: ONNX Runtime on the CPU when installed, else torch.
+
+    On CUDA torch stays (fp16 autocast; ORT's CUDA provider is not installed).
+    ``HEADWATER_RANKER_RUNTIME=torch`` forces torch on the CPU too.
+    """
+    if uses_half(device) or os.environ.get(RUNTIME_ENV, "").strip().lower() == TORCH:
+        return TORCH
+    return ONNXRUNTIME if onnx_available() else TORCH
+
+
+def plan_for(device: str, runtime: str | None = None) -> AcceleratorPlan:
+    """Return the plan of ``device`` (``cpu``, ``cuda``, ``cuda:N``), whether or not one is present.
+
+    ``runtime``: what actually runs the DCN (a scorer whose export failed runs torch); default: what
+    :func:`ranker_runtime` would choose here.
+    """
     half = "fp16 autocast" if uses_half(device) else "fp32"
-    return AcceleratorPlan(device=device, ranker=half, towers=half, reranker="fp32", index=INDEX_BACKEND)
+    return AcceleratorPlan(
+        device=device,
+        ranker=half,
+        ranker_runtime=runtime or ranker_runtime(device),
+        towers=half,
+        reranker="fp32",
+        index=INDEX_BACKEND,
+    )
 
 
 def precision(device: str | torch.device) -> AbstractContextManager[Any]:
@@ -70,7 +110,7 @@ def precision(device: str | torch.device) -> AbstractContextManager[Any]:
     return nullcontext()
 
 
-def accelerator_report(device: str) -> dict[str, Any]:
+def accelerator_report(device: str, runtime: str | None = None) -> dict[str, Any]:
     """Return what the service uses on ``device`` and, on a CPU, what it would use on a GPU.
 
     ``{"device", "gpu_present", "plan", "on_gpu"}``: ``on_gpu`` is the CUDA plan when this run is on the
@@ -80,6 +120,6 @@ def accelerator_report(device: str) -> dict[str, Any]:
     return {
         "device": device,
         "gpu_present": torch.cuda.is_available(),
-        "plan": plan_for(device).as_dict(),
+        "plan": plan_for(device, runtime).as_dict(),
         "on_gpu": plan_for("cuda").as_dict() if on_cpu else None,
     }

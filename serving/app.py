@@ -533,6 +533,8 @@ def create_app(
             registry_version=registry.registry_version,
             view_versions_changed=list(loaded.binding.changed_views),
             device=loaded.device,
+            ranker_runtime=getattr(loaded.neural, "runtime", None),
+            ranker_runtime_failures=int(getattr(loaded.neural, "onnx_failures", 0)),
             gpu_memory_used_percent=gpu_memory_used_percent(loaded.device),
             inference_latency_p99_ms=telemetry.inference_p99_ms(),
             feedback=_feedback_stats(feedback),

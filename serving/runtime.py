@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headwater.serving.accel import plan_for
 from headwater.serving.artifact import (
     Artifact,
     ArtifactError,
@@ -159,6 +160,8 @@ def load_models(model_path: Path | None, registry: BoundRegistry, device: str | 
             linear_art = linear = None
     if neural is None and linear is None:
         binding = Binding(None, None)
+    if neural is not None:
+        logger.info("models on %s", plan_for(dev, neural.runtime).describe())
     return LoadedModels(neural, neural_art if neural is not None else None, linear, linear_art, dev, binding)
 
 

@@ -241,6 +241,10 @@ class HealthResponse(BaseModel):
     view_versions_changed: list[str] = []
     """Views the model was trained on under another version than the applied one (retrain)."""
     device: str
+    ranker_runtime: str | None = None
+    """What runs the DCN: ``onnxruntime`` (CPU, when installed) or ``torch``; None without a DCN."""
+    ranker_runtime_failures: int = 0
+    """Failed ONNX exports or ONNX Runtime calls since start (each such batch was scored by torch)."""
     gpu_memory_used_percent: float | None
     inference_latency_p99_ms: float | None
     feedback: FeedbackStats | None

@@ -46,7 +46,7 @@ def _scores(monkeypatch: pytest.MonkeyPatch, half: bool, jobs: list[Any]) -> lis
     dcn = DCNRanker(user_dim=6, item_dim=5)
     if half:
         monkeypatch.setattr(model_module, "precision", lambda _d: torch.autocast("cpu", dtype=torch.float16))
-    return NeuralScorer(dcn, "cpu").score_batch(jobs)
+    return NeuralScorer(dcn, "cpu", runtime="torch").score_batch(jobs)  # autocast is a torch path
 
 
 def test_the_dcn_under_fp16_autocast_keeps_scores_and_order(monkeypatch: pytest.MonkeyPatch) -> None:
