@@ -5,10 +5,11 @@ show the same report for one view (:func:`cost_report`). The estimate carries it
 source's declared rate, the view's shape (aggregations, filters, panes, keys) and where the
 constants come from (``registry/calibration/<tier>.json``: machine, date, command).
 
-Measured CPU: no tier reports CPU per view yet (the nearline worker reports its process CPU, the
-realtime job its process group's, each for every view it runs together), so the measured figure
-is the calibration run's: that view run alone in its tier on the calibration stream
-(``bench/bench_calibrate.py``), scaled to the source's declared rate. It says so (``measured.how``).
+Measured CPU: the calibration run's, that view run alone in its tier on the calibration stream
+(``bench/bench_calibrate.py``), scaled to the source's declared rate; it says so (``measured.how``).
+Reported CPU: what the running tier says of the view itself. The nearline tasks time each view's
+folds (``fold_s`` in the workers' stats files, :func:`reported_cost`); the realtime job (one process
+group for its views) and the offline job report no per-view figure.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from headwater.registry.cost import (
 )
 from headwater.registry.tiers import TIERS
 
-NOT_REPORTED = "no tier reports CPU per view yet: the calibration run's figure for this view alone"
+NOT_REPORTED = "the calibration run's figure for this view alone (running tiers: see `reported`)"
 
 
 def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> dict[str, Any] | None:
@@ -84,6 +85,45 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
     }
 
 
+REPORTED_HOW = (
+    "the nearline workers' stats files: seconds in this view's folds (pipelines/nearline/task.py, wall "
+    "time: a fold preempted on a busy machine counts its wait) per second since each task began; the "
+    "worker's shared work (Kafka, decode, commits) is not in it"
+)
+
+
+def reported_cost(view: str, stats_root: Path) -> dict[str, Any] | None:
+    """Return the nearline tier's own figure for ``view``: its folds' CPU-h/day (None: no task reports it).
+
+    ``stats_root``: ``<state>/nearline``; every ``*/stats-*.json`` (one per worker and group) lists its
+    tasks' ``fold_s`` per view since ``fold_since`` (epoch seconds); the file's time is when it was
+    written. Each task's seconds per second are added (a view's partitions run in parallel).
+    """
+    cores = seconds = 0.0
+    tasks = 0
+    for path in sorted(stats_root.glob("*/stats-*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            written = path.stat().st_mtime
+        except (OSError, ValueError):  # a worker rewriting its file right now: the next call reads it
+            continue
+        for task in doc.get("tasks", []) if isinstance(doc, dict) else []:
+            fold = (task.get("fold_s") or {}).get(view) if isinstance(task, dict) else None
+            since = task.get("fold_since") if isinstance(task, dict) else None
+            if isinstance(fold, (int, float)) and isinstance(since, (int, float)) and written > since:
+                cores += fold / (written - since)
+                seconds += fold
+                tasks += 1
+    if not tasks:
+        return None
+    return {
+        "cpu_hours_per_day": round(cores * 24, 4),
+        "fold_s": round(seconds, 3),
+        "tasks": tasks,
+        "how": REPORTED_HOW,
+    }
+
+
 def view_share(view: CompiledView, result: CheckResult) -> JobShare:
     """Return the views of ``result`` sharing ``view``'s job (tier and source) and group (and entity)."""
     return job_share(
@@ -102,12 +142,13 @@ def view_estimate(view: CompiledView, result: CheckResult, alone: bool = False) 
     )
 
 
-def cost_report(view: CompiledView, result: CheckResult) -> dict[str, Any]:
+def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None = None) -> dict[str, Any]:
     """Everything about the cost of one checked view (JSON-ready).
 
     ``estimate``: the view's charge, its marginal cost plus its share of its job's fixed cost (the
     views of its job and group split it equally); ``estimate_alone``: the view alone in its job (what
-    the calibration run of the view alone measures, ``measured``).
+    the calibration run of the view alone measures, ``measured``); ``reported``: what the running
+    nearline workers report of its folds (:func:`reported_cost`, from ``stats_root``).
     """
     source = result.sources[view.source]
     rate = source.spec.expected_rate_per_s
@@ -137,6 +178,9 @@ def cost_report(view: CompiledView, result: CheckResult) -> dict[str, Any]:
         },
         "footprint": fp.as_dict() if fp else None,
         "measured": measured_cost(view, rate, cal),
+        "reported": reported_cost(view.name, stats_root)
+        if stats_root is not None and view.tier == "nearline"
+        else None,
     }
 
 
@@ -166,9 +210,7 @@ def describe_lines(view: CompiledView, result: CheckResult) -> list[str]:
             f"        measured {meas['cpu_hours_per_day']:.2f} CPU-h/day ({meas['basis']}; {meas['how']})"
         )
     else:
-        lines.append(
-            "        measured: none (no tier reports CPU per view, and no calibration run of this view)"
-        )
+        lines.append("        measured: none (no calibration run of this view)")
     if fp:
         lines.append(f"  state {format_bytes(fp['state_bytes'])}: {_basis(view, result, 'state')}")
         lines.append(f"  online memory {format_bytes(fp['online_bytes'])}: {_basis(view, result, 'online')}")
@@ -188,20 +230,22 @@ def _basis(view: CompiledView, result: CheckResult, which: str) -> str:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def costs(repo: Path | None, fmt: str) -> None:
     """Per view: declared vs estimated vs measured CPU-h/day, state and online memory estimates."""
-    from headwater.registry.config import features_dir
+    from headwater.registry.config import features_dir, state_dir
     from headwater.registry.validate import check_repo
 
     result = check_repo(features_dir(repo))
     if not result.views:
         click.echo("no view checked (run `headwater check` for the errors)", err=True)
         sys.exit(1)
-    reports = {v.name: cost_report(v, result) for v in sorted(result.views, key=lambda v: (v.tier, v.name))}
+    stats_root = state_dir() / "nearline"
+    views = sorted(result.views, key=lambda v: (v.tier, v.name))
+    reports = {v.name: cost_report(v, result, stats_root) for v in views}
     if fmt == "json":
         click.echo(json.dumps({"views": reports}, indent=2))
         return
-    rows = [("view", "tier", "declared", "estimated", "measured", "state", "online", "constants")]
+    rows = [("view", "tier", "declared", "estimated", "measured", "reported", "state", "online", "constants")]
     for name, rep in reports.items():
-        meas = rep["measured"]
+        meas, told = rep["measured"], rep["reported"]
         fp = rep["footprint"] or {}
         rows.append(
             (
@@ -210,6 +254,7 @@ def costs(repo: Path | None, fmt: str) -> None:
                 f"{rep['declared_cpu_hours_per_day']:.2f}",
                 f"{rep['estimate']['cpu_hours_per_day']:.2f}",
                 f"{meas['cpu_hours_per_day']:.2f}" if meas else "-",
+                f"{told['cpu_hours_per_day']:.2f}" if told else "-",
                 format_bytes(fp.get("state_bytes", 0)),
                 format_bytes(fp.get("online_bytes", 0)),
                 _short(rep["basis"]["constants"]),
@@ -219,8 +264,10 @@ def costs(repo: Path | None, fmt: str) -> None:
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     click.echo(
-        "CPU in CPU-h/day at each source's declared rate; measured: the calibration run of the view alone "
-        "(no tier reports CPU per view yet); state and online memory are estimates (budget.yaml entities)."
+        "CPU in CPU-h/day at each source's declared rate; measured: the calibration run of the view alone"
+        "; reported: what the running nearline workers' stats files say of the view's own folds "
+        "(shared work not in it; - where none runs); state and online memory are estimates "
+        "(budget.yaml entities)."
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 
 from headwater.registry.calibration import parse_calibration
 from headwater.registry.commands import check, features
-from headwater.registry.costs_cli import costs, measured_cost
+from headwater.registry.costs_cli import costs, measured_cost, reported_cost
 from headwater.registry.validate import check_repo
 
 
@@ -38,7 +39,8 @@ def test_costs_lists_every_view_declared_estimated_measured(example: Path) -> No
     assert text.exit_code == 0
     header = text.output.splitlines()[0].split()
     assert header[:5] == ["view", "tier", "declared", "estimated", "measured"]
-    assert "no tier reports CPU per view yet" in text.output
+    assert header[5] == "reported"
+    assert "reported: what the running nearline workers' stats files say" in text.output
 
 
 def test_describe_shows_the_cost_basis(example: Path) -> None:
@@ -63,7 +65,7 @@ def test_measured_cost_scales_the_calibration_run_to_the_declared_rate(example: 
     got = measured_cost(view, 2000, cal)
     assert got is not None
     assert got["cpu_hours_per_day"] == pytest.approx(50.0 * 2000 * 86400 / 1e6 / 3600)
-    assert "no tier reports CPU per view" in got["how"]
+    assert "the calibration run's figure for this view alone" in got["how"]
     rt = parse_calibration(
         "realtime", {"measured": {view.name: {"cores": [0.1, 0.3], "rates": [1000, 3000]}}}
     )
@@ -78,3 +80,22 @@ def test_measured_cost_scales_the_calibration_run_to_the_declared_rate(example: 
     got = measured_cost(view, 2000, off)
     assert got is not None
     assert got["cpu_hours_per_day"] == pytest.approx((0.0 + 1e-5 * 2000 * 86400) / 3600)
+
+
+def test_reported_cost_adds_each_tasks_fold_seconds_per_second(tmp_path: Path) -> None:
+    # two workers of one group, one task each; a third file being rewritten (not JSON) is skipped
+    group = tmp_path / "nearline-group"
+    group.mkdir()
+    for i, (fold, since) in enumerate([(36.0, 1_000.0), (18.0, 1_000.0)]):
+        path = group / f"stats-{i}.json"
+        task = {"fold_s": {"v": fold, "w": 1.0}, "fold_since": since}
+        path.write_text(json.dumps({"tasks": [task]}), encoding="utf-8")
+        os.utime(path, (1_360.0, 1_360.0))  # written 360 s after the tasks began
+    (group / "stats-2.json").write_text("{", encoding="utf-8")
+    got = reported_cost("v", tmp_path)
+    assert got is not None
+    # 36 s and 18 s of folds in 360 s: 0.1 + 0.05 cores = 3.6 CPU-h/day
+    assert got["cpu_hours_per_day"] == pytest.approx(3.6)
+    assert (got["fold_s"], got["tasks"]) == (54.0, 2)
+    assert reported_cost("absent", tmp_path) is None
+    assert reported_cost("v", tmp_path / "none") is None
