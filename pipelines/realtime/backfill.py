@@ -30,8 +30,10 @@ window), the job backfills it, exactly, in the same run:
    to max_future ahead, and the lateness margins cover the rest), so it lies at or after ``S``.
    Replayed events older than a window are dropped by the operator as they would be live.
    Limits: a producer that stamps records earlier than their event times breaks the margin; the
-   late/not-late verdict of a replayed event near the allowed lateness follows the replay's watermark,
-   which can differ from the live run's when partitions interleave differently.
+   late/not-late verdict of a replayed event follows the replay's own greatest event time per
+   partition (``LateCheck``, kept apart from the live one and tagged with the rewound scan's uid, so a
+   restart mid-replay goes on with it), which starts empty at ``S``: an event the live run found late
+   within the first allowed lateness after ``S`` can be folded into the backfilled views.
 5. The restored state of kept views continues untouched; the backfilled views' values are written as
    the replay folds events (their last write is the value at the switch). The next start uses the
    new scan uid (``scans.json`` in the job's checkpoint folder), so its offsets restore again.

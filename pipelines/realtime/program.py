@@ -256,6 +256,8 @@ def compile_program(
         "event_id_column": names.index(EVENT_ID) if EVENT_ID in names else -1,
         "event_time_column": names.index(TIME_MS),
         "out_of_orderness_ms": source.max_out_of_orderness_ms,
+        "allowed_lateness_ms": source.allowed_lateness_ms,
+        "event_time_field": source.event_time,
         "idle_advance_ms": idle_advance_ms,
         "store": {
             "url": store.redis_url,

@@ -12,13 +12,22 @@ half is ``dev.headwater.flink.realtime``, see :mod:`.program`). For source numbe
    BOOLEAN per filter, from the plan's Flink SQL), and for a rejected record its reason, detail and raw
    bytes. A record is rejected, in the order of the Python codec and tiers, when it does not decode
    (the JVM's reason), when one of the source's rules is FALSE (``invalid_field``, the rule's plan SQL
-   in ``hw_is_false``: a rule that is unknown because of a null holds, as a SQL CHECK), when it is
-   future-dated, or when it is ``late``: its event time is behind the watermark by more than the
-   source's ``allowed_lateness``, as in the nearline and offline tiers (an event within the allowed
-   lateness still revises the values whose windows hold it).
-3. The JVM converts ``hw_routed_n`` to a stream once (so the source and the decode run once), sends
-   the good rows to the window operators and hands the rejected ones back as ``hw_dlq_rows_n``, which
-   ``INSERT INTO hw_dlq`` writes to the dead-letter topic with the ``dlq-*`` headers.
+   in ``hw_is_false``: a rule that is unknown because of a null holds, as a SQL CHECK), or when it is
+   future-dated. Every row keeps its raw record here (the ``late`` verdict is the JVM's, next).
+3. The JVM converts ``hw_routed_n`` to a stream once (so the source and the decode run once) and gives
+   each row without a reason its ``late`` verdict (``LateCheck``, in the scan's subtasks): per Kafka
+   partition, in offset order, an event is late when its event time is before the partition's
+   greatest accepted event time (capped by the wall clock) minus the source's max out-of-orderness and
+   ``allowed_lateness``: the nearline tier's rule (``pipelines/nearline/task.py``), on the same records,
+   with the same result, and checkpointed, so a restored job judges its replay as the killed one did.
+   Not ``CURRENT_WATERMARK``: Flink's watermark is periodic, global over the splits, idle-aware and
+   not checkpointed, so its verdict depended on timing (issue 16). An event within the allowed
+   lateness still revises the values whose windows hold it. The JVM then sends the good rows (without
+   their raw record) to the window operators and hands the rejected ones back as ``hw_dlq_rows_n``,
+   which ``INSERT INTO hw_dlq`` writes to the dead-letter topic with the ``dlq-*`` headers.
+
+The source's watermark (``hw_rt`` minus the out-of-orderness) stays: it moves the window operators'
+clock on a quiet stream (``ViewOperator.processWatermark``); it decides no verdict.
 
 Every column the job adds is named ``hw_...``; a source field with that prefix is refused (it could
 collide). Everything here is pure string building, so it is unit-tested without Flink.
@@ -293,11 +302,6 @@ def _dlq_ddl(options: JobOptions) -> str:
 )"""
 
 
-def late_condition(src: PlanSource) -> str:
-    """Return SQL that is TRUE for an event behind the watermark by more than the allowed lateness."""
-    return f"`hw_rt` < CURRENT_WATERMARK(`hw_rt`) - {interval(src.allowed_lateness_ms)}"
-
-
 def rule_checks(src: PlanSource) -> list[tuple[str, str]]:
     """Per rule of ``src``: SQL that is TRUE when the rule fails (it is FALSE), and the dead letter's detail.
 
@@ -317,12 +321,13 @@ def rule_checks(src: PlanSource) -> list[tuple[str, str]]:
 
 
 def _routed_view(n: int, src: PlanSource, program: RealtimeProgram) -> str:
-    """One row per record: the program's event columns, then reason, detail and the raw record.
+    """One row per record: the program's event columns, reason, detail, the raw record, partition, offset.
 
-    The raw record (key, value, headers) is kept only on rejected rows, so good rows stay small on
-    their way to the window operators.
+    The raw record (key, value, headers) is on every row: the JVM's ``LateCheck`` may still reject a row
+    as ``late``, and drops it from the rows that stay good, so they are small on their way to the window
+    operators. The layout is ``LateCheck``'s (its ``TAIL``) and the backfill seed's columns.
     """
-    # the final reason and detail (decode, rules, future, late) take the names of the decode's own
+    # the SQL's reason and detail (decode, rules, future) take the names of the decode's own
     renamed = {REASON: "hw_decode_reason", DETAIL: "hw_decode_detail"}
     head = ", ".join(f"`hw_ev`.{ident(name)} AS {ident(renamed.get(name, name))}" for name, _ in HEAD)
     fields = ", ".join(f"`hw_ev`.{ident(f.name)} AS {ident(f.name)}" for f in src.fields)
@@ -332,23 +337,16 @@ def _routed_view(n: int, src: PlanSource, program: RealtimeProgram) -> str:
         if checks
         else "CAST(NULL AS STRING)"
     )
-    late = late_condition(src)
-    lateness_s = src.allowed_lateness_ms / 1000
-    late_detail = (
-        f"{literal(src.event_time + ' ')} || CAST(`hw_rt` AS STRING) || ' is behind the watermark ' "
-        f"|| CAST(CURRENT_WATERMARK(`hw_rt`) AS STRING) "
-        f"|| ' by more than the allowed lateness ({lateness_s:g} s)'"
-    )
     reason, detail = "`hw_decode_reason`", "`hw_decode_detail`"
     cols = ", ".join(f"{c.sql} AS {ident(c.name)}" for c in program.columns)
-    raw = ", ".join(f"CASE WHEN `hw_reason` IS NOT NULL THEN {ident(c)} END AS {ident(c)}" for c in RAW)
+    raw = ", ".join(ident(c) for c in RAW)
     return f"""CREATE TEMPORARY VIEW hw_routed_{n} AS
 SELECT {cols}, `hw_reason`, `hw_detail`, {raw}, `hw_partition`, `hw_offset` FROM (
   SELECT *,
     CASE WHEN {reason} IS NOT NULL THEN {reason} WHEN `hw_broken` IS NOT NULL THEN 'invalid_field'
-      WHEN `{FUTURE}` IS NOT NULL THEN 'future_dated' WHEN {late} THEN 'late' END AS `hw_reason`,
+      WHEN `{FUTURE}` IS NOT NULL THEN 'future_dated' END AS `hw_reason`,
     CASE WHEN {reason} IS NOT NULL THEN {detail} WHEN `hw_broken` IS NOT NULL THEN `hw_broken`
-      WHEN `{FUTURE}` IS NOT NULL THEN `{FUTURE}` WHEN {late} THEN {late_detail} END AS `hw_detail`
+      WHEN `{FUTURE}` IS NOT NULL THEN `{FUTURE}` END AS `hw_detail`
   FROM (
     SELECT *, {broken} AS `hw_broken` FROM (
       SELECT {head}, {fields}, `hw_k`, `hw_value`, `hw_headers`, `hw_partition`, `hw_offset`, `hw_rt`

@@ -96,8 +96,10 @@ def test_the_routed_view_carries_one_column_per_distinct_filter(plan: TierPlan) 
     assert "COALESCE((`event_type` = 'click' AND `category` IS NOT NULL), FALSE)" in sqls
     for c in program.columns:
         assert f"{c.sql} AS `{c.name}`" in text
-    # rejected records keep their raw bytes for the dead-letter topic; good ones travel without
-    assert "CASE WHEN `hw_reason` IS NOT NULL THEN `hw_value` END AS `hw_value`" in text
+    # every record keeps its raw bytes for the dead-letter topic: the JVM's LateCheck drops them from the
+    # good ones, after its late verdict
+    tail = "`hw_reason`, `hw_detail`, `hw_k`, `hw_value`, `hw_headers`, `hw_partition`, `hw_offset` FROM"
+    assert tail in text
 
 
 def test_the_decode_config_and_columns_come_from_the_plan_source(plan: TierPlan) -> None:
@@ -221,15 +223,25 @@ def test_rules_are_rejected_when_false_in_order_with_the_python_detail(plan: Tie
     )
     routed = ddl_of(plan, JobOptions("k:9092", "dlq", sources=("payments",)))
     order = [routed.index(x) for x in ("`hw_decode_reason` IS NOT NULL THEN `hw_decode_reason`",
-                                       "'invalid_field'", "'future_dated'", "'late'")]  # fmt: skip
-    assert order == sorted(order)  # decode, rules, future-dated, late: the Python tiers' order
+                                       "'invalid_field'", "'future_dated'")]  # fmt: skip
+    assert order == sorted(order)  # decode, rules, future-dated (then late, in the JVM): the Python order
 
 
-def test_late_means_behind_the_watermark_by_more_than_the_allowed_lateness(plan: TierPlan) -> None:
+def test_late_is_the_jvms_per_partition_verdict_not_the_watermarks(plan: TierPlan) -> None:
+    """The SQL decides no ``late`` (issue 16): ``LateCheck`` does, per partition, from the program."""
     job = job_of(plan, JobOptions(kafka_bootstrap="k:9092", dlq_topic="dlq"))
-    events, payments = job.ddl[2], job.ddl[4]
-    assert f"WHEN `hw_rt` < CURRENT_WATERMARK(`hw_rt`) - {interval(60_000)} THEN 'late'" in events
-    assert f"WHEN `hw_rt` < CURRENT_WATERMARK(`hw_rt`) - {interval(30_000)} THEN 'late'" in payments
+    for n, name in enumerate(("events", "payments")):
+        routed = job.ddl[2 + 2 * n]
+        assert "CURRENT_WATERMARK" not in routed
+        assert "'late'" not in routed
+        # every row keeps its raw record: the JVM may still dead-letter it as late
+        assert "`hw_k`, `hw_value`, `hw_headers`, `hw_partition`, `hw_offset` FROM (" in routed
+        data = json.loads(program_of(plan, name).text)
+        src = source(plan, name)
+        assert data["allowed_lateness_ms"] == src.allowed_lateness_ms
+        assert data["event_time_field"] == src.event_time
+    assert source(plan, "events").allowed_lateness_ms == 60_000
+    assert source(plan, "payments").allowed_lateness_ms == 30_000
 
 
 def test_topic_overrides_name_their_source() -> None:

@@ -34,6 +34,10 @@ public final class Program {
     /** Flink SQL type of each column (STRING, BIGINT, INT, DOUBLE, BOOLEAN). */
     public final List<String> columnTypes;
     public final long outOfOrdernessMs;
+    /** The source's allowed lateness: an event further behind its partition's horizon is late ({@link Lateness}). */
+    public final long allowedLatenessMs;
+    /** Name of the source's event-time field (the late letter's detail names it). */
+    public final String eventTimeField;
     public final long idleAdvanceMs;
     public final String namespace;
     public final Store store;
@@ -232,6 +236,8 @@ public final class Program {
         n.path("column_types").forEach(c -> types.add(c.asText()));
         columnTypes = List.copyOf(types);
         outOfOrdernessMs = n.path("out_of_orderness_ms").asLong();
+        allowedLatenessMs = n.path("allowed_lateness_ms").asLong(0);
+        eventTimeField = n.path("event_time_field").asText("event_time");
         idleAdvanceMs = n.path("idle_advance_ms").asLong(0);
         namespace = text(n, "namespace");
         store = new Store(n.path("store"));

@@ -20,7 +20,8 @@ import org.apache.flink.types.Row;
  * {@link #attach} with the name of that table and the compiled program (pipelines/realtime/program.py),
  * once per source of the job: each source is its own pipeline (uids carry the source's name).
  *
- * <p>The table becomes one stream (so the source and the decode run once). Rows with a reason go back
+ * <p>The table becomes one stream (so the source and the decode run once), and each row gets its
+ * {@code late} verdict per Kafka partition ({@link LateCheck}). Rows with a reason go back
  * to the table world as a view for the dead-letter insert; the good ones go, per group (join key,
  * slide), to keyBy(key) -> {@link ViewOperator} -> {@link RedisSink}, with stable uids so checkpoints
  * restore into them.
@@ -36,8 +37,14 @@ public final class RealtimeGraph {
                               String dlqView) {
         Program program = Program.parse(programJson);
         String src = program.source;
-        DataStream<Row> all = tEnv.toDataStream(tEnv.from(table));
-        pinSourceUid(all, program.scanUid, src);
+        DataStream<Row> routed = tEnv.toDataStream(tEnv.from(table));
+        pinSourceUid(routed, program.scanUid, src);
+        // the late verdict, per partition in offset order: forward from the scan (an error, not a
+        // reshuffle, if the planner ever gave the routed table another parallelism)
+        DataStream<Row> all = routed.forward()
+            .process(new LateCheck(programJson, reasonColumn), routed.getType())
+            .setParallelism(routed.getParallelism())
+            .name("hw-late " + src).uid("hw-late-" + src);
         // a record the backfill replays (read before the switch) was dead-lettered by the run that read it
         DataStream<Row> rejected = all.filter(new Rejected(reasonColumn, true, program.seed))
             .name("hw-rejected " + src).uid("hw-rejected-" + src);
