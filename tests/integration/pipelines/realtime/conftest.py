@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from headwater.pipelines.events.codec import EventCodec
@@ -213,6 +213,16 @@ def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 3
     finally:
         consumer.close()
     return out
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> int:
+    """The job's committed offsets over ``topic``'s partitions, summed: the records a completed checkpoint
+    holds (the Kafka source commits its offsets when a checkpoint completes)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        return sum(consumer.committed(TopicPartition(topic, p)) or 0 for p in range(partitions))
+    finally:
+        consumer.close()
 
 
 def expected_vectors(

@@ -74,10 +74,10 @@ def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
         # the clock is at T0+19.5 s (the newest event): boundary T0+19 s is out, 0.5 s after its
         # last event, not after the 5 s out-of-orderness (the watermark is at T0+14.5 s)
         wait_for(lambda: published(T0 + 19_000), 240, "boundary T0+19 s (clock T0+19.5 s)", log)
-        # 4.5 s behind the watermark, within the allowed lateness (60 s): it revises u1's values
+        # 9.5 s behind the newest event, within the allowed lateness (60 s): it revises u1's values
         feed.send(event(17, "u1", "click", 10_000, price=100.0, category="late"))
         late_offset = feed.offset
-        feed.send(event(19, "u1", "click", -50_000, price=1000.0))  # 64.5 s behind: beyond the lateness
+        feed.send(event(19, "u1", "click", -50_000, price=1000.0))  # 69.5 s behind: beyond 5 s + 60 s
         feed.send(event(18, "zz", "impression", 25_000))  # moves the clock to T0+25 s
         wait_for(lambda: published(B_FINAL), 120, "boundary T0+25 s", log)
 
@@ -106,11 +106,18 @@ def test_scripted_events_give_exact_values_and_bad_ones_reach_the_dlq(
         finally:
             client.close()
 
-        letters = dead_letters(kafka_bootstrap, names.dlq, expected=3)
+        # letters are committed with checkpoints (every 2 s), slower under load: wait for all three (the
+        # wait ends as soon as they are there). e19's verdict itself is no race: it is judged against its
+        # partition's greatest accepted event time (T0+19.5 s), in offset order, checkpointed (LateCheck)
+        letters = dead_letters(kafka_bootstrap, names.dlq, expected=3, timeout_s=180)
         by_offset = {d.source_offset: d for d in letters}
+        got = {o: (d.reason, d.detail) for o, d in by_offset.items()}
+        assert set(by_offset) == {garbage_offset, missing_offset, late_offset}, got
         assert by_offset[garbage_offset].reason == "corrupt_payload"
         assert by_offset[missing_offset].reason == "missing_fingerprint"
         assert by_offset[late_offset].reason == "late"
+        horizon = T0 + 19_500 - 5_000 - 60_000  # newest accepted - out-of-orderness - allowed lateness
+        assert f"is 4500 ms before the horizon {horizon} of partition 0" in by_offset[late_offset].detail
         assert by_offset[late_offset].source_topic == names.topic
         assert HEADER_SCHEMA_FP in dict(by_offset[late_offset].original_headers)
     finally:

@@ -173,10 +173,9 @@ def test_payments_and_behaviour_events_in_one_job(
             _, res = read_store(redis_url, names.namespace, tier_plan, view, [entity])
             return bool(res.found[0]) and int(res.event_time_ms[0]) >= b_ms
 
-        # a1's last payment (T0+19 s) enters at T0+20 s: the payments pipeline has read up to there, and
-        # its watermark (emitted every 200 ms) follows; then a payment far behind it is late
+        # a1's last payment (T0+19 s) enters at T0+20 s; then a payment far behind its partition's newest
+        # accepted one is late (judged per partition in offset order: no wait for a watermark)
         wait_for(lambda: published("account_payments_realtime", "a1", T0 + 20_000), 300, "a1 at T0+20 s", log)
-        time.sleep(1.0)
         late_offset = pays.offset
         pays.send(payment(12, "a1", "captured", -40_000, 1000.0))  # beyond the 30 s allowed lateness
         pays.send(payment(13, "zz", "authorized", 25_000, 1.0), payment(14, "zz", "authorized", 26_500, 1.0))
@@ -236,7 +235,6 @@ def test_payments_and_behaviour_events_in_one_job(
         start = pays.offset
         pays.send(*[payment(200 + i, "live", "captured", at - 3_000 + i * 200, 1.0) for i in range(5)])
         pays.send(payment(299, "live", "captured", at + 240_000, 1.0))  # within max_future (5 min)
-        time.sleep(2.0)  # the source emits its watermark every 200 ms: let it see the future event
         pays.send(*[payment(300 + i, "live", "captured", at + 1_000 + i * 100, 1.0) for i in range(10)])
         sentinel = pays.send_raw(b"\x02\xff the last record", codec.headers())
         more = dead_letters(kafka_bootstrap, names.dlq, expected=n_letters + 1, timeout_s=120)
