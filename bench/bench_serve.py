@@ -273,6 +273,13 @@ def parse_args() -> argparse.Namespace:
         "--quick", action="store_true", help="One short sweep at concurrency 1,2,4 (a smoke run)."
     )
     ap.add_argument("--out", type=Path, default=RESULTS, help="Where to write the JSON report.")
+    ap.add_argument(
+        "--http-stack",
+        action="store_true",
+        help="Only the in-process HTTP stack: CPU per /v1/rank and /v1/recommend request through FastAPI's"
+        " routing against the lean routes (serving/app.py FastRoutes), no server, no store; writes"
+        " bench/results/http_stack.json.",
+    )
     return ap.parse_args()
 
 
@@ -297,9 +304,150 @@ def drop_namespace(url: str, namespace: str) -> None:
     client.close()
 
 
+class _ConstantScorer:
+    """The neural step at almost no cost (the first item column): the HTTP stack is what is timed."""
+
+    def score_batch(self, jobs: list[tuple[Any, Any]]) -> list[Any]:
+        return [np.nan_to_num(items[:, 0]).astype(np.float32) for _, items in jobs]
+
+
+async def _asgi_rounds(
+    apps: dict[str, Any], requests: list[tuple[str, bytes]], calls: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """CPU ms per request of each app and path, in interleaved rounds (the apps' lifespans run throughout)."""
+    out: dict[str, dict[str, list[float]]] = {name: {path: [] for path, _ in requests} for name in apps}
+    statuses: dict[str, set[int]] = {}
+
+    async def call(app: Any, path: str, body: bytes) -> int:
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"bench"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
+        }  # fmt: skip
+        sent = False
+        status = 0
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        await app(scope, receive, send)
+        return status
+
+    for _ in range(rounds):
+        for name, app in apps.items():
+            for path, body in requests:
+                for _ in range(20):
+                    statuses.setdefault(f"{name} {path}", set()).add(await call(app, path, body))
+                t0 = time.process_time()
+                for _ in range(calls):
+                    await call(app, path, body)
+                out[name][path].append((time.process_time() - t0) * 1000.0 / calls)
+    print(f"statuses: {statuses}", flush=True)
+    return out
+
+
+async def _with_lifespans(apps: dict[str, Any], work: Any) -> Any:
+    """Run ``work()`` with every app's lifespan started (the engine, the batcher) and stopped after."""
+    stops = []
+    for app in apps.values():
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        started = asyncio.Event()
+
+        async def send(message: dict[str, Any], started: asyncio.Event = started) -> None:
+            if message["type"].startswith("lifespan.startup"):
+                started.set()
+
+        await inbox.put({"type": "lifespan.startup"})
+        task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, send))
+        await started.wait()
+        stops.append((inbox, task))
+    try:
+        return await work()
+    finally:
+        for inbox, task in stops:
+            await inbox.put({"type": "lifespan.shutdown"})
+            await task
+
+
+def http_stack(args: argparse.Namespace, calls: int = 300, rounds: int = 6) -> None:
+    """CPU per request of the HTTP stack alone: FastAPI's routing against the lean routes, same answers."""
+    from headwater.serving.app import create_app
+    from headwater.serving.config import ServingConfig
+    from headwater.serving.model import LinearRanker
+    from headwater.serving.runtime import LoadedModels
+    from headwater.serving.store import InMemoryFeatureStore
+    from headwater.serving.synthetic import small_registry
+
+    registry = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
+    store = InMemoryFeatureStore()
+    items = [f"item-{n:05d}" for n in range(args.candidates)]
+    rng = np.random.default_rng(args.seed)
+    now = int(time.time() * 1000)
+    user_view, item_view, popularity = registry.user.layouts[0], *registry.item.layouts
+    store.write(user_view, ["u1"], np.ones((1, 2), np.float32), now)
+    store.write(item_view, items, rng.normal(size=(len(items), 2)).astype(np.float32), now)
+    store.write(popularity, items, rng.uniform(0, 100, (len(items), 1)).astype(np.float32), now)
+    f32 = np.float32
+    weights = {
+        "user_mean": np.zeros(2, f32), "user_scale": np.ones(2, f32), "item_mean": np.zeros(3, f32),
+        "item_scale": np.ones(3, f32), "w_user": np.zeros(2, f32), "w_item": np.ones(3, f32),
+        "w_cross": np.zeros((2, 3), f32), "bias": np.zeros(1, f32),
+    }  # fmt: skip
+    linear = LinearRanker(weights)
+    version = type("A", (), {"version": "bench"})()
+    config = ServingConfig(item_cache_ttl_s=60.0)
+
+    def app(fast: bool) -> Any:
+        loaded = LoadedModels(_ConstantScorer(), version, linear, version, "cpu")  # type: ignore[arg-type]
+        return create_app(config, registry, store, loaded, fast_routes=fast)
+
+    apps = {"fastapi": app(False), "lean": app(True)}
+    rank = json.dumps({"user_id": "u1", "candidates": items, "k": K, "log_impressions": False}).encode()
+    recommend = json.dumps({"user_id": "u1", "k": K, "log_impressions": False}).encode()
+    requests = [("/v1/rank", rank), ("/v1/recommend", recommend)]
+    load0 = os.getloadavg()[0]
+    got = asyncio.run(_with_lifespans(apps, lambda: _asgi_rounds(apps, requests, calls, rounds)))
+    summary = {
+        name: {
+            path: {"min_ms": round(min(v), 4), "median_ms": round(statistics.median(v), 4)}
+            for path, v in by.items()
+        }
+        for name, by in got.items()
+    }
+    result = {
+        "benchmark": "http_stack",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "note": "in-process ASGI calls, no server and no socket; the neural step is a constant scorer and the"
+        " store is in memory, so the difference between the two apps is the HTTP stack. /v1/recommend runs"
+        " without the funnel (answers 404 after validation): its figure is the framework's cost only.",
+        "candidates": args.candidates,
+        "cpu_ms_per_request": summary,
+        "load_avg_1m": round((load0 + os.getloadavg()[0]) / 2.0, 2),
+        "cpu_count": os.cpu_count(),
+    }
+    print(json.dumps(result, indent=2))
+    out = ROOT / "bench" / "results" / "http_stack.json"
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     """Set up, run the sweeps, print and write the report."""
     args = parse_args()
+    if args.http_stack:
+        http_stack(args)
+        return
     if args.quick:
         args.concurrency, args.seconds, args.runs, args.warmup = "1,2,4", 3.0, 1, 1.0
     config = load_config(args.config)
