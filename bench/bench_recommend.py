@@ -285,6 +285,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "no-kafka": (["--no-feedback"], {}, {}),
     "scan-refresh": ([], {"funnel": {"index_full_scan_s": 30.0}}, {}),
     "switch5": ([], {"gil_switch_interval_ms": 5.0}, {}),
+    "torch": ([], {}, {"HEADWATER_RANKER_RUNTIME": "torch"}),
 }
 """Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
 and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
@@ -292,7 +293,8 @@ and environment. ``base`` is another checkout of the code (``--base``: a folder 
 levers' "before"; ``kafka-python`` the impressions producer's previous client; ``no-kafka`` what
 Kafka still costs; ``scan-refresh`` the refresher of the previous round (a SCAN of the whole
 catalog's write times every 30 s instead of the change-log test); ``switch5`` the interpreter's default
-thread switch interval (5 ms) instead of the service's 1 ms."""
+thread switch interval (5 ms) instead of the service's 1 ms; ``torch`` the DCN on torch instead of ONNX
+Runtime (the user's share computed once either way)."""
 
 
 class PrivateRedis:
