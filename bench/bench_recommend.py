@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.recent import RedisRecentItems
 from headwater.serving.registry import BoundRegistry, load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, training_set, write_world
+from headwater.serving.synthetic import _zscore, make_world, training_set, write_world
 from headwater.serving.trainset import write_parquet
 
 RESULTS = ROOT / "bench" / "results"
@@ -273,6 +274,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-feedback", action="store_true", help="Impressions not sent to Kafka.")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument(
+        "--quality-users", type=int, default=0,
+        help="Before the timed levels, ask each variant for these users' top k once (no impressions logged)"
+        " and score the answers with the synthetic world's planted signal: the mean true logit of the k"
+        " items, against the catalog's best k (the ceiling) and the first variant's overlap@k.",
+    )  # fmt: skip
+    ap.add_argument(
         "--out", type=Path, default=None, help="Default: bench/results/bench_recommend_<items>.json"
     )
     return ap.parse_args()
@@ -286,6 +293,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "scan-refresh": ([], {"funnel": {"index_full_scan_s": 30.0}}, {}),
     "switch5": ([], {"gil_switch_interval_ms": 5.0}, {}),
     "torch": ([], {}, {"HEADWATER_RANKER_RUNTIME": "torch"}),
+    "retrieve200": ([], {"funnel": {"retrieve_n": 200}}, {}),
 }
 """Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
 and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
@@ -294,7 +302,8 @@ levers' "before"; ``kafka-python`` the impressions producer's previous client; `
 Kafka still costs; ``scan-refresh`` the refresher of the previous round (a SCAN of the whole
 catalog's write times every 30 s instead of the change-log test); ``switch5`` the interpreter's default
 thread switch interval (5 ms) instead of the service's 1 ms; ``torch`` the DCN on torch instead of ONNX
-Runtime (the user's share computed once either way)."""
+Runtime (the user's share computed once either way); ``retrieve200`` 200 retrieved candidates instead
+of 500 (``--quality-users`` says what that costs in quality)."""
 
 
 class PrivateRedis:
@@ -349,6 +358,61 @@ def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
             "load_avg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
 
 
+def quality_answers(port: int, args: argparse.Namespace) -> dict[str, list[str]]:
+    """Each of the first ``--quality-users`` users' top k, asked once, with no impression logged."""
+    out: dict[str, list[str]] = {}
+    for n in range(args.quality_users):
+        user = f"b-u{n:06d}"
+        body = orjson.dumps({"user_id": user, "k": args.k, "log_impressions": False, "deadline_ms": 3000})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/recommend", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = orjson.loads(response.read())
+        out[user] = [x["item_id"] for x in answer["items"]]
+    return out
+
+
+def quality_table(world: Any, results: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    """Score each variant's answers with the world's planted signal (the labels' true logit).
+
+    The training world and this one are drawn with the same seed, so they share the planted ``taste``
+    the models learned; the z-scores are this world's, as ``training_set`` computes them.
+    """
+    zu, zi = _zscore(world.users), _zscore(world.items)
+    scale = np.sqrt(np.count_nonzero(world.taste))
+    user_at = {u: j for j, u in enumerate(world.user_ids)}
+    item_at = {i: j for j, i in enumerate(world.item_ids)}
+    runs = [(r["variant"], r["quality_answers"]) for r in results if r.get("quality_answers")]
+    if not runs:
+        return {}
+    first = runs[0][1]
+    users = sorted(first)
+    ceiling, catalog = [], []
+    means: dict[str, list[float]] = {name: [] for name, _ in runs}
+    overlap: dict[str, list[float]] = {name: [] for name, _ in runs}
+    for u in users:
+        true = (zu[user_at[u]] @ world.taste @ zi.T) / scale  # every item's true logit for u
+        ceiling.append(float(np.sort(true)[-k:].mean()))
+        catalog.append(float(true.mean()))
+        for name, got in runs:
+            if got.get(u):
+                means[name].append(float(true[[item_at[i] for i in got[u]]].mean()))
+            overlap[name].append(len(set(got.get(u, [])) & set(first[u])) / k)
+    table: dict[str, Any] = {
+        "users": len(users),
+        "k": k,
+        "ceiling_mean_true_logit": round(float(np.mean(ceiling)), 4),
+        "catalog_mean_true_logit": round(float(np.mean(catalog)), 4),
+    }
+    for name, _ in runs:
+        table[name] = {
+            "mean_true_logit": round(float(np.mean(means[name])), 4),
+            "overlap_at_k_with_first": round(float(np.mean(overlap[name])), 4),
+        }
+    return table
+
+
 def run_variant(
     name: str, args: argparse.Namespace, work: Path, models: Path, state_dir: Path, redis_url: str,
     namespace: str, bodies: tuple[list[bytes], list[bytes]],
@@ -381,6 +445,7 @@ def run_variant(
         health = wait_healthy(port, proc, timeout=7200.0)
         start_s = round(time.perf_counter() - t0, 1)
         print(f"[{name}] service up in {start_s} s (index built from Redis)", flush=True)
+        answers = quality_answers(port, args) if args.quality_users > 0 else None
         runtime = health.get("ranker_runtime")
         print(f"[{name}] runs on {plan_for(health['device'], runtime).describe()}", flush=True)
         if accelerator_report(health["device"])["on_gpu"] is not None:
@@ -429,6 +494,7 @@ def run_variant(
         "feedback": health["feedback"],
         "recommend": levels,
         "rank": rank_levels,
+        "quality_answers": answers,
         "idle": idle,
         "profile": profile,
     }
@@ -462,6 +528,7 @@ def main() -> None:
     private = PrivateRedis(work / "redis") if args.redis_url is None else None
     redis_url = private.url if private is not None else args.redis_url
     results: list[dict[str, Any]] = []
+    kept_world = None
     try:
         reader = OnlineStoreReader.from_url(redis_url, namespace=namespace, timeout_s=30.0)
         t0 = time.perf_counter()
@@ -475,6 +542,7 @@ def main() -> None:
         recent.put_categories({item: f"c{j % args.categories:02d}" for j, item in enumerate(world.item_ids)})
         timings["write_s"] = round(time.perf_counter() - t0, 1)
         print(f"written in {timings['write_s']} s", flush=True)
+        kept_world = world if args.quality_users > 0 else None
         del world
         rng = random.Random(args.seed)
         extra: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
@@ -503,6 +571,12 @@ def main() -> None:
             drop_namespace(redis_url, namespace)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+    quality = quality_table(kept_world, results, args.k) if args.quality_users > 0 and results else None
+    if quality:
+        print(
+            f"quality of the answers (planted signal, {quality['users']} users): {json.dumps(quality)}",
+            flush=True,
+        )
     first = results[0] if results else {}
     result = {
         "benchmark": "recommend",
@@ -522,6 +596,7 @@ def main() -> None:
         "recommend": first.get("recommend"),
         "rank": first.get("rank"),
         "profile": first.get("profile"),
+        "quality": quality,
         "variants": results,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
