@@ -58,7 +58,7 @@ from bench_serve import (
 )
 
 from headwater.pipelines.settings import Settings
-from headwater.serving.accel import accelerator_report, plan_for
+from headwater.serving.accel import TORCH, accelerator_report, plan_for
 from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.recent import RedisRecentItems
 from headwater.serving.registry import BoundRegistry, load_registry
@@ -446,7 +446,7 @@ def run_variant(
         start_s = round(time.perf_counter() - t0, 1)
         print(f"[{name}] service up in {start_s} s (index built from Redis)", flush=True)
         answers = quality_answers(port, args) if args.quality_users > 0 else None
-        runtime = health.get("ranker_runtime")
+        runtime = health.get("ranker_runtime") or TORCH  # a service without the field predates ONNX Runtime
         print(f"[{name}] runs on {plan_for(health['device'], runtime).describe()}", flush=True)
         if accelerator_report(health["device"])["on_gpu"] is not None:
             print(f"[{name}] no GPU here; with one it would run {plan_for('cuda').describe()}", flush=True)
@@ -488,7 +488,7 @@ def run_variant(
         "impressions_loop": {"kafka": feedback, "seen_set": True},
         "service_start_s": start_s,
         "device": health["device"],
-        "accelerator": accelerator_report(health["device"], health.get("ranker_runtime")),
+        "accelerator": accelerator_report(health["device"], health.get("ranker_runtime") or TORCH),
         "ranker_runtime_failures": health.get("ranker_runtime_failures"),
         "model_version": health["model_version"],
         "feedback": health["feedback"],
