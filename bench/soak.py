@@ -175,6 +175,39 @@ def _safe(call: Any, default: Any, *args: Any) -> Any:
         return default
 
 
+LATE_DETAIL_OF_TIER = (
+    ("realtime", "greatest accepted event time"),  # infra/maven/flink-udfs Lateness
+    ("nearline", "before watermark - allowed lateness"),  # pipelines/nearline/task.py _accept
+    ("landing", "behind the partition watermark"),  # pipelines/offline/landing_batch.py
+)
+"""Which tier wrote a ``late`` letter, from its detail (every tier writes to the one DLQ topic)."""
+
+
+def late_by_tier(letters: list[Any]) -> dict[str, dict[str, int]]:
+    """Count the ``late`` letters per source topic and tier (``other``: a detail no tier's text matches).
+
+    Issue 16: every tier judges lateness per partition in offset order by the same rule, so each tier's
+    count must equal the landing's (realtime's ran 7x over it when its verdict was Flink's watermark).
+    """
+    out: dict[str, dict[str, int]] = {}
+    for d in letters:
+        if d.reason != "late":
+            continue
+        tier = next((t for t, text in LATE_DETAIL_OF_TIER if text in d.detail), "other")
+        counts = out.setdefault(d.source_topic, {})
+        counts[tier] = counts.get(tier, 0) + 1
+    return out
+
+
+def _audit_with_tiers(audit: Any) -> Any:
+    """``bench_soak.dead_letter_audit`` plus ``late_by_source_topic_and_tier`` (:func:`late_by_tier`)."""
+
+    def run(letters: list[Any], tiers: int) -> dict[str, Any]:
+        return {**audit(letters, tiers), "late_by_source_topic_and_tier": late_by_tier(letters)}
+
+    return run
+
+
 def summary(result: dict[str, Any]) -> dict[str, Any]:
     """Return the figures the issue asks for (first in the JSON): records, letters, mismatches, 5xx, RSS."""
     rec, verdict = result["reconcile"], result["verdict"]
@@ -187,7 +220,13 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             for n, s in rec["per_source"].items()
         },
         "dead_letters_by_source_topic_and_reason": rec["dead_letters"]["by_source_topic_and_reason"],
+        "late_letters_by_source_topic_and_tier": rec["dead_letters"].get("late_by_source_topic_and_tier"),
         "mismatches_after_drain": verdict["mismatches_after_drain"],
+        "mismatches_by_view": {
+            v["view"]: sum(v.get("mismatches", {}).values())
+            for v in result.get("consistency", [])
+            if sum(v.get("mismatches", {}).values())
+        },
         "values_checked": verdict["values_checked"],
         "service_5xx": verdict["service_5xx"],
         "service_requests": verdict["service_requests"],
@@ -245,6 +284,7 @@ def main() -> None:
         os.environ["HEADWATER_REDIS_URL"] = store.url
         args.bootstrap, args.topic = broker.bootstrap, run_id
         lag = probe.group_lag
+        base.dead_letter_audit = _audit_with_tiers(base.dead_letter_audit)
         probe.group_lag = lambda *a: _safe(lag, None, *a)  # the sampler survives a broker restart
         env = {**os.environ, "HEADWATER_EVENTS_TOPIC": run_id, "HEADWATER_DLQ_TOPIC": f"{run_id}.dlq",
                "FLINK_LOG_DIR": str(run_dir / "flink")}  # the job's own log kept with the run  # fmt: skip
