@@ -258,8 +258,9 @@ def finish(
     started: float,
 ) -> None:
     """Fit, write offline.json (unless ``--no-write``) and the results, print the table."""
-    constants, per_view = fit_offline(runs, example)
-    accuracy = check_accuracy(runs, example, constants)
+    shares = stream_shares(example)
+    constants, per_view = fit_offline(runs, example, shares)
+    accuracy = check_accuracy(runs, example, constants, shares)
     cal_data = {
         "tier": "offline",
         "model": "registry/cost.py",
@@ -267,6 +268,7 @@ def finish(
         "machine": machine(),
         "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
         "command": command,
+        "where_shares": shares,
         "isolation": "CPU seconds (user + system, psutil) of the Python driver and its children (the local "
         "Spark JVM, PySpark workers) over run_view of one view (daily values, Delta write, Z-order), "
         "the session warmed up first; two rates give each view's fixed seconds a run and us/event",
@@ -281,7 +283,10 @@ def finish(
         "measured": {
             name: {
                 "cpu_s_per_day": [round(r["cpu_s"] / r["days"], 2) for r in row["runs"]],
-                "events_per_day": [r["events_per_day"] for r in row["runs"]],
+                # the events each day's run read (its window of what bronze held)
+                "events_per_day": [
+                    r.get("events_read", r["events_per_day"]) / r["days"] for r in row["runs"]
+                ],
                 "state_bytes": [r["table_bytes"] for r in row["runs"]],
             }
             for name, row in runs.items()
@@ -299,13 +304,50 @@ def finish(
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "seconds": round(time.monotonic() - started),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "adopted": not args.no_write,
     }  # fmt: skip
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     print_table(accuracy)
 
 
-def fit_offline(runs: dict[str, Any], example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Constants from the runs: per view fixed s + us/event (two rates), then event_us + agg_us by shape."""
+COUNTER_KINDS = ("distinct_count", "top_k")
+"""Aggregations that keep a map of values (Spark: a collect per group); the others a number."""
+
+
+def stream_shares(example: Any) -> list[dict[str, Any]]:
+    """Return the share of this bench's events each example filter keeps (a day's first chunk of each)."""
+    import calibrate_realtime as rt
+
+    sample = {
+        "events": next(iter(behaviour_events(1_000_000, 1))),
+        "payments": next(iter(payment_events(250_000, 1))),
+    }
+    return rt.where_shares(example, events=sample)[0]
+
+
+def agg_terms(view: Any, cal: Any) -> list[float]:
+    """Return a view's share-weighted aggregations: (number-valued kinds, counter-map kinds)."""
+    shape = view_shape(view.features)
+    out = [0.0, 0.0]
+    for (kind, filtered, _), (_, where, _) in zip(shape.aggs, shape.agg_filters, strict=True):
+        out[kind in COUNTER_KINDS] += cal.share(where) if filtered else 1.0
+    return out
+
+
+def fit_offline(
+    runs: dict[str, Any], example: Any, shares: list[dict[str, Any]] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Constants from the runs: per view fixed s + us/event read, then event_us + agg_us by shape.
+
+    us/event = event_us + sum over aggregations of share(filter) x agg_us[kind], with one agg_us for
+    the number-valued kinds and one for the counter maps (six views do not separate eight kinds);
+    ``shares``: the stream's filter shares (:func:`stream_shares`).
+    """
+    from calibrate_realtime import _nonneg_lstsq
+
+    cal0 = parse_calibration(
+        "offline", {"constants": {}, "where_shares": shares or [], "measured_at": "now"}, None
+    )
     per_view: dict[str, Any] = {}
     rows, us = [], []
     for name, row in runs.items():
@@ -318,19 +360,16 @@ def fit_offline(runs: dict[str, Any], example: Any) -> tuple[dict[str, Any], dic
             slope, fixed = 0.0, float(ys.mean())
         per_view[name] = {"fixed_s": round(fixed, 2), "us_per_event": round(slope * 1e6, 3)}
         view = next(v for v in example.views if v.name == name)
-        rows.append([1.0, float(len(view_shape(view.features).aggs))])
+        rows.append([1.0, *agg_terms(view, cal0)])
+        per_view[name]["agg_terms"] = [round(x, 4) for x in rows[-1][1:]]
         us.append(slope * 1e6)
     a, b = np.asarray(rows), np.asarray(us)
-    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-    if coef[1] < 0:
-        coef = np.array([float(b.mean()), 0.0])
-    if coef[0] < 0:
-        coef = np.array([0.0, float((b / a[:, 1]).mean())])
+    coef = _nonneg_lstsq(a, b)
     fixed_s = float(np.median([max(0.0, p["fixed_s"]) for p in per_view.values()]))
     state = state_fit(runs, example)
     event_terms: dict[str, Any] = {
         "event_us": round(float(coef[0]), 3),
-        "agg_us": dict.fromkeys(AGG_KINDS, round(float(coef[1]), 3)),
+        "agg_us": {k: round(float(coef[2] if k in COUNTER_KINDS else coef[1]), 3) for k in AGG_KINDS},
     }
     if not b.any():  # no view showed a per-event slope: Spark's per-run cost hid it; keep the file's terms
         kept = json.loads(calibration_path("offline").read_text(encoding="utf-8"))["constants"]
@@ -369,10 +408,14 @@ def state_fit(runs: dict[str, Any], example: Any) -> dict[str, float]:
     }
 
 
-def check_accuracy(runs: dict[str, Any], example: Any, constants: dict[str, Any]) -> dict[str, Any]:
+def check_accuracy(
+    runs: dict[str, Any], example: Any, constants: dict[str, Any], shares: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Per view and rate: estimated vs measured CPU a day; estimated vs measured table bytes."""
     cal = parse_calibration(
-        "offline", {"constants": constants, "measured_at": "now"}, calibration_path("offline")
+        "offline",
+        {"constants": constants, "where_shares": shares, "measured_at": "now"},
+        calibration_path("offline"),
     )
     tier = TIERS["offline"]
     out: dict[str, Any] = {}

@@ -345,14 +345,14 @@ def estimate_view(
     """Estimated CPU-hours per day of a view with ``features`` on ``tier`` at ``rate_per_s``.
 
     ``share``: the views sharing its job and group (:func:`job_share`); ``None``: alone in its job.
-    ``read_days``: days of events each day's run reads (``None``: the offline job reads its view's
-    window, :func:`days_read`; a streaming tier reads each event once).
+    ``read_days``: days of events each day's run is charged (``None``: the offline job's window,
+    :func:`days_read`, where its calibration says ``reads_window``; else each event once).
     """
     cal = calibration or load_calibration(tier.name)
     share = share or JobShare()
     shape = view_shape(features, rekeyed)
     if read_days is None:
-        read_days = 1
+        read_days = days_read(shape) if cal.scalar("reads_window") else 1
     events = rate_per_s * SECONDS_PER_DAY * read_days
     us = us_per_event(shape, cal)
     writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0

@@ -28,6 +28,7 @@ from headwater.registry.cost import (
     SECONDS_PER_DAY,
     CostEstimate,
     JobShare,
+    days_read,
     estimate_view,
     format_bytes,
     job_share,
@@ -62,8 +63,10 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
             basis = f"job cores {cores} measured at {rates} events/s (no per-event slope seen: their mean)"
         hours = at_rate * 24
     elif got.get("cpu_s_per_day") and got.get("events_per_day"):  # offline: daily runs of a stream
+        # events_per_day: what each run read; a daily run reads its window where reads_window says so
         per_day, seconds = got["events_per_day"], got["cpu_s_per_day"]
-        events = rate_per_s * SECONDS_PER_DAY
+        window = days_read(view_shape(view.features)) if cal.scalar("reads_window") else 1
+        events = rate_per_s * SECONDS_PER_DAY * window
         slope = 0.0
         if len(per_day) >= 2 and per_day[1] != per_day[0]:
             slope = max(0.0, (seconds[1] - seconds[0]) / (per_day[1] - per_day[0]))

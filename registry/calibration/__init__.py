@@ -25,6 +25,9 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     state_slot_bytes  state bytes of one aggregation in one (entity, slice) record, by kind
     state_dedup_id_bytes state bytes per event id kept for de-duplication (nearline)
     table_row_bytes   offline only: bytes of one row (entity, day) of a feature table per slot
+    reads_window      offline only: 1 = each day's run is charged every event of the window it reads
+                      (``events_for`` reads the longest window + slide of bronze, ``cost.days_read``),
+                      0 = each event once (what a one-day calibration stream measures)
 
 Realtime state follows the operator's byte layout (``KeyStateSerializer`` format 2), so it has terms
 per live entity besides the slices (0 elsewhere):
@@ -83,6 +86,7 @@ SCALARS = (
     "state_view_bytes",
     "state_value_slot_bytes",
     "state_text_bytes",
+    "reads_window",
 )
 
 # The first guesses, used only where a calibration file gives nothing (they say so: ``defaulted``).
@@ -115,6 +119,7 @@ DEFAULTS: dict[str, Any] = {
     "state_view_bytes": 0.0,
     "state_value_slot_bytes": 0.0,
     "state_text_bytes": 0.0,
+    "reads_window": 0.0,
     "state_running_bytes": dict.fromkeys(AGG_KINDS, 0.0),
     "state_running_event_bytes": dict.fromkeys(AGG_KINDS, 0.0),
 }

@@ -119,6 +119,10 @@ def test_the_offline_job_is_charged_every_event_of_the_window_it_reads_each_day(
     assert "events read/day (8 days of window)" in est.explain()
     one = estimate_view(week, 2000, TIERS["offline"], calibration=CAL, read_days=1)
     assert one.events_per_day == 2000 * SECONDS_PER_DAY
+    # the calibration decides by default: reads_window 1 charges the window, 0 (default) each event once
+    assert estimate_view(week, 2000, TIERS["offline"], calibration=CAL).read_days == 1
+    windowed = parse_calibration("offline", {"constants": {"reads_window": 1}, "measured_at": "2026-12-02"})
+    assert estimate_view(week, 2000, TIERS["offline"], calibration=windowed).read_days == 8
     # a streaming tier reads each event once, whatever the window
     assert estimate_view(week, 2000, TIERS["nearline"], calibration=CAL).read_days == 1
 
