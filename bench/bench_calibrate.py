@@ -379,6 +379,9 @@ def main() -> None:
     )
     ap.add_argument("--nl-shapes", default="", help="--nl-state: only these shapes (and cal_base)")
     ap.add_argument("--nl-one-rate", action="store_true", help="--nl-state: examples at the first rate only")
+    ap.add_argument(
+        "--nl-views", default="", help="--nl-state: only these example views, no shapes, constants kept"
+    )
     ap.add_argument("--nl-state-refit", action="store_true", help="re-estimate the last --nl-state rows")
     args = ap.parse_args()
     if args.nl_state_refit:
@@ -388,7 +391,13 @@ def main() -> None:
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
         out = ROOT / "bench/results/bench_calibrate.json"
         doc = json.loads(out.read_text())
-        doc["tiers"]["nearline"]["state"] = nearline_state(args, command)
+        got = nearline_state(args, command)
+        if args.nl_views:  # some views re-measured: their rows replace the last run's, the rest stay
+            kept = doc["tiers"]["nearline"]["state"]
+            kept["accuracy"].update(got["accuracy"])
+            kept.setdefault("views_runs", []).append({k: v for k, v in got.items() if k != "accuracy"})
+            got = kept
+        doc["tiers"]["nearline"]["state"] = got
         out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         return
     if args.summary:
@@ -901,8 +910,10 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
             shapes = {k: v for k, v in shapes.items() if k in args.nl_shapes.split(",") or k == "cal_base"}
         topics = {"events": stream.topics["events"], "payments": stream.topics["empty"]}
         per_shape: dict[str, Any] = {}
+        only = [v for v in args.nl_views.split(",") if v]
         runs = [(name, text, "events") for name, text in shapes.items()]
         runs.append(("cal_base_slow", shapes["cal_base"], "events_b"))
+        runs = [] if only else runs
         for name, text, topic_key in runs:
             view_name = "cal_base" if name == "cal_base_slow" else name
             repo = make_repo(tmp, {view_name: text})
@@ -917,14 +928,19 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
                   f"{run['events']} events, {run['pane_records']} slices, {run['dedup_ids']} ids, "
                   f"load {run['load_1m']}",
                   flush=True)  # fmt: skip
-        constants = state_constants(per_shape, result_shapes(tmp, shapes))
         path = calibration_path("nearline")
         cal_data = json.loads(path.read_text(encoding="utf-8"))
-        kinds_run = {k for name in per_shape for k in result_shapes(tmp, shapes).get(name, {})}
-        kept = {k: v for k, v in cal_data["constants"]["state_slot_bytes"].items() if k not in kinds_run}
-        constants["state_slot_bytes"] = {**constants["state_slot_bytes"], **kept}  # kinds not run: as before
-        cal_data["constants"].update(constants)
-        cal_data["state_command"] = command
+        constants: dict[str, Any] = {}
+        if per_shape:
+            constants = state_constants(per_shape, result_shapes(tmp, shapes))
+            kinds_run = {k for name in per_shape for k in result_shapes(tmp, shapes).get(name, {})}
+            kept = {k: v for k, v in cal_data["constants"]["state_slot_bytes"].items() if k not in kinds_run}
+            # kinds not run: as before
+            constants["state_slot_bytes"] = {**constants["state_slot_bytes"], **kept}
+            cal_data["constants"].update(constants)
+            cal_data["state_command"] = command
+        else:
+            cal_data["state_views_command"] = command
         cal_data["state_isolation"] = (
             "the stores' live bytes (keys + values of pane records and dedup ids, PartitionStore.live_bytes "
             "at the worker's close), least squares on the worker's slice and id counts per shape"
@@ -937,6 +953,8 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
         cal = parse_calibration("nearline", cal_data, path)
         accuracy: dict[str, Any] = {}
         for view in sorted((v for v in example.views if v.tier == "nearline"), key=lambda v: v.name):
+            if only and view.name not in only:
+                continue
             source = example.sources[view.source]
             text = Path(ROOT / view.file).read_text(encoding="utf-8")
             pairs = ([("events", args.sim_rate), ("events_b", args.second_rate)] if view.source == "events"
@@ -1131,7 +1149,9 @@ def summary() -> dict[str, Any]:
     for view, row in off.get("accuracy", {}).items():
         rows.append({
             "tier": "offline", "view": view, "cpu_unit": "CPU s/day",
-            "cpu": [{"rate": r["events_per_day"], "estimate": r["estimated_cpu_s_per_day"],
+            # rate: the events the day's run read (events/day x the days of its window bronze held)
+            "cpu": [{"rate": r["events_per_day"] * r.get("read_days", 1),
+                     "read_days": r.get("read_days", 1), "estimate": r["estimated_cpu_s_per_day"],
                      "measured": r["measured_cpu_s_per_day"], "error": r["cpu_error"],
                      "load_1m": r["load_1m"]} for r in row["rates"]],
             "state": [{"rate": r["events_per_day"], "estimate": r["state_estimate"],
