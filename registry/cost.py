@@ -48,7 +48,8 @@ leaves the longest window)::
           + rate x hit x longest window x state_dedup_id_bytes         (event-id hashes, 8 bytes)
 
 State (offline): the feature table, rows = entities x days kept (the longest window), each
-``state_pane_bytes + slots x table_row_bytes``. Online memory (every tier, one Redis key per entity,
+``state_pane_bytes + slots x table_row_bytes``, plus a file a day of ``(slots + 2) x
+table_file_column_bytes``. Online memory (every tier, one Redis key per entity,
 layout :mod:`headwater.pipelines.store.codec`)::
 
     bytes = entities x (72-byte header + 4 x slots + key bytes + REDIS_KEY_OVERHEAD)
@@ -426,8 +427,12 @@ def estimate_footprint(
     if tier.name == "offline":
         days = max(1, math.ceil(shape.longest_window_s / SECONDS_PER_DAY))
         row = cal.scalar("state_pane_bytes") + shape.slots * cal.scalar("table_row_bytes")
-        state = live * days * row
+        # a day's partition is one Parquet file (Z-ordered): its per-column overhead, whatever its rows
+        file = (shape.slots + 2) * cal.scalar("table_file_column_bytes")  # + the key and the time
+        state = live * days * row + days * file
         state_basis = f"{live:,.0f} entities x {days} days x {row:.0f} bytes/row (feature table)"
+        if file:
+            state_basis += f" + {days} day files x {file:,.0f} bytes"
     elif tier.name == "realtime":
         state, state_basis = realtime_state(shape, rate_per_s, entities, key_bytes, cal, stream)
     else:

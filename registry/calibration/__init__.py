@@ -25,6 +25,8 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     state_slot_bytes  state bytes of one aggregation in one (entity, slice) record, by kind
     state_dedup_id_bytes state bytes per event id kept for de-duplication (nearline)
     table_row_bytes   offline only: bytes of one row (entity, day) of a feature table per slot
+    table_file_column_bytes offline only: bytes per column of a day's Parquet file (footer, column
+                      chunk and page headers, statistics, dictionaries), whatever its rows
     reads_window      offline only: 1 = each day's run is charged every event of the window it reads
                       (``events_for`` reads the longest window + slide of bronze, ``cost.days_read``),
                       0 = each event once (what a one-day calibration stream measures)
@@ -87,6 +89,7 @@ SCALARS = (
     "state_value_slot_bytes",
     "state_text_bytes",
     "reads_window",
+    "table_file_column_bytes",
 )
 
 # The first guesses, used only where a calibration file gives nothing (they say so: ``defaulted``).
@@ -120,6 +123,7 @@ DEFAULTS: dict[str, Any] = {
     "state_value_slot_bytes": 0.0,
     "state_text_bytes": 0.0,
     "reads_window": 0.0,
+    "table_file_column_bytes": 0.0,
     "state_running_bytes": dict.fromkeys(AGG_KINDS, 0.0),
     "state_running_event_bytes": dict.fromkeys(AGG_KINDS, 0.0),
 }

@@ -127,6 +127,21 @@ def test_the_offline_job_is_charged_every_event_of_the_window_it_reads_each_day(
     assert estimate_view(week, 2000, TIERS["nearline"], calibration=CAL).read_days == 1
 
 
+def test_an_offline_table_is_its_rows_and_a_file_a_day_of_column_overhead() -> None:
+    cal = parse_calibration(
+        "offline",
+        {
+            "constants": {"state_pane_bytes": 6.0, "table_row_bytes": 0.0, "table_file_column_bytes": 4000.0},
+            "measured_at": "2026-12-02",
+        },
+    )
+    week = (feature(window="7d", slide="1d"), feature(name="g", window="7d", slide="1d"))
+    fp = estimate_footprint(week, 2000, TIERS["offline"], 1000, 12, cal)
+    # 1,000 entities x 7 days x 6 bytes + 7 day files x (2 slots + key + time) x 4,000 bytes
+    assert fp.state_bytes == pytest.approx(1000 * 7 * 6.0 + 7 * 4 * 4000.0)
+    assert "7 day files x 16,000 bytes" in fp.state_basis
+
+
 def test_missing_constants_take_the_defaults_and_say_so() -> None:
     cal = parse_calibration("realtime", {"constants": {"event_us": 3}, "measured_at": "2026-12-01"})
     assert cal.scalar("event_us") == 3.0
