@@ -187,9 +187,16 @@ def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None
     }
 
 
-def describe_lines(view: CompiledView, result: CheckResult) -> list[str]:
-    """Return the cost lines of ``features describe``."""
-    rep = cost_report(view, result)
+def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | None = None) -> list[str]:
+    """Return the cost lines of ``features describe``.
+
+    ``stats_root``: the nearline workers' stats (``None``: ``<state>/nearline`` for a nearline view).
+    """
+    if stats_root is None and view.tier == "nearline":
+        from headwater.registry.config import state_dir
+
+        stats_root = state_dir() / "nearline"
+    rep = cost_report(view, result, stats_root)
     est, basis, fp, meas = rep["estimate"], rep["basis"], rep["footprint"], rep["measured"]
     lines = [
         f"  cost: declared {view.compute_cost:g}, estimated {est['cpu_hours_per_day']:.2f} CPU-h/day "
@@ -214,6 +221,12 @@ def describe_lines(view: CompiledView, result: CheckResult) -> list[str]:
         )
     else:
         lines.append("        measured: none (no calibration run of this view)")
+    if rep["reported"]:
+        told = rep["reported"]
+        lines.append(
+            f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by {told['tasks']} running task(s) "
+            f"({told['fold_s']:g} s in its folds; {told['how']})"
+        )
     if fp:
         lines.append(f"  state {format_bytes(fp['state_bytes'])}: {_basis(view, result, 'state')}")
         lines.append(f"  online memory {format_bytes(fp['online_bytes'])}: {_basis(view, result, 'online')}")

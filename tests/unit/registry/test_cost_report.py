@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from headwater.registry.calibration import parse_calibration
 from headwater.registry.commands import check, features
-from headwater.registry.costs_cli import costs, measured_cost, reported_cost
+from headwater.registry.costs_cli import costs, describe_lines, measured_cost, reported_cost
 from headwater.registry.validate import check_repo
 
 
@@ -99,3 +99,17 @@ def test_reported_cost_adds_each_tasks_fold_seconds_per_second(tmp_path: Path) -
     assert (got["fold_s"], got["tasks"]) == (54.0, 2)
     assert reported_cost("absent", tmp_path) is None
     assert reported_cost("v", tmp_path / "none") is None
+
+
+def test_describe_shows_what_the_running_workers_report(tmp_path: Path, example: Path) -> None:
+    result = check_repo(example)
+    view = next(v for v in result.views if v.name == "user_engagement_nearline")
+    group = tmp_path / "g"
+    group.mkdir()
+    path = group / "stats-0.json"
+    task = {"fold_s": {view.name: 72.0}, "fold_since": 1_000.0}
+    path.write_text(json.dumps({"tasks": [task]}), encoding="utf-8")
+    os.utime(path, (1_720.0, 1_720.0))  # 72 s of folds in 720 s: 0.1 cores = 2.4 CPU-h/day
+    lines = describe_lines(view, result, tmp_path)
+    assert any("reported 2.40 CPU-h/day by 1 running task(s) (72 s in its folds" in line for line in lines)
+    assert not any("running task(s)" in line for line in describe_lines(view, result, tmp_path / "none"))
