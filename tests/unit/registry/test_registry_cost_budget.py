@@ -158,6 +158,6 @@ def test_example_pushed_over_budget_fails_the_console_script(tmp_path: Path, exa
         [str(script), "check", str(copy)], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "view 'user_activity_offline': compute_cost 9 CPU-h/day is under-declared" in proc.stdout
+    assert "view 'user_activity_offline': compute_cost 44 CPU-h/day is under-declared" in proc.stdout
     assert "tier 'offline' is over budget" in proc.stdout
     assert "user_activity_offline    offline" in proc.stdout
