@@ -10,10 +10,8 @@ be the boundary at which the reference value last changed.
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from headwater.pipelines import jvm
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import check_plan
 from headwater.pipelines.realtime.testing import ALL_KINDS_VIEW, ITEM_VIEW
@@ -32,7 +29,9 @@ from headwater.registry.expr_eval import compile_predicate
 from headwater.registry.plans import TierPlan, read_plan
 from headwater.registry.testing import ScratchRepo
 
-from .test_java_decode import _classpath
+from .jvm_check import run_driver
+
+AGGREGATE_CHECK = "dev.headwater.flink.realtime.AggregateCheck"
 
 ROOT = Path(__file__).resolve().parents[4]
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -69,18 +68,7 @@ def rows(program: RealtimeProgram, events: list[dict[str, Any]]) -> list[list[An
 
 
 def run_check(program: RealtimeProgram, lines: list[Any]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    java = shutil.which("java")
-    if java is None:
-        pytest.skip("no `java` on PATH")
-    try:
-        jvm.jars("flink-udfs")
-    except jvm.MissingJarsError as exc:
-        pytest.skip(f"the JVM operators are not built here: {exc}")
-    text = program.text + "\n" + "".join(json.dumps(x) + "\n" for x in lines)
-    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.realtime.AggregateCheck"]
-    done = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = [json.loads(line) for line in done.stdout.splitlines()]
+    out = run_driver(AGGREGATE_CHECK, lines, header=program.text)
     return out[:-1], out[-1]["outcomes"]
 
 

@@ -17,7 +17,6 @@ Flink by tests/integration/pipelines/realtime/test_realtime_sources.py.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -33,7 +32,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headwater.pipelines import jvm
 from headwater.pipelines.events.codec import (
     HEADER_PRODUCE_TS,
     HEADER_SCHEMA_FP,
@@ -47,6 +45,8 @@ from headwater.registry.avro import fingerprint
 from headwater.registry.expr import from_json
 from headwater.registry.expr_eval import compile_rule
 from headwater.registry.plans import PlanSchema, PlanSource, read_plan
+
+from .jvm_check import classpath
 
 ROOT = Path(__file__).resolve().parents[4]
 NOW_MS = 1_767_225_600_000
@@ -63,19 +63,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PlanSource]:
     return {s.name: s for s in read_plan(state, "realtime").sources}
 
 
-def _classpath() -> str:
-    """The functions' jars plus PyFlink's own (Avro logs through the slf4j that Flink ships)."""
-    try:
-        ours = jvm.jars("flink-udfs")
-    except jvm.MissingJarsError as exc:
-        pytest.skip(f"the JVM decode is not built here: {exc}")
-    spec = importlib.util.find_spec("pyflink")
-    assert spec is not None, "pyflink is a dependency of headwater"
-    assert spec.origin is not None
-    flink = sorted((Path(spec.origin).parent / "lib").glob("*.jar"))
-    return ":".join(str(j) for j in [*ours, *flink])
-
-
 def _java_decode(
     source: PlanSource, records: list[Record], tmp: Path, limits: dict[str, int] | None = None
 ) -> list[list[str]]:
@@ -85,7 +72,7 @@ def _java_decode(
     config = tmp / f"{source.name}.json"
     config.write_text(decoder_config(source, **(limits or {})))
     lines = "".join(" ".join("-" if b is None else b.hex() for b in rec) + "\n" for rec in records)
-    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.DecodeCheck", str(config), str(NOW_MS)]
+    cmd = [java, "-cp", classpath(), "dev.headwater.flink.DecodeCheck", str(config), str(NOW_MS)]
     # bytes, not text=True: universal newlines would turn a "\r" inside a decoded string into a line break
     done = subprocess.run(cmd, input=lines.encode(), capture_output=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr.decode(errors="replace")

@@ -10,18 +10,12 @@ in the same burst as newer ones, or right after a restore, was not late.
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import subprocess
 from typing import Any
 
-import pytest
-
-from headwater.pipelines import jvm
 from headwater.pipelines.realtime.testing import late_reference
 
-from .test_java_decode import _classpath
+from .jvm_check import run_driver
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 NOW = T0 + 86_400_000
@@ -37,18 +31,8 @@ CONFIG = {
 
 def run_check(lines: list[dict[str, Any]], **config: Any) -> list[str | None]:
     """Each record line's verdict from the JVM: None (accepted) or the late letter's detail."""
-    java = shutil.which("java")
-    if java is None:
-        pytest.skip("no `java` on PATH")
-    try:
-        jvm.jars("flink-udfs")
-    except jvm.MissingJarsError as exc:
-        pytest.skip(f"the JVM operators are not built here: {exc}")
-    text = "".join(json.dumps(x) + "\n" for x in [{**CONFIG, **config}, *lines])
-    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.realtime.LatenessCheck"]
-    done = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line)["late"] for line in done.stdout.splitlines()]
+    out = run_driver("dev.headwater.flink.realtime.LatenessCheck", [{**CONFIG, **config}, *lines])
+    return [o["late"] for o in out]
 
 
 def rec(p: int, t_ms: int, s: int = 0, **kw: Any) -> dict[str, Any]:

@@ -16,9 +16,6 @@ reads on from its offsets.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headwater.pipelines import jvm
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import check_plan
 from headwater.pipelines.realtime.testing import ALL_KINDS_VIEW, CLICKS_VIEW, ITEM_VIEW, edit_metadata
@@ -35,8 +31,17 @@ from headwater.pipelines.windows import compile_view, empty_values, reference_va
 from headwater.registry.plans import TierPlan, build_plans, registry_hash
 from headwater.registry.testing import ScratchRepo
 
-from .test_java_aggregation import T0, Ids, expected, java_vector, random_stream, rows, stored
-from .test_java_decode import _classpath
+from .jvm_check import run_driver
+from .test_java_aggregation import (
+    AGGREGATE_CHECK,
+    T0,
+    Ids,
+    expected,
+    java_vector,
+    random_stream,
+    rows,
+    stored,
+)
 
 ROOT = Path(__file__).resolve().parents[4]
 END = T0 + 61_000
@@ -89,19 +94,8 @@ def run_restart(
 
     Returns the updates before the restart, the entities restored per group, the updates after it.
     """
-    java = shutil.which("java")
-    if java is None:
-        pytest.skip("no `java` on PATH")
-    try:
-        jvm.jars("flink-udfs")
-    except jvm.MissingJarsError as exc:
-        pytest.skip(f"the JVM operators are not built here: {exc}")
     lines: list[Any] = [*rows(before, first), {"restart": after.text}, *rows(after, second), {"clock": END}]
-    text = before.text + "\n" + "".join(json.dumps(x) + "\n" for x in lines)
-    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.realtime.AggregateCheck"]
-    done = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = [json.loads(line) for line in done.stdout.splitlines()][:-1]
+    out = run_driver(AGGREGATE_CHECK, lines, header=before.text)[:-1]
     at = next(i for i, o in enumerate(out) if "restored" in o)
     return out[:at], out[at]["restored"], out[at + 1 :]
 

@@ -10,16 +10,12 @@ the SQL, the offsets read from a checkpoint's lines, the state report.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headwater.pipelines import jvm
 from headwater.pipelines.realtime.backfill import (
     Backfill,
     SourceBackfill,
@@ -33,8 +29,8 @@ from headwater.pipelines.realtime.program import RealtimeProgram
 from headwater.pipelines.realtime.sql import JobOptions, compile_job
 from headwater.registry.plans import TierPlan
 
-from .test_java_aggregation import random_stream, rows
-from .test_java_decode import _classpath
+from .jvm_check import run_driver
+from .test_java_aggregation import AGGREGATE_CHECK, random_stream, rows
 from .test_java_versions import CUT, END, check_kept, program_of, sensitive, unique
 from .test_java_versions import plans as plans
 
@@ -50,20 +46,10 @@ def run_backfill(
     before: RealtimeProgram, after: RealtimeProgram, first: list[dict[str, Any]], second: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``first`` with ``before``; restart into ``after``, replay ``first``, run ``second``; to END."""
-    java = shutil.which("java")
-    if java is None:
-        pytest.skip("no `java` on PATH")
-    try:
-        jvm.jars("flink-udfs")
-    except jvm.MissingJarsError as exc:
-        pytest.skip(f"the JVM operators are not built here: {exc}")
     replay = [{"replay": r} for r in rows(after, first)]
     lines: list[Any] = [*rows(before, first), {"restart": after.text}, *replay, *rows(after, second)]
-    text = before.text + "\n" + "".join(json.dumps(x) + "\n" for x in [*lines, {"clock": END}])
-    cmd = [java, "-cp", _classpath(), "dev.headwater.flink.realtime.AggregateCheck"]
-    done = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = [json.loads(line) for line in done.stdout.splitlines()][:-1]
+    lines.append({"clock": END})
+    out = run_driver(AGGREGATE_CHECK, lines, header=before.text)[:-1]
     at = next(i for i, o in enumerate(out) if "restored" in o)
     return out[:at], out[at + 1 :]
 
