@@ -17,12 +17,11 @@ from headwater.serving.engine import top_k
 from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
-REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
+from .four_items import ITEMS, REGISTRY, four_item_store
+
 U, ITEM_VIEW, P = REGISTRY.user.layouts[0], *REGISTRY.item.layouts
 CONFIG = ServingConfig(editorial_items=("i3", "i9"), item_cache_ttl_s=0.0)
-ITEMS = ["i0", "i1", "i2", "i3"]
 
 
 class FakeNeural:
@@ -59,13 +58,8 @@ def linear(broken: bool = False) -> LinearRanker:
 
 
 def store() -> InMemoryFeatureStore:
-    s = InMemoryFeatureStore()
-    now = int(time.time() * 1000)
-    s.write(U, ["u1"], np.array([[1.0, 2.0]], np.float32), now - 3000)
     # x: neural order i2 > i0 > i1 > i3;  y: linear order i1 > i3 > i0 > i2
-    s.write(ITEM_VIEW, ITEMS, np.array([[3, 1], [1, 4], [5, 0], [0, 2]], np.float32), now - 1000)
-    s.write(P, ITEMS, np.array([[10], [30], [20], [0]], np.float32), now)
-    return s
+    return four_item_store()
 
 
 def client(

@@ -10,7 +10,6 @@ header); hypothesis adds arbitrary JSON values for every field.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,23 +23,11 @@ from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
-from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
-REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
-ITEMS = ["i0", "i1", "i2", "i3"]
+from .four_items import ITEMS, REGISTRY, four_item_store
+
 CONFIG = ServingConfig(editorial_items=("i3",), item_cache_ttl_s=0.0, max_body_bytes=8 * 1024)
 PER_REQUEST = ("request_id", "latency_ms", "feature_ages_s")  # differ between any two calls
-
-
-def _store() -> InMemoryFeatureStore:
-    s = InMemoryFeatureStore()
-    now = int(time.time() * 1000)
-    user, item, popularity = REGISTRY.user.layouts[0], *REGISTRY.item.layouts
-    s.write(user, ["u1"], np.array([[1.0, 2.0]], np.float32), now - 3000)
-    s.write(item, ITEMS, np.array([[3, 1], [1, 4], [5, 0], [0, 2]], np.float32), now - 1000)
-    s.write(popularity, ITEMS, np.array([[10], [30], [20], [0]], np.float32), now)
-    return s
 
 
 def _linear() -> LinearRanker:
@@ -56,7 +43,7 @@ def _linear() -> LinearRanker:
 
 @pytest.fixture(scope="module")
 def clients() -> Iterator[tuple[TestClient, TestClient]]:
-    store = _store()
+    store = four_item_store()
     art = type("A", (), {"version": "linlinlinlin"})()
     loaded = LoadedModels(None, None, _linear(), art, "cpu")
     fast = TestClient(create_app(CONFIG, REGISTRY, store, loaded, fast_routes=True))

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -27,8 +26,8 @@ from headwater.serving.config import ServingConfig
 from headwater.serving.model import ONNX_FAILURES_TO_DROP, DCNRanker, NeuralScorer
 from headwater.serving.onnx_scorer import OnnxRanker
 from headwater.serving.runtime import LoadedModels
-from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
+
+from .four_items import ITEMS, REGISTRY, four_item_store
 
 pytest.importorskip("onnxruntime")  # a pinned dependency; the fallback tests below need no ORT
 
@@ -160,20 +159,6 @@ def test_weights_changed_in_place_reach_the_session_after_compile() -> None:
         scorer.score_batch(_jobs([4]))
 
 
-REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
-ITEMS = ["i0", "i1", "i2", "i3"]
-
-
-def _store() -> InMemoryFeatureStore:
-    s = InMemoryFeatureStore()
-    now = int(time.time() * 1000)
-    user, item, popularity = REGISTRY.user.layouts[0], *REGISTRY.item.layouts
-    s.write(user, ["u1"], np.array([[1.0, 2.0]], np.float32), now - 3000)
-    s.write(item, ITEMS, np.array([[3, 1], [1, 4], [5, 0], [0, 2]], np.float32), now - 1000)
-    s.write(popularity, ITEMS, np.array([[10], [30], [20], [0]], np.float32), now)
-    return s
-
-
 def test_the_service_answers_with_the_neural_model_when_onnx_runtime_fails() -> None:
     # 2 user slots, 3 item slots (2 item columns + popularity)
     torch.manual_seed(0)
@@ -182,7 +167,9 @@ def test_the_service_answers_with_the_neural_model_when_onnx_runtime_fails() -> 
     scorer.onnx.session = _BrokenSession()
     art = type("A", (), {"version": "abc123abc123"})()
     loaded = LoadedModels(scorer, art, None, None, "cpu")
-    with TestClient(create_app(ServingConfig(item_cache_ttl_s=0.0), REGISTRY, _store(), loaded)) as c:
+    with TestClient(
+        create_app(ServingConfig(item_cache_ttl_s=0.0), REGISTRY, four_item_store(), loaded)
+    ) as c:
         response = c.post("/v1/rank", json={"user_id": "u1", "candidates": ITEMS, "k": 3})
         health = c.get("/health").json()
     assert response.status_code == 200, response.text
