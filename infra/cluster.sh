@@ -37,7 +37,16 @@ launch() {
   shift
   # cwd = the state folder: owned_pid's proof while a launcher script runs, before its exec of java
   (cd "$dir" && exec setsid "$@") > "$dir/$name.out" 2>&1 < /dev/null &
-  echo $! > "$dir/$name.pid"
+  local pid=$! i
+  echo "$pid" > "$dir/$name.pid"
+  # until the subshell has run its cd, owned_pid cannot tell it is ours (its cwd and cmdline are the
+  # caller's), and wait_for would report a healthy start as "exited during start" (seen once on the
+  # Spark worker): wait for that cd, or for the process to end
+  for i in $(seq 1 50); do
+    owned_pid "$name" >/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
 }
 
 wait_for() {  # wait_for NAME SECONDS CHECK...: until CHECK succeeds, or die if NAME exited or time ran out
