@@ -152,13 +152,17 @@ from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record
 from headwater.pipelines.offline import landing_batch as lb
 from headwater.pipelines.offline.testing import event
+try:
+    from headwater.pipelines.events.timing import SourceTiming as Rules
+except ImportError:  # a build from before the one timing module
+    Rules = lb.TimeRules
 n, start = int(sys.argv[1]), int(sys.argv[2])
 codec = EventCodec()
 recs = [Record(i, codec.encode(event(i, f"u{i % 1000}", ("click", "impression")[i % 2], start + i * 50,
                                      item_id=f"i{i % 5000}", price=1.5)), codec.headers()) for i in range(n)]
 seen, cpu = {}, time.process_time()
 for s in range(0, n, 50_000):
-    lb.decode_records(codec, recs[s : s + 50_000], lb.TimeRules(5_000, 60_000, 300_000), seen, start + n * 50)
+    lb.decode_records(codec, recs[s : s + 50_000], Rules(5_000, 60_000, 300_000), seen, start + n * 50)
 print(time.process_time() - cpu)
 """
 """The behaviour-source decode as every build since the landing existed can run it (its own codec)."""
@@ -182,7 +186,8 @@ def bench_decode(n: int, rounds: int = 3, baseline: Path | None = None) -> None:
     """
     from headwater.pipelines.events.codec import EventCodec
     from headwater.pipelines.events.testing import Record
-    from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
+    from headwater.pipelines.events.timing import SourceTiming
+    from headwater.pipelines.offline.landing_batch import decode_records
     from headwater.pipelines.offline.landing_state import CHUNK_RECORDS
     from headwater.pipelines.offline.testing import behaviour, event, payment, payments
 
@@ -204,7 +209,7 @@ def bench_decode(n: int, rounds: int = 3, baseline: Path | None = None) -> None:
             cpu, wall = time.process_time(), time.monotonic()
             landed = 0
             for s in range(0, n, CHUNK_RECORDS):
-                chunk = decode_records(codec, records[s : s + CHUNK_RECORDS], TimeRules.of(source), seen,
+                chunk = decode_records(codec, records[s : s + CHUNK_RECORDS], SourceTiming.of(source), seen,
                                        START_MS + n * step)  # fmt: skip
                 landed += chunk.table.num_rows
             best_cpu = min(best_cpu, time.process_time() - cpu)

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType
 
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.repartition import repartition_changelog, repartition_topic
-from headwater.pipelines.nearline.task import EVENT_ID, EVENT_TIME, SourceTiming
+from headwater.pipelines.nearline.task import EVENT_ID, EVENT_TIME
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import ViewLayout
 from headwater.pipelines.topics import ensure_topics

@@ -40,8 +40,9 @@ from typing import Any
 import orjson
 
 from headwater.pipelines.events.codec import EventCodec, Reason, dead_letter
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.state import PartitionStore
-from headwater.pipelines.nearline.task import EVENT_TIME, BatchOutput, PartitionTask, SourceTiming
+from headwater.pipelines.nearline.task import EVENT_TIME, BatchOutput, PartitionTask
 from headwater.pipelines.windows import ViewSpec
 
 SOURCE_HEADER = "hw-src"

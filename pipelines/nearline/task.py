@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headwater.pipelines.events.codec import DeadLetter, DecodeError, EventCodec, Reason, dead_letter
+from headwater.pipelines.events.timing import SourceTiming, counted_time
 from headwater.pipelines.nearline.state import (
     DEDUP_BUCKET_MS,
     META_KEY,
@@ -39,29 +40,11 @@ from headwater.pipelines.nearline.state import (
 )
 from headwater.pipelines.nearline.versions import Restored, sort_state
 from headwater.pipelines.windows import PaneAggregator, Panes, ViewSpec
-from headwater.registry.plans import PlanSource
 
 EVENT_TIME = "event_time"
 """Where the window code (:mod:`headwater.pipelines.windows`) reads an event's time, in UTC ms."""
 EVENT_ID = "event_id"
 """Where the window code reads an event's identity (``last`` breaks ties on it; dedup keys on it)."""
-
-
-@dataclass(frozen=True)
-class SourceTiming:
-    """Event-time handling of the source, in ms (from the plan's source: :meth:`of`)."""
-
-    max_out_of_orderness_ms: int
-    """The watermark trails the partition's max event time by this much."""
-    allowed_lateness_ms: int
-    """An event older than the watermark minus this is a dead letter (``late``)."""
-    max_future_ms: int
-    """An event this far ahead of the wall clock is a dead letter (``future_dated``)."""
-
-    @classmethod
-    def of(cls, source: PlanSource) -> SourceTiming:
-        """Return the timing the plan resolved for ``source``."""
-        return cls(source.max_out_of_orderness_ms, source.allowed_lateness_ms, source.max_future_ms)
 
 
 @dataclass
@@ -365,7 +348,7 @@ class PartitionTask:
             return None
         event = decoded.event  # a fresh dict from the Avro reader: no copy
         t, timing = decoded.event_time_ms, self.timing
-        if t > now_ms + timing.max_future_ms:
+        if timing.is_future(t, now_ms):
             detail = (
                 f"{self.codec.source.event_time} {t} ms is more than {timing.max_future_ms} ms ahead of the "
                 f"clock ({now_ms}; max_future of source {self.codec.source.name!r})"
@@ -374,7 +357,7 @@ class PartitionTask:
             return None
         max_t = self.max_t
         if max_t is not None:
-            horizon = max_t - timing.max_out_of_orderness_ms - timing.allowed_lateness_ms
+            horizon = timing.horizon(max_t)
             if t < horizon:
                 detail = (
                     f"{self.codec.source.event_time} {t} ms is {horizon - t} ms before watermark - allowed "
@@ -382,7 +365,7 @@ class PartitionTask:
                 )
                 out.dead.append(dead_letter(rec, Reason.LATE, detail, now_ms))
                 return None
-        seen_t = t if t <= now_ms else now_ms  # the future does not move the watermark (module docstring)
+        seen_t = counted_time(t, now_ms)  # the future does not move the watermark (module docstring)
         if max_t is None or seen_t > max_t:
             self.max_t = seen_t
         if self._set_time:
@@ -403,7 +386,7 @@ class PartitionTask:
             out.changes[key] = dumps(merged)  # the whole batch's ids of the bucket
         if self.max_t is None:
             return
-        horizon = self.max_t - self.timing.max_out_of_orderness_ms - self.timing.allowed_lateness_ms
+        horizon = self.timing.horizon(self.max_t)
         for bucket in [b for b in self.buckets if (b + 1) * DEDUP_BUCKET_MS <= horizon]:
             for key, id_list in self.buckets.pop(bucket).items():
                 for i in id_list:

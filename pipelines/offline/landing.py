@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from headwater.pipelines.events.codec import EventCodec, dead_letter
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
-from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
+from headwater.pipelines.offline.landing_batch import decode_records
 from headwater.pipelines.offline.landing_lock import LandingLock
 from headwater.pipelines.offline.landing_state import (
     CHUNK_RECORDS,
@@ -85,7 +86,7 @@ class Lander:
         self.spark = spark
         self.config = config
         self.codec = EventCodec(config.source)
-        self.rules = TimeRules.of(config.source)
+        self.rules = SourceTiming.of(config.source)
 
     def run(
         self,

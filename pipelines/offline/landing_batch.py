@@ -6,7 +6,7 @@ columnar: the Arrow table (the source's bronze columns, :mod:`.source_columns`) 
 from the decoded events, and the event-time rules (future-dated, late) are numpy arithmetic over the
 event times in ms, per partition, in offset order.
 
-Rules, as the streaming tiers apply them, with the source's limits from the plan (:class:`TimeRules`):
+Rules, as the streaming tiers apply them (:mod:`headwater.pipelines.events.timing`), with the source's limits:
 
 - future-dated: ``event time > now + max_future_ms`` -> dead letter ``future_dated``, not landed,
   and it does not move the watermark (one such event would make every later one look late);
@@ -29,25 +29,11 @@ import numpy as np
 import pyarrow as pa
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec, Reason
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.offline.source_columns import META_COLUMNS, event_schema
-from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
     from kafka.consumer.fetcher import ConsumerRecord
-
-
-@dataclass(frozen=True)
-class TimeRules:
-    """The source's event-time rules (milliseconds)."""
-
-    max_out_of_orderness_ms: int
-    allowed_lateness_ms: int
-    max_future_ms: int
-
-    @classmethod
-    def of(cls, source: PlanSource) -> TimeRules:
-        """Return the rules the plan resolved for ``source`` (the registry's defaults already applied)."""
-        return cls(source.max_out_of_orderness_ms, source.allowed_lateness_ms, source.max_future_ms)
 
 
 @dataclass
@@ -71,7 +57,7 @@ class DecodedChunk:
 def decode_records(
     codec: EventCodec,
     records: Sequence[ConsumerRecord],
-    rules: TimeRules,
+    rules: SourceTiming,
     max_event_ms: dict[int, int],
     now_ms: int,
 ) -> DecodedChunk:
@@ -104,7 +90,7 @@ def decode_records(
     # Step 3
     name = codec.source.event_time
     times = np.asarray(event_times, dtype=np.int64)
-    future = times > now_ms + rules.max_future_ms
+    future = times > now_ms + rules.max_future_ms  # SourceTiming.is_future, over the column
     for i in np.flatnonzero(future):
         ahead = (int(times[i]) - now_ms) / 1000
         detail = (f"{name} {int(times[i])} ms is {ahead:.1f} s ahead of the landing clock "
@@ -130,7 +116,7 @@ def decode_records(
 def late_mask(
     times: np.ndarray[Any, Any],
     partitions: np.ndarray[Any, Any],
-    rules: TimeRules,
+    rules: SourceTiming,
     max_event_ms: dict[int, int],
     now_ms: int,
 ) -> np.ndarray[Any, Any]:
@@ -140,7 +126,7 @@ def late_mask(
     trusted, so the watermark never passes the landing clock (module docstring).
     """
     late = np.zeros(len(times), dtype=bool)
-    slack = rules.max_out_of_orderness_ms + rules.allowed_lateness_ms
+    slack = rules.slack_ms
     for part in np.unique(partitions):
         idx = np.flatnonzero(partitions == part)
         ts = times[idx]

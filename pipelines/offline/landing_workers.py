@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from headwater.pipelines.offline.landing_batch import TimeRules
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.offline.landing_state import Checkpoint
 from headwater.registry.plans import PlanSource
 
@@ -63,7 +63,8 @@ def _init(bootstrap: str, source: PlanSource, dlq_topic: str, poll_timeout_ms: i
     from headwater.pipelines.events.codec import EventCodec
 
     _WORKER.update(
-        topic=source.topic, dlq_topic=dlq_topic, rules=TimeRules.of(source), poll_timeout_ms=poll_timeout_ms,
+        topic=source.topic, dlq_topic=dlq_topic, rules=SourceTiming.of(source),
+        poll_timeout_ms=poll_timeout_ms,
         codec=EventCodec(source),
         consumer=KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                auto_offset_reset="earliest",

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from headwater.pipelines.events.timing import SourceTiming, late_verdicts
 from headwater.pipelines.windows.aggs import NAN, Value
 from headwater.pipelines.windows.spec import FeatureSpec, OperandSpec, ViewSpec
 
@@ -38,23 +39,17 @@ def split_late(
 ) -> tuple[list[Event], list[Event]]:
     """Split one partition's events, in arrival order, into (accepted, late).
 
-    The watermark is the max event time seen before the event minus ``max_out_of_orderness_ms``;
-    an event with ``event_time < watermark - allowed_lateness_ms`` is late. ``None`` = never late.
+    The rule is :func:`headwater.pipelines.events.timing.late_verdicts`, with no event ahead of the
+    clock: an event is late when it is before the greatest accepted event time minus
+    ``max_out_of_orderness_ms`` and ``allowed_lateness_ms``. ``None`` = never late.
     """
-    accepted: list[Event] = []
-    late: list[Event] = []
-    max_t: int | None = None
-    for e in events:
-        t = e["event_time"]
-        if (
-            allowed_lateness_ms is not None
-            and max_t is not None
-            and t < max_t - max_out_of_orderness_ms - allowed_lateness_ms
-        ):
-            late.append(e)
-            continue
-        accepted.append(e)
-        max_t = t if max_t is None else max(max_t, t)
+    events = list(events)
+    if allowed_lateness_ms is None:
+        return events, []
+    timing = SourceTiming(max_out_of_orderness_ms, allowed_lateness_ms, max_future_ms=0)
+    verdicts = late_verdicts(((0, e["event_time"], e["event_time"]) for e in events), timing)
+    accepted = [e for e, late in zip(events, verdicts, strict=True) if not late]
+    late = [e for e, late in zip(events, verdicts, strict=True) if late]
     return accepted, late
 
 

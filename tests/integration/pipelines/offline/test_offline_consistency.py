@@ -20,8 +20,9 @@ from click.testing import CliRunner
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record as Rec
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.state import PartitionStore
-from headwater.pipelines.nearline.task import PartitionTask, SourceTiming
+from headwater.pipelines.nearline.task import PartitionTask
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.cli import consistency as consistency_cli
 from headwater.pipelines.offline.consistency import check_view

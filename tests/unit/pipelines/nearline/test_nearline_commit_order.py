@@ -20,11 +20,12 @@ from kafka.errors import KafkaTimeoutError, ProducerFencedError
 
 from headwater.pipelines.events.codec import DeadLetter
 from headwater.pipelines.events.schema import behavior_source
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.fence import NearlineFencedError, TaskProducer
 from headwater.pipelines.nearline.plan import SourcePlan
 from headwater.pipelines.nearline.runner import NearlineCommitError, NearlineConfig, NearlineWorker
 from headwater.pipelines.nearline.state import META_KEY, OUTBOX_KEY, pane_key
-from headwater.pipelines.nearline.task import BatchOutput, SourceTiming
+from headwater.pipelines.nearline.task import BatchOutput
 from headwater.pipelines.settings import Settings
 
 

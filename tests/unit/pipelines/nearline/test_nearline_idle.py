@@ -6,6 +6,7 @@ from pathlib import Path
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record as Rec
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
     RepartitionedTask,
@@ -14,7 +15,6 @@ from headwater.pipelines.nearline.repartition import (
     marker_headers,
 )
 from headwater.pipelines.nearline.state import PartitionStore
-from headwater.pipelines.nearline.task import SourceTiming
 from headwater.pipelines.windows import ViewSpec, compile_view
 from headwater.pipelines.windows.testing import plan_feature, plan_view
 

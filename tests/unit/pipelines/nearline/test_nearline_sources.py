@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.events.testing import Record as Rec
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.plan import NearlinePlan, NearlinePlanError
 from headwater.pipelines.nearline.state import PartitionStore
-from headwater.pipelines.nearline.task import PartitionTask, SourceTiming
+from headwater.pipelines.nearline.task import PartitionTask
 from headwater.pipelines.windows import compile_view, empty_values, reference_values, split_late
 from headwater.pipelines.windows.testing import plan_feature, plan_view
 from headwater.registry.plans import PlanField, PlanView, TierPlan

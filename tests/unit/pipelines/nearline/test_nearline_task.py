@@ -12,8 +12,9 @@ import pytest
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.events.testing import Record as Rec
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.state import PartitionStore
-from headwater.pipelines.nearline.task import PartitionTask, SourceTiming
+from headwater.pipelines.nearline.task import PartitionTask
 from headwater.pipelines.windows import compile_view, empty_values, reference_values, split_late
 
 _path = Path(__file__).parents[3] / "integration/pipelines/nearline/harness.py"

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.pipelines.events.testing import Record as Rec
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.backfill import replay_start_ms
 from headwater.pipelines.nearline.state import Loaded, PartitionStore, pane_key
-from headwater.pipelines.nearline.task import PartitionTask, SourceTiming
+from headwater.pipelines.nearline.task import PartitionTask
 from headwater.pipelines.nearline.versions import sort_state
 from headwater.pipelines.windows import compile_view
 from headwater.pipelines.windows.testing import plan_feature, plan_view

@@ -8,26 +8,14 @@ import numpy as np
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record
-from headwater.pipelines.offline.landing_batch import TimeRules, decode_records, late_mask
+from headwater.pipelines.events.timing import SourceTiming, late_verdicts
+from headwater.pipelines.offline.landing_batch import decode_records, late_mask
 from headwater.pipelines.offline.testing import T0, event
 
-RULES = TimeRules(max_out_of_orderness_ms=5_000, allowed_lateness_ms=60_000, max_future_ms=300_000)
+RULES = SourceTiming(max_out_of_orderness_ms=5_000, allowed_lateness_ms=60_000, max_future_ms=300_000)
 
 
-def late_reference(times: list[int], partitions: list[int], seen: dict[int, int], now: int) -> list[bool]:
-    """The per-event rule, one event at a time (what the vectorised mask must equal)."""
-    out = []
-    for t, p in zip(times, partitions, strict=True):
-        top = seen.get(p)
-        if top is None or t > top:
-            seen[p] = min(t, now)  # the future does not move the watermark past the clock
-            out.append(False)
-        else:
-            out.append(t < top - RULES.max_out_of_orderness_ms - RULES.allowed_lateness_ms)
-    return out
-
-
-def test_late_mask_equals_the_per_event_rule_across_batches() -> None:
+def test_late_mask_equals_the_rule_one_record_at_a_time_across_batches() -> None:
     rng = np.random.default_rng(3)
     vector_seen: dict[int, int] = {}
     scalar_seen: dict[int, int] = {}
@@ -37,7 +25,8 @@ def test_late_mask_equals_the_per_event_rule_across_batches() -> None:
         times = T0 + np.arange(n) * 100 - rng.integers(0, 200_000, n) * (rng.random(n) < 0.1)
         now = int(times.max()) - 20_000  # a few events ahead of the clock, accepted
         got = late_mask(times.astype(np.int64), partitions, RULES, vector_seen, now)
-        want = late_reference(times.tolist(), partitions.tolist(), scalar_seen, now)
+        read = zip(partitions.tolist(), times.tolist(), [now] * n, strict=True)
+        want = late_verdicts(read, RULES, scalar_seen)
         assert got.tolist() == want
         assert vector_seen == scalar_seen
     assert 0 < sum(want) < n

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record
-from headwater.pipelines.offline.landing_batch import TimeRules, decode_records, late_mask
+from headwater.pipelines.events.timing import SourceTiming
+from headwater.pipelines.offline.landing_batch import decode_records, late_mask
 from headwater.pipelines.offline.testing import T0, event
 
-RULES = TimeRules(max_out_of_orderness_ms=5_000, allowed_lateness_ms=60_000, max_future_ms=300_000)
+RULES = SourceTiming(max_out_of_orderness_ms=5_000, allowed_lateness_ms=60_000, max_future_ms=300_000)
 SLACK = RULES.max_out_of_orderness_ms + RULES.allowed_lateness_ms
 
 

@@ -13,9 +13,10 @@ from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.readers import FileRow
 from headwater.pipelines.events.rows import RowChecker
 from headwater.pipelines.events.testing import Record
+from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.offline.history import Reject, _check
 from headwater.pipelines.offline.labels import LabelsError, labels_source
-from headwater.pipelines.offline.landing_batch import TimeRules, decode_records
+from headwater.pipelines.offline.landing_batch import decode_records
 from headwater.pipelines.offline.source_columns import (
     META_COLUMNS,
     SourceColumnsError,
@@ -58,7 +59,7 @@ def test_a_field_named_like_a_bronze_column_is_refused_with_the_fix(name: str) -
 
 def test_time_rules_are_the_plans_not_the_landings() -> None:
     src = payments()
-    rules = TimeRules.of(src)
+    rules = SourceTiming.of(src)
     assert (rules.max_out_of_orderness_ms, rules.allowed_lateness_ms) == (2_000, 30_000)
     assert rules.max_future_ms == src.max_future_ms
 
@@ -66,7 +67,7 @@ def test_time_rules_are_the_plans_not_the_landings() -> None:
 def test_payments_records_decode_with_micros_and_the_rules_in_ms() -> None:
     codec = EventCodec(payments())
     now = T0 + 86_400_000
-    rules = TimeRules.of(payments())
+    rules = SourceTiming.of(payments())
 
     def rec(offset: int, event: dict[str, Any]) -> Record:
         return Record(offset, codec.encode(event), codec.headers(), b"a1", topic="payments")
