@@ -145,13 +145,66 @@ def view_estimate(view: CompiledView, result: CheckResult, alone: bool = False) 
     )
 
 
+OFFLINE_REPORTED_HOW = (
+    "the offline job's own CPU per day computed (pipelines/offline/job.py record_cpu: the driver process "
+    "and its children, the local Spark JVM and Python workers, over each run of the view; on a cluster "
+    "the driver's share only), newest runs"
+)
+
+
+def offline_reported_cost(view: str, folder: Path) -> dict[str, Any] | None:
+    """Return the offline job's own figure for ``view``: CPU-h/day from its recorded runs (None: none).
+
+    ``folder``: ``<state>/offline/reported``, where each run of the job adds the CPU seconds of the
+    view's chunk and the days it computed; a daily run computes one day, so CPU seconds per day
+    computed / 3,600 is its CPU-h a day.
+    """
+    try:
+        doc = json.loads((folder / f"{view}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    runs = [
+        r
+        for r in (doc.get("runs") or [] if isinstance(doc, dict) else [])
+        if isinstance(r, dict) and isinstance(r.get("cpu_s"), int | float) and isinstance(r.get("days"), int)
+        and r["days"] > 0
+    ]  # fmt: skip
+    if not runs:
+        return None
+    cpu = sum(float(r["cpu_s"]) for r in runs)
+    days = sum(int(r["days"]) for r in runs)
+    return {
+        "cpu_hours_per_day": round(cpu / days / 3600, 4),
+        "cpu_s": round(cpu, 3),
+        "days": days,
+        "runs": len(runs),
+        "last": runs[-1].get("at"),
+        "how": OFFLINE_REPORTED_HOW,
+    }
+
+
+def tier_reported(view: CompiledView, stats_root: Path | None) -> dict[str, Any] | None:
+    """Return what the running tier reports of ``view`` (nearline workers, offline job runs; None: none).
+
+    ``stats_root``: ``<state>/nearline``; the offline job's runs are beside it (``<state>/offline/reported``).
+    """
+    if stats_root is None:
+        return None
+    if view.tier == "nearline":
+        return reported_cost(view.name, stats_root)
+    if view.tier == "offline":
+        return offline_reported_cost(view.name, stats_root.parent / "offline" / "reported")
+    return None
+
+
 def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None = None) -> dict[str, Any]:
     """Everything about the cost of one checked view (JSON-ready).
 
     ``estimate``: the view's charge, its marginal cost plus its share of its job's fixed cost (the
     views of its job and group split it equally); ``estimate_alone``: the view alone in its job (what
     the calibration run of the view alone measures, ``measured``); ``reported``: what the running
-    nearline workers report of its folds (:func:`reported_cost`, from ``stats_root``).
+    nearline workers report of its folds (:func:`reported_cost`, from ``stats_root``) or the offline
+    job of its runs (:func:`offline_reported_cost`, beside it).
     """
     source = result.sources[view.source]
     rate = source.spec.expected_rate_per_s
@@ -181,9 +234,7 @@ def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None
         },
         "footprint": fp.as_dict() if fp else None,
         "measured": measured_cost(view, rate, cal),
-        "reported": reported_cost(view.name, stats_root)
-        if stats_root is not None and view.tier == "nearline"
-        else None,
+        "reported": tier_reported(view, stats_root),
     }
 
 
@@ -192,7 +243,7 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
 
     ``stats_root``: the nearline workers' stats (``None``: ``<state>/nearline`` for a nearline view).
     """
-    if stats_root is None and view.tier == "nearline":
+    if stats_root is None and view.tier in ("nearline", "offline"):
         from headwater.registry.config import state_dir
 
         stats_root = state_dir() / "nearline"
@@ -221,7 +272,14 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
         )
     else:
         lines.append("        measured: none (no calibration run of this view)")
-    if rep["reported"]:
+    if rep["reported"] and "runs" in rep["reported"]:  # the offline job's runs
+        told = rep["reported"]
+        lines.append(
+            f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by the offline job "
+            f"({told['cpu_s']:g} CPU s over {told['days']} day(s) computed in {told['runs']} run(s); "
+            f"{told['how']})"
+        )
+    elif rep["reported"]:
         told = rep["reported"]
         lines.append(
             f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by {told['tasks']} running task(s) "
@@ -282,7 +340,8 @@ def costs(repo: Path | None, fmt: str) -> None:
     click.echo(
         "CPU in CPU-h/day at each source's declared rate; measured: the calibration run of the view alone"
         "; reported: what the running nearline workers' stats files say of the view's own folds "
-        "(shared work not in it; - where none runs); state and online memory are estimates "
+        "(shared work not in it), or the offline job's CPU per day computed (- where none reported)"
+        "; state and online memory are estimates "
         "(budget.yaml entities)."
     )
 

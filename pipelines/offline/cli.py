@@ -175,7 +175,7 @@ def offline(
     chunk_days: int, no_zorder: bool, lake: Path | None, state_dir: Path | None, master: str | None,
 ) -> None:  # fmt: skip
     """Compute the views of a tier plan per day into Delta tables (partitioned by date, Z-ordered)."""
-    from headwater.pipelines.offline.job import BronzeTables, DayRun, OfflineJobError, run_view
+    from headwater.pipelines.offline.job import BronzeTables, DayRun, OfflineJobError, record_cpu, run_view
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
@@ -189,6 +189,7 @@ def offline(
 
     def report(run: DayRun) -> None:
         click.echo(f"  {run.view}: {run.first}..{run.last} {run.rows} rows in {run.seconds:.1f} s")
+        record_cpu(_state(state_dir) / "offline" / "reported", run)  # `headwater costs`: reported
 
     spark = offline_session("headwater-offline", master)
     try:

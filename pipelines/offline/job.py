@@ -67,6 +67,8 @@ class DayRun:
     last: date
     rows: int
     seconds: float
+    cpu_s: float | None = None
+    """CPU seconds of this process and its children over the chunk (:func:`tree_cpu_s`; None: no /proc)."""
 
 
 def read_bronze(spark: SparkSession, lake: Path, source: PlanSource) -> DataFrame:
@@ -183,17 +185,90 @@ def run_view(
     runs: list[DayRun] = []
     for s in range(0, len(days), chunk_days):
         chunk = days[s : s + chunk_days]
-        started = time.monotonic()
+        started, cpu0 = time.monotonic(), tree_cpu_s()
         frame = daily_values(bronze, view, source, chunk[0], chunk[-1])
         write_days(frame, table, chunk[0], chunk[-1])
         if zorder:
             optimize(spark, table, view.join_key, chunk[0], chunk[-1])
         rows = _rows_written(spark, table)
-        run = DayRun(view.name, chunk[0], chunk[-1], rows, time.monotonic() - started)
+        cpu1 = tree_cpu_s()
+        cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+        run = DayRun(view.name, chunk[0], chunk[-1], rows, time.monotonic() - started, cpu)
         runs.append(run)
         if progress is not None:
             progress(run)
     return runs
+
+
+REPORTED_RUNS = 30
+"""The runs of a view its reported-cost file keeps (the newest)."""
+
+
+def record_cpu(folder: Path, run: DayRun) -> Path | None:
+    """Add ``run``'s CPU to ``folder/<view>.json`` (``headwater costs`` reads it as the view's reported cost).
+
+    The file keeps the newest :data:`REPORTED_RUNS` runs: days computed, CPU and wall seconds, when.
+    A run without a CPU figure (no /proc) is not recorded (None).
+    """
+    from datetime import UTC, datetime
+
+    if run.cpu_s is None:
+        return None
+    path = folder / f"{run.view}.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        runs = list(doc["runs"]) if isinstance(doc, dict) and isinstance(doc.get("runs"), list) else []
+    except (OSError, ValueError):  # none yet, or unreadable: start over
+        runs = []
+    runs.append({
+        "first": str(run.first), "last": str(run.last), "days": (run.last - run.first).days + 1,
+        "cpu_s": round(run.cpu_s, 3), "seconds": round(run.seconds, 3),
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    })  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"view": run.view, "runs": runs[-REPORTED_RUNS:]}, indent=1) + "\n", encoding="utf-8"
+    )
+    tmp.replace(path)
+    return path
+
+
+def tree_cpu_s() -> float | None:
+    """Return the CPU seconds (user + system) of this process and every process below it (None: no /proc).
+
+    In a local session the Spark JVM and its Python workers are this driver's descendants, so a
+    chunk's delta is the view's whole cost; on a cluster the executors run elsewhere and only the
+    driver's share is seen. The views run one after the other, so each delta is one view's.
+    """
+    import os
+
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").is_file():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parent[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    mine, total = {os.getpid()}, 0.0
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    for pid in mine:
+        total += cpu.get(pid, 0.0)
+    return total
 
 
 def _rows_written(spark: SparkSession, table: Path) -> int:

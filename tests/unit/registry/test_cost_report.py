@@ -11,7 +11,13 @@ from click.testing import CliRunner
 
 from headwater.registry.calibration import parse_calibration
 from headwater.registry.commands import check, features
-from headwater.registry.costs_cli import costs, describe_lines, measured_cost, reported_cost
+from headwater.registry.costs_cli import (
+    costs,
+    describe_lines,
+    measured_cost,
+    offline_reported_cost,
+    reported_cost,
+)
 from headwater.registry.validate import check_repo
 
 
@@ -113,3 +119,37 @@ def test_describe_shows_what_the_running_workers_report(tmp_path: Path, example:
     lines = describe_lines(view, result, tmp_path)
     assert any("reported 2.40 CPU-h/day by 1 running task(s) (72 s in its folds" in line for line in lines)
     assert not any("running task(s)" in line for line in describe_lines(view, result, tmp_path / "none"))
+
+
+def test_the_offline_job_reports_its_cpu_per_day_computed(tmp_path: Path, example: Path) -> None:
+    from datetime import date
+
+    from headwater.pipelines.offline.job import REPORTED_RUNS, DayRun, record_cpu, tree_cpu_s
+
+    folder = tmp_path / "offline" / "reported"
+    name = "user_purchase_offline"
+    # a daily run (one day, 36 CPU s) and a backfill chunk (7 days, 216 CPU s)
+    record_cpu(folder, DayRun(name, date(2026, 1, 1), date(2026, 1, 1), 10, 20.0, 36.0))
+    record_cpu(folder, DayRun(name, date(2026, 1, 2), date(2026, 1, 8), 70, 90.0, 216.0))
+    assert record_cpu(folder, DayRun(name, date(2026, 1, 9), date(2026, 1, 9), 10, 20.0, None)) is None
+    got = offline_reported_cost(name, folder)
+    assert got is not None
+    # 252 CPU s over 8 days computed: 31.5 CPU s a day = 0.00875 CPU-h/day
+    assert got["cpu_hours_per_day"] == pytest.approx(252 / 8 / 3600, abs=1e-4)
+    assert (got["cpu_s"], got["days"], got["runs"]) == (252.0, 8, 2)
+    assert offline_reported_cost("absent", folder) is None
+    for _ in range(REPORTED_RUNS + 5):  # only the newest runs are kept
+        record_cpu(folder, DayRun(name, date(2026, 2, 1), date(2026, 2, 1), 1, 1.0, 3.6))
+    again = offline_reported_cost(name, folder)
+    assert again is not None
+    assert again["runs"] == REPORTED_RUNS
+    assert again["cpu_hours_per_day"] == pytest.approx(0.001)
+    result = check_repo(example)
+    view = next(v for v in result.views if v.name == name)
+    lines = describe_lines(view, result, tmp_path / "nearline")
+    assert any(
+        "reported 0.00 CPU-h/day by the offline job (108 CPU s over 30 day(s)" in line for line in lines
+    )
+    cpu = tree_cpu_s()
+    assert cpu is not None
+    assert 0 <= cpu <= (tree_cpu_s() or 0)
