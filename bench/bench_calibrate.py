@@ -386,7 +386,7 @@ def main() -> None:
     ap.add_argument("--nl-state-refit", action="store_true", help="re-estimate the last --nl-state rows")
     args = ap.parse_args()
     if args.nl_state_refit:
-        nearline_state_refit()
+        nearline_state_refit(not args.no_write, args.events, args.sim_rate)
         return
     if args.nl_state:
         command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
@@ -951,6 +951,7 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
         events = nearline_stream(args.events, args.sim_rate)
         cal_data["where_shares"], cal_data["stream_profile"] = rt.where_shares(example, events=events)
+        cal_data["pane_bursts"] = rt.pane_bursts(example, events)
         cal = parse_calibration("nearline", cal_data, path)
         accuracy: dict[str, Any] = {}
         for view in sorted((v for v in example.views if v.tier == "nearline"), key=lambda v: v.name):
@@ -971,12 +972,16 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
                 if not run["complete"]:
                     print(f"  {view.name} @ {rate:g}/s: incomplete in {DEADLINE_STATE_S:g} s", flush=True)
                     continue
-                span_s = run["records"] / rate
+                span_s, srate, dedup_s = run["records"] / rate, rate, None
+                if view.source == "events":  # the accepted events' event-time rate and span
+                    win = stream_window(nearline_stream(args.events, rate)["events"], source)
+                    span_s, srate, dedup_s = win["span_s"], win["rate"], win["dedup_s"]
                 population = len({e.get(view.join_key) for e in events[view.source]} - {None, ""})
-                fp = nl_state_estimate(view, source, rate, span_s, population, cal)
+                fp = nl_state_estimate(view, source, srate, span_s, population, cal, dedup_s)
                 meas = run["live_state_bytes"]
                 row["rates"].append({
                     "rate": rate, "records": run["records"], "stream_span_s": round(span_s),
+                    "stream_rate": round(srate, 2), "dedup_s": dedup_s,
                     "population": population, "state_basis": fp.state_basis,
                     "entities": run["entities"], "state_bytes": meas, "folder_bytes": run["state_bytes"],
                     "live_parts": run.get("live_parts"), "pane_records": run.get("pane_records"),
@@ -1010,34 +1015,91 @@ def nearline_state(args: argparse.Namespace, command: str) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def nl_state_estimate(view: Any, source: Any, rate: float, span_s: float, population: int, cal: Any) -> Any:
+def nl_state_estimate(
+    view: Any,
+    source: Any,
+    rate: float,
+    span_s: float,
+    population: int,
+    cal: Any,
+    dedup_s: float | None = None,
+) -> Any:
     """Return the footprint estimate of a nearline view for a calibration run's stream.
 
     Windows capped to the stream's span (its state cannot be older), the stream's entities (the
-    distinct join keys produced), its profile (``stream=(source, join key)``), the source's dedup window.
+    distinct join keys produced), its profile (``stream=(source, join key)``), the ids kept for
+    ``dedup_s`` (the window at the run's end, :func:`stream_window`; default the source's peak:
+    out-of-orderness + lateness + a whole bucket).
     """
-    timing = resolve_timing(source.spec)
-    dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
+    if dedup_s is None:
+        timing = resolve_timing(source.spec)
+        dedup_s = (timing.max_out_of_orderness_ms + timing.allowed_lateness_ms) / 1000 + DEDUP_BUCKET_S
     return estimate_footprint(
         capped(view.features, span_s), rate, TIERS["nearline"], population, 12, cal, dedup_s,
-        stream=(view.source, view.join_key), rekeyed=view.join_key != source.spec.key,
+        stream=(view.source, view.join_key), rekeyed=view.join_key != source.spec.key, age_s=span_s,
     )  # fmt: skip
 
 
-def nearline_state_refit() -> None:
-    """Re-estimate the last ``--nl-state`` rows with registry/calibration/nearline.json; print them."""
+def stream_window(events: list[dict[str, Any]], source: Any) -> dict[str, float]:
+    """Return the event-time rate, span and dedup window at the end of a nearline calibration stream.
+
+    The generator's rate follows its diurnal curve (about 1.2x the nominal rate at the stream's
+    hour), and about 1 % of its events are late (they go to the dead-letter topic): the state holds
+    the accepted events, as the worker accepts them (older than the newest event time less
+    out-of-orderness and lateness: late). The ids kept at the end are those of the buckets the
+    horizon has not passed: out-of-orderness + lateness + where the horizon falls in its bucket.
+    """
+    timing = resolve_timing(source.spec)
+    slack = timing.max_out_of_orderness_ms + timing.allowed_lateness_ms
+    max_t: int | None = None
+    times = []
+    for e in events:
+        t = int(e["event_time"])
+        if max_t is not None and t < max_t - slack:
+            continue
+        max_t = t if max_t is None else max(max_t, t)
+        times.append(t)
+    if not times or max_t is None:
+        return {"rate": 0.0, "span_s": 0.0, "dedup_s": 0.0}
+    span_s = max((max_t - min(times)) / 1000, 1.0)
+    bucket_ms = DEDUP_BUCKET_S * 1000
+    dedup_s = (slack + (max_t - slack) % bucket_ms) / 1000
+    return {"rate": len(times) / span_s, "span_s": span_s, "dedup_s": dedup_s}
+
+
+def nearline_state_refit(write: bool, events_n: int, sim_rate: float) -> None:
+    """Re-estimate the last ``--nl-state`` rows with registry/calibration/nearline.json; print them.
+
+    The pane bursts are measured again on the stream (``nearline_stream(events_n, sim_rate)``, no
+    worker run) and written to nearline.json unless ``write`` is false; each behaviour row's rate,
+    span and dedup window are the accepted stream's (:func:`stream_window`).
+    """
+    import calibrate_realtime as rt
+
     out = ROOT / "bench/results/bench_calibrate.json"
     doc = json.loads(out.read_text())
     section = doc["tiers"]["nearline"]["state"]
-    cal = parse_calibration(
-        "nearline", json.loads(calibration_path("nearline").read_text()), calibration_path("nearline")
-    )
+    path = calibration_path("nearline")
+    cal_data = json.loads(path.read_text())
     example = check_repo(FEATURES)
+    cal_data["pane_bursts"] = rt.pane_bursts(example, nearline_stream(events_n, sim_rate))
+    cal = parse_calibration("nearline", cal_data, path)
+    if write:
+        path.write_text(json.dumps(cal_data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)} (pane_bursts)")
+    windows: dict[float, dict[str, float]] = {}
     for name, row in section["accuracy"].items():
         view = next(v for v in example.views if v.name == name)
+        source = example.sources[view.source]
         for r in row["rates"]:
-            fp = nl_state_estimate(view, example.sources[view.source], r["rate"], r["stream_span_s"],
-                                   r["population"], cal)  # fmt: skip
+            span_s, srate, dedup_s = r["stream_span_s"], r["rate"], None
+            if view.source == "events":
+                if r["rate"] not in windows:
+                    windows[r["rate"]] = stream_window(nearline_stream(events_n, r["rate"])["events"], source)
+                win = windows[r["rate"]]
+                span_s, srate, dedup_s = win["span_s"], win["rate"], win["dedup_s"]
+                r["stream_span_s"], r["stream_rate"], r["dedup_s"] = round(span_s), round(srate, 2), dedup_s
+            fp = nl_state_estimate(view, source, srate, span_s, r["population"], cal, dedup_s)
             r["state_estimate"], r["state_basis"] = round(fp.state_bytes), fp.state_basis
             r["state_error"] = round(fp.state_bytes / r["state_bytes"] - 1, 3) if r["state_bytes"] else None
             print(f"  {name} @ {r['rate']:g}/s: state est {r['state_estimate']:,} vs live "

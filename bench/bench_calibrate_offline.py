@@ -261,6 +261,10 @@ def finish(
     shares = stream_shares(example)
     constants, per_view = fit_offline(runs, example, shares)
     accuracy = check_accuracy(runs, example, constants, shares)
+    path = calibration_path("offline")
+    before = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    # the model's switch is a decision, not a fit: kept as the file has it (reads_window)
+    constants["reads_window"] = before.get("constants", {}).get("reads_window", 0)
     cal_data = {
         "tier": "offline",
         "model": "registry/cost.py",
@@ -272,6 +276,9 @@ def finish(
         "isolation": "CPU seconds (user + system, psutil) of the Python driver and its children (the local "
         "Spark JVM, PySpark workers) over run_view of one view (daily values, Delta write, Z-order), "
         "the session warmed up first; two rates give each view's fixed seconds a run and us/event",
+        "derivation": "least squares over every run (negative terms pinned at 0): cpu_s = fixed_cores x "
+        "86,400 + run_counter_s x (a counter map) + run_window_s x distinct windows + events read x "
+        "(event_us + share-weighted agg_us, one figure for the number kinds, one for the counter maps)",
         "stream": {
             "days": args.days,
             "events_per_day": rates,
@@ -293,7 +300,6 @@ def finish(
         },
     }
     if not args.no_write:
-        path = calibration_path("offline")
         path.write_text(json.dumps(cal_data, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {path.relative_to(ROOT)}")
     out = ROOT / "bench/results/bench_calibrate.json"
@@ -337,54 +343,55 @@ def agg_terms(view: Any, cal: Any) -> list[float]:
 def fit_offline(
     runs: dict[str, Any], example: Any, shares: list[dict[str, Any]] | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Constants from the runs: per view fixed s + us/event read, then event_us + agg_us by shape.
+    """Constants from every run: a run's CPU s = its shape's fixed seconds + events read x us/event.
 
-    us/event = event_us + sum over aggregations of share(filter) x agg_us[kind], with one agg_us for
-    the number-valued kinds and one for the counter maps (six views do not separate eight kinds);
-    ``shares``: the stream's filter shares (:func:`stream_shares`).
+    cpu_s = base + run_counter_s x (a counter map) + run_window_s x distinct windows
+          + events read x (event_us + sum over aggregations of share(filter) x agg_us[kind])
+
+    one agg_us for the number-valued kinds and one for the counter maps (six views do not separate
+    eight kinds), least squares over every run (negative terms pinned at 0); ``fixed_cores`` = base
+    / 86,400 (one run a day). ``shares``: the stream's filter shares (:func:`stream_shares`). Each
+    view's own line (fixed s, us/event read) is kept for the record.
     """
     from calibrate_realtime import _nonneg_lstsq
+
+    from headwater.registry.cost import COUNTER_KINDS as COUNTERS
 
     cal0 = parse_calibration(
         "offline", {"constants": {}, "where_shares": shares or [], "measured_at": "now"}, None
     )
     per_view: dict[str, Any] = {}
-    rows, us = [], []
+    rows, cpu = [], []
     for name, row in runs.items():
-        # CPU of a run against the events it read (the computed days' windows of bronze): a line
-        # through every run of the view (two rates, or one day computed after 1, 2, 3 days of bronze)
         xs = np.asarray([float(r.get("events_read", r["events"])) for r in row["runs"]])
         ys = np.asarray([float(r["cpu_s"]) for r in row["runs"]])
-        slope, fixed = (float(c) for c in np.polyfit(xs, ys, 1)) if np.ptp(xs) > 0 else (0.0, 0.0)
-        if slope <= 0:  # noise above the events' cost: all of it fixed
-            slope, fixed = 0.0, float(ys.mean())
-        per_view[name] = {"fixed_s": round(fixed, 2), "us_per_event": round(slope * 1e6, 3)}
-        view = next(v for v in example.views if v.name == name)
-        rows.append([1.0, *agg_terms(view, cal0)])
-        per_view[name]["agg_terms"] = [round(x, 4) for x in rows[-1][1:]]
-        us.append(slope * 1e6)
-    a, b = np.asarray(rows), np.asarray(us)
-    coef = _nonneg_lstsq(a, b)
-    fixed_s = float(np.median([max(0.0, p["fixed_s"]) for p in per_view.values()]))
-    state = state_fit(runs, example)
-    event_terms: dict[str, Any] = {
-        "event_us": round(float(coef[0]), 3),
-        "agg_us": {k: round(float(coef[2] if k in COUNTER_KINDS else coef[1]), 3) for k in AGG_KINDS},
-    }
-    if not b.any():  # no view showed a per-event slope: Spark's per-run cost hid it; keep the file's terms
-        kept = json.loads(calibration_path("offline").read_text(encoding="utf-8"))["constants"]
-        event_terms = {"event_us": kept["event_us"], "agg_us": kept["agg_us"]}
-        per_view["_note"] = (
-            "no per-event slope at these stream sizes (the per-run cost, ~20 CPU s, hides it): "
-            "event_us and agg_us kept from the file, fixed_cores measured"
+        slope, fixed = (
+            (float(c) for c in np.polyfit(xs, ys, 1)) if np.ptp(xs) > 0 else (0.0, float(ys.mean()))
         )
+        view = next(v for v in example.views if v.name == name)
+        shape = view_shape(view.features)
+        counter = float(any(kind in COUNTERS for kind, _, _ in shape.aggs))
+        windows = float(len({w for w, _, _ in shape.agg_filters}))
+        terms = agg_terms(view, cal0)
+        per_view[name] = {"fixed_s": round(fixed, 2), "us_per_event": round(slope * 1e6, 3),
+                          "agg_terms": [round(x, 4) for x in terms], "counter_map": bool(counter),
+                          "windows": int(windows)}  # fmt: skip
+        for r in row["runs"]:
+            m = float(r.get("events_read", r["events"])) / 1e6
+            rows.append([1.0, counter, windows, m, m * terms[0], m * terms[1]])
+            cpu.append(float(r["cpu_s"]))
+    coef = _nonneg_lstsq(np.asarray(rows), np.asarray(cpu))
+    state = state_fit(runs, example)
     constants = {
-        **event_terms,
+        "event_us": round(float(coef[3]), 3),
+        "agg_us": {k: round(float(coef[5] if k in COUNTER_KINDS else coef[4]), 3) for k in AGG_KINDS},
         "where_us": 0.0,
         "pane_us": 0.0,
         "selectivity": 1.0,
         "rekey_us": 0.0,
-        "fixed_cores": round(fixed_s / SECONDS_PER_DAY, 7),
+        "fixed_cores": round(float(coef[0]) / SECONDS_PER_DAY, 7),
+        "run_counter_s": round(float(coef[1]), 2),
+        "run_window_s": round(float(coef[2]), 2),
         **state,
     }
     return constants, per_view

@@ -277,6 +277,55 @@ def where_shares(
     return sorted(out.values(), key=lambda e: (e["source"], e["where"])), profile
 
 
+PANE_SLIDES_S = (60, 300, 600, 1800, 3600)
+"""The slides (s) every nearline filter set's pane burst is measured at, besides its own."""
+SESSION_FIELD = "session_id"
+"""The field that tells one visit from another (the generator's sessions)."""
+
+
+def pane_bursts(
+    example: Any, events: dict[str, list[dict[str, Any]]], tier: str = "nearline"
+) -> list[dict[str, Any]]:
+    """Return the events one visit brings to a pane record, per filter set, join key and slide.
+
+    For each pane route (the features of one slide) of each ``tier`` view of ``example``, and each of
+    its features' own filter: the kept events divided by the distinct (entity, session, pane) of
+    them, at the route's slide and :data:`PANE_SLIDES_S`. A visit is one session of the entity
+    (:data:`SESSION_FIELD`); a source whose events carry no session is left out (the model falls
+    back to the run burst). ``registry/calibration/<tier>.json`` ``pane_bursts`` holds them.
+    """
+    from headwater.registry.calibration import where_key
+    from headwater.registry.expr_eval import compile_predicate
+
+    found: dict[tuple[str, tuple[str, ...], str], list[Any]] = {}  # (source, filters, key) -> features
+    slides_of: dict[tuple[str, tuple[str, ...], str], set[int]] = {}
+    for view in example.views:
+        if view.tier != tier or not any(SESSION_FIELD in e for e in events.get(view.source, [])[:100]):
+            continue
+        routes: dict[float, list[Any]] = {}
+        for f in view.features:
+            routes.setdefault(f.slide.seconds, []).append(f)
+        for slide, feats in routes.items():
+            for group in [feats, *([f] for f in feats)]:
+                unfiltered = any(f.where is None for f in group)
+                distinct = [] if unfiltered else list({where_key(f.where): f for f in group}.values())
+                key = (view.source, tuple(sorted(where_key(f.where) for f in distinct)), view.join_key)
+                found.setdefault(key, distinct)
+                slides_of.setdefault(key, set()).add(int(slide))
+    out = []
+    for (source, filters, join), feats in sorted(found.items(), key=lambda kv: kv[0]):
+        preds = [compile_predicate(f.where) for f in feats]
+        kept = [e for e in events[source] if e.get(join) and (not preds or any(p(e) for p in preds))]
+        if not kept:
+            continue
+        slides = {}
+        for s in sorted({*PANE_SLIDES_S, *slides_of[(source, filters, join)]}):
+            visits = {(e[join], e.get(SESSION_FIELD), e["event_time"] // (s * 1000)) for e in kept}
+            slides[str(s)] = round(len(kept) / len(visits), 3)
+        out.append({"source": source, "where": [f.where_text for f in feats], "key": join, "slides": slides})
+    return out
+
+
 def send(source: str, settings: Any, topic: str, rate: float, seconds: float, tag: str, pieces: Any) -> int:
     """Produce one phase of ``source`` events; return the events sent."""
     import multiprocessing as mp

@@ -11,6 +11,8 @@ CPU (per view, on its tier; the constants come from ``registry/calibration/<tier
                   stream, ``where_shares``; else ``selectivity``), 1 unfiltered; panes = window / slide
     writes/day = min(entities, rate x slide) x 86,400 / slide     (each feature's slide; the shortest)
     marginal  = (rate x 86,400 x us/event + writes/day x publish_us) / 1e6 / 3,600 + fixed_cores x 24
+              + (run_counter_s if a counter map + run_window_s x distinct windows) / 3,600   (offline: a
+                daily run's shape-bound seconds, :func:`run_fixed_s`)
     job share = (job_fixed_cores + rate x job_event_us / 1e6) / views in the job x 24
               + group_fixed_cores / views in the group x 24
     CPU-h/day = marginal + job share
@@ -303,6 +305,22 @@ def us_per_event(shape: Shape, cal: Calibration) -> float:
     return us
 
 
+COUNTER_KINDS = ("distinct_count", "top_k")
+"""Aggregations that keep a count per value (a map), not a number."""
+
+
+def run_fixed_s(shape: Shape, cal: Calibration) -> float:
+    """Return a daily run's CPU seconds that depend on the view's shape, not its events (offline).
+
+    ``run_counter_s`` if the view has a counter map (the offline job counts per value in its own
+    pipeline: a shuffle and a join), plus ``run_window_s`` per distinct window length; 0 where the
+    calibration has neither (the streaming tiers).
+    """
+    counter = any(kind in COUNTER_KINDS for kind, _, _ in shape.aggs)
+    windows = len({window for window, _, _ in shape.agg_filters})
+    return cal.scalar("run_counter_s") * counter + cal.scalar("run_window_s") * windows
+
+
 def days_read(shape: Shape) -> int:
     """Days of bronze the offline daily job reads to compute one day of a view of ``shape``.
 
@@ -357,7 +375,7 @@ def estimate_view(
     events = rate_per_s * SECONDS_PER_DAY * read_days
     us = us_per_event(shape, cal)
     writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0
-    fixed = cal.scalar("fixed_cores")
+    fixed = cal.scalar("fixed_cores") + run_fixed_s(shape, cal) / SECONDS_PER_DAY
     marginal = (events * us + writes * cal.scalar("publish_us")) / 1e6 / 3600 + fixed * 24
     job = cal.scalar("job_fixed_cores") + rate_per_s * cal.scalar("job_event_us") / 1e6
     shared = (job / share.job_views + cal.scalar("group_fixed_cores") / share.group_views) * 24
@@ -411,6 +429,7 @@ def estimate_footprint(
     dedup_window_s: float = 0.0,
     stream: tuple[str, str] | None = None,
     rekeyed: bool = False,
+    age_s: float | None = None,
 ) -> Footprint:
     """State and online memory of a view (``entities``: expected distinct keys, ``None`` = unknown).
 
@@ -419,7 +438,8 @@ def estimate_footprint(
     realtime tier keeps them in their slice: :func:`realtime_state`). ``stream``: the view's
     ``(source, join key)``, whose measured profile the realtime state follows (``None``: even, no
     bursts). ``rekeyed``: the view's join key is not the topic's key (nearline: a repartitioned
-    leg with its own store, :func:`nearline_state`).
+    leg with its own store, :func:`nearline_state`). ``age_s``: nearline, how long the stream has
+    run when younger than the view's window (a calibration run; ``None``: the steady state).
     """
     cal = calibration or load_calibration(tier.name)
     shape = view_shape(features, rekeyed)
@@ -436,7 +456,7 @@ def estimate_footprint(
     elif tier.name == "realtime":
         state, state_basis = realtime_state(shape, rate_per_s, entities, key_bytes, cal, stream)
     else:
-        state, state_basis = nearline_state(shape, rate_per_s, entities, cal, stream, dedup_window_s)
+        state, state_basis = nearline_state(shape, rate_per_s, entities, cal, stream, dedup_window_s, age_s)
     per_key = HEADER_BYTES + 4 * shape.slots + KEY_PREFIX_BYTES + key_bytes + REDIS_KEY_OVERHEAD
     online = live * per_key
     online_basis = (
@@ -517,36 +537,49 @@ def nearline_state(
     cal: Calibration,
     stream: tuple[str, str] | None = None,
     dedup_window_s: float = 0.0,
+    age_s: float | None = None,
 ) -> tuple[float, str]:
     """RocksDB state of a nearline view: its pane records and the event ids it keeps; the basis.
 
     One record per (entity, pane start) of each slide that an event hit (pipelines/windows/panes.py
-    folds an event only into the features whose filter keeps it), kept for the longest window of
-    that slide: ``state_pane_bytes`` each, plus ``state_slot_bytes`` per aggregation whose filter
-    an event of that pane passed. Records follow :func:`pane_occupancy` (the stream's bursts and
-    uneven entities, as in the realtime state). A counter map (distinct_count, top_k: ``[[value,
-    count], ...]``) holds an entry per distinct value of its pane: the first is in
-    ``state_slot_bytes``, each further event of the record adds ``state_running_event_bytes`` (an
-    upper bound: every value new). Every event's id is kept ``dedup_window_s``; a re-keyed view
-    (``shape.rekeyed``) keeps them twice: the source partition's task de-duplicates every event and
-    the repartitioned task (pipelines/nearline/repartition.py, its own store) every forwarded one.
+    folds an event only into the features whose filter keeps it): ``state_pane_bytes`` each, plus
+    ``state_slot_bytes`` per aggregation whose filter an event of that pane passed. A record lives
+    as long as the view's longest window needs it (``PaneAggregator.horizon``: the oldest start any
+    feature's boundary needs), whichever slide made it. Records follow :func:`pane_occupancy` over
+    visits: a session's events come seconds apart, so one visit of an entity brings several events
+    to a pane (``Calibration.pane_burst``, measured per filter set and slide; the run burst where
+    not measured). The slides of a view share one record per pane start (the panes of an entity
+    are one dict): a route's records at starts of a longer route that keeps all its events are
+    counted once. A counter map (distinct_count, top_k: ``[[value, count], ...]``) holds an entry
+    per distinct value of its pane: the first is in ``state_slot_bytes``, each further event of the
+    record adds ``state_running_event_bytes`` (an upper bound: every value new). Every event's id is
+    kept ``dedup_window_s``; a re-keyed view (``shape.rekeyed``) keeps them twice: the source
+    partition's task de-duplicates every event and the repartitioned task
+    (pipelines/nearline/repartition.py, its own store) every forwarded one. ``age_s``: how long the
+    stream has run (a calibration stream shorter than the window; ``None``: the steady state).
     """
     profile = cal.profile(stream)
-    routes: dict[float, list[tuple[str, float, Expr | None]]] = {}
-    for (kind, _, _), (agg_window, where, slide) in zip(shape.aggs, shape.agg_filters, strict=True):
-        routes.setdefault(slide, []).append((kind, agg_window, where))
-    records = partials = entries = 0.0
+    routes: dict[float, list[tuple[str, Expr | None]]] = {}
+    for (kind, _, _), (_, where, slide) in zip(shape.aggs, shape.agg_filters, strict=True):
+        routes.setdefault(slide, []).append((kind, where))
+    window = max(shape.longest_window_s, 1.0)  # every record lives until the longest window drops it
+    if age_s is not None:  # a stream younger than the window holds its age's events only
+        window = max(min(window, age_s), 1.0)
+    per_route: dict[float, float] = {}
+    partials = entries = 0.0
     for slide, aggs in routes.items():
-        window = max(w for _, w, _ in aggs)
-        panes = max(1.0, window / max(slide, 1.0)) + 1
-        wheres = [w for _, _, w in aggs]
+        panes = window / max(slide, 1.0) + 1  # the pane starts a window's events fall in, on average
+        wheres = [w for _, w in aggs]
         hits = rate_per_s * hit_share(wheres, cal) * window
-        records += pane_occupancy(hits, hit_burst(wheres, cal, stream), panes, entities, profile)[1]
-        for kind, _, where in aggs:
+        burst = cal.pane_burst(wheres, stream, slide) or hit_burst(wheres, cal, stream)
+        per_route[slide] = pane_occupancy(hits, burst, panes, entities, profile)[1]
+        for kind, where in aggs:
             own = rate_per_s * cal.share(where) * window
-            filled = pane_occupancy(own, cal.burst(where, stream), panes, entities, profile)[1]
+            b = cal.pane_burst([where], stream, slide) or cal.burst(where, stream)
+            filled = pane_occupancy(own, b, panes, entities, profile)[1]
             partials += filled * cal.per_agg("state_slot_bytes", kind)
             entries += max(0.0, own - filled) * cal.per_agg("state_running_event_bytes", kind)
+    records = sum(per_route.values()) - shared_records(routes, per_route)
     ids = rate_per_s * dedup_window_s * (2 if shape.rekeyed else 1)
     id_bytes = cal.scalar("state_dedup_id_bytes")
     state = records * cal.scalar("state_pane_bytes") + partials + entries + ids * id_bytes
@@ -558,6 +591,35 @@ def nearline_state(
         twice = " (x 2: the repartitioned leg keeps its own)" if shape.rekeyed else ""
         basis += f" + {ids:,.0f} event ids{twice} x {id_bytes:.0f} bytes"
     return state, basis
+
+
+def shared_records(routes: dict[float, list[tuple[str, Expr | None]]], records: dict[float, float]) -> float:
+    """Return the records two slides of one view share (one record per entity and pane start).
+
+    A route's record at a start that is also a start of a longer route (its slide a multiple)
+    whose filters keep every event this route keeps is that route's record too: the share of the
+    shorter route's starts that fall on the longer one's, ``slide / longer slide``, counted once.
+    Each route is paired with its longest such route only (no start is taken off twice).
+    """
+
+    def keeps(aggs: list[tuple[str, Expr | None]]) -> set[str] | None:  # None: every event
+        if any(w is None for _, w in aggs):
+            return None
+        return {where_key(w) for _, w in aggs if w is not None}
+
+    shared = 0.0
+    for slide in sorted(routes):
+        mine = keeps(routes[slide])
+        longer = [
+            s
+            for s in routes
+            if s > slide
+            and round(s * 1000) % max(round(slide * 1000), 1) == 0
+            and ((theirs := keeps(routes[s])) is None or (mine is not None and mine <= theirs))
+        ]
+        if longer:
+            shared += records[slide] * slide / max(longer)
+    return shared
 
 
 def format_bytes(n: float) -> str:

@@ -27,6 +27,10 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     table_row_bytes   offline only: bytes of one row (entity, day) of a feature table per slot
     table_file_column_bytes offline only: bytes per column of a day's Parquet file (footer, column
                       chunk and page headers, statistics, dictionaries), whatever its rows
+    run_counter_s     offline only: CPU seconds a run of a view with a counter map (distinct_count,
+                      top_k: its own count-per-value pipeline, a shuffle and a join) pays whatever its
+                      events, on top of ``fixed_cores`` (a day's run: fixed_cores x 86,400 s)
+    run_window_s      offline only: CPU seconds a run pays per distinct window length of the view
     reads_window      offline only: 1 = each day's run is charged every event of the window it reads
                       (``events_for`` reads the longest window + slide of bronze, ``cost.days_read``),
                       0 = each event once (what a one-day calibration stream measures)
@@ -56,6 +60,14 @@ realtime state, which holds one record per live entity and one slice per (entity
                     events spread over entities (the share of events of each tenth of the entities,
                     most active first) and the burst of all its events; without one, every entity is
                     as active as the others and every event comes alone (an upper bound)
+    pane_bursts     ``[{"source": s, "where": [filter texts], "key": k, "slides": {"60": events}}]``
+                    (nearline): the events that one visit of an entity (one session: its events in
+                    one pane of that slide) brings to a pane record whose filters are ``where`` (all
+                    of them, their union; ``[]``: every event). A session's events are seconds apart,
+                    so a minute's pane holds several of one visit: the record count follows visits,
+                    not events. Measured per filter set of the example views' pane routes; a set or
+                    slide not measured falls back to the run burst above (more records: the upper
+                    side), a slide between two measured ones takes the shorter one's
 """
 
 from __future__ import annotations
@@ -90,6 +102,8 @@ SCALARS = (
     "state_text_bytes",
     "reads_window",
     "table_file_column_bytes",
+    "run_counter_s",
+    "run_window_s",
 )
 
 # The first guesses, used only where a calibration file gives nothing (they say so: ``defaulted``).
@@ -124,6 +138,8 @@ DEFAULTS: dict[str, Any] = {
     "state_text_bytes": 0.0,
     "reads_window": 0.0,
     "table_file_column_bytes": 0.0,
+    "run_counter_s": 0.0,
+    "run_window_s": 0.0,
     "state_running_bytes": dict.fromkeys(AGG_KINDS, 0.0),
     "state_running_event_bytes": dict.fromkeys(AGG_KINDS, 0.0),
 }
@@ -174,6 +190,9 @@ class Calibration:
     where_shares: dict[str, float] = field(default_factory=dict)
     where_bursts: dict[tuple[str, str], float] = field(default_factory=dict)
     profiles: dict[tuple[str, str], StreamProfile] = field(default_factory=dict)
+    pane_bursts: dict[tuple[tuple[str, ...], str], tuple[tuple[float, float], ...]] = field(
+        default_factory=dict
+    )
 
     def share(self, where: Expr | None) -> float:
         """Return the share of events ``where`` keeps: measured on the stream, else ``selectivity``."""
@@ -189,6 +208,25 @@ class Calibration:
             profile = self.profiles.get(stream)
             return profile.burst if profile else 1.0
         return self.where_bursts.get((where_key(where), stream[1]), 1.0)
+
+    def pane_burst(
+        self, filters: list[Expr | None], stream: tuple[str, str] | None, slide_s: float
+    ) -> float | None:
+        """Return the events one visit brings to a record of ``filters`` (their union) and ``slide_s``.
+
+        ``None`` where the calibration stream did not measure that filter set and key (the caller
+        falls back to the run burst). A slide between measured ones takes the longest measured slide
+        not above it (bursts grow with the pane: the smaller burst, the more records, the upper side);
+        one below every measured slide is not measured.
+        """
+        if stream is None:
+            return None
+        keys = () if any(w is None for w in filters) else tuple(sorted({where_key(w) for w in filters if w}))
+        table = self.pane_bursts.get((keys, stream[1]))
+        if not table:
+            return None
+        below = [b for s, b in table if s <= slide_s]
+        return below[-1] if below else None
 
     def profile(self, stream: tuple[str, str] | None) -> StreamProfile:
         """Return how events spread over the entities of ``(source, join key)`` (even: not measured)."""
@@ -288,6 +326,45 @@ def parse_profiles(data: Any, where: object) -> dict[tuple[str, str], StreamProf
     return out
 
 
+def parse_pane_bursts(
+    data: Any, where: object
+) -> dict[tuple[tuple[str, ...], str], tuple[tuple[float, float], ...]]:
+    """Read a file's ``pane_bursts``: ``{(sorted canonical filters, key): ((slide s, events), ...)}``.
+
+    Raises:
+        ValueError: an entry without a list of filters, a key and slides of numbers >= 1, naming the file.
+    """
+    out: dict[tuple[tuple[str, ...], str], tuple[tuple[float, float], ...]] = {}
+    for i, item in enumerate(data or []):
+        texts = item.get("where") if isinstance(item, dict) else None
+        key = item.get("key") if isinstance(item, dict) else None
+        slides = item.get("slides") if isinstance(item, dict) else None
+        ok = (
+            isinstance(texts, list)
+            and all(isinstance(t, str) for t in texts)
+            and isinstance(key, str)
+            and isinstance(slides, dict)
+            and all(_is_number(v) and float(v) >= 1 for v in slides.values())
+        )
+        try:
+            points = tuple(sorted((float(s), float(b)) for s, b in slides.items())) if ok else ()  # type: ignore[union-attr]
+        except ValueError:
+            ok = False
+        if not ok or any(s <= 0 for s, _ in points):
+            msg = (
+                f"{where}: pane_bursts[{i}] must be {{where: [filter texts], key: join key, slides: "
+                f"{{seconds: events >= 1}}}}, got {item!r}"
+            )
+            raise ValueError(msg)
+        try:
+            keys = tuple(sorted({where_key(parse(t)) for t in texts}))  # type: ignore[union-attr]
+        except ExprError as e:
+            msg = f"{where}: pane_bursts[{i}]: cannot parse a filter of {texts!r}: {e}"
+            raise ValueError(msg) from e
+        out[(keys, key)] = points  # type: ignore[index]
+    return out
+
+
 def calibration_path(tier: str, folder: Path | None = None) -> Path:
     """Where the calibration of ``tier`` lives (``registry/calibration/<tier>.json``)."""
     return (folder or FOLDER) / f"{tier}.json"
@@ -331,6 +408,7 @@ def parse_calibration(tier: str, data: dict[str, Any], path: Path | None = None)
         where_shares=parse_where_shares(data.get("where_shares"), where),
         where_bursts=parse_where_bursts(data.get("where_shares"), where),
         profiles=parse_profiles(data.get("stream_profile"), where),
+        pane_bursts=parse_pane_bursts(data.get("pane_bursts"), where),
     )
 
 

@@ -404,3 +404,101 @@ def test_a_bad_stream_profile_or_share_names_the_file(tmp_path: Path) -> None:
         parse_calibration("realtime", {"where_shares": [{"where": "x = 1", "share": 2}]}, path)
     with pytest.raises(ValueError, match=r"cannot parse the filter"):
         parse_calibration("realtime", {"where_shares": [{"where": "x = = 1", "share": 0.5}]}, path)
+
+
+def occupancy(runs: float, panes: float, entities: float = 100) -> float:
+    """(entity, pane) records of ``runs`` visits over ``entities`` even entities and ``panes`` panes."""
+    return entities * panes * -math.expm1(-runs / entities / panes)
+
+
+def test_a_nearline_record_lives_as_long_as_the_views_longest_window_and_slides_share_a_start() -> None:
+    tier = TIERS["nearline"]
+    hour = feature("h", window="1h", slide="1m")
+    day = feature("d", window="24h", slide="10m")
+    fp = estimate_footprint((hour, day), 0.01, tier, 100, 12, CAL)
+    # every record lives until the 24 h window drops it (PaneAggregator.horizon), whichever slide made it:
+    # 864 events a day, as visits of one event; the 1-min route over 1,441 panes, the 10-min one over 145
+    minute, ten = occupancy(864, 1441), occupancy(864, 145)
+    # a tenth of the minute records start on a ten-minute start: one record there, not two
+    records = minute + ten - minute * 60 / 600
+    assert fp.state_bytes == pytest.approx(records * 40 + (minute + ten) * 4)
+    # a longer route that does not keep every event of the shorter one shares nothing
+    clicks = feature("d", window="24h", slide="10m", where="event_type = 'click'")
+    apart = estimate_footprint((hour, clicks), 0.01, tier, 100, 12, CAL)
+    shown = 864 * 0.25  # the click filter keeps CAL's selectivity
+    assert apart.state_bytes == pytest.approx((minute + occupancy(shown, 145)) * (40 + 4))
+
+
+def test_a_nearline_stream_younger_than_the_window_holds_its_age() -> None:
+    tier = TIERS["nearline"]
+    day = (feature(window="24h", slide="10m"),)
+    fp = estimate_footprint(day, 0.01, tier, 100, 12, CAL, age_s=300)
+    # 3 events in 300 s, over 300 / 600 + 1 = 1.5 pane starts on average
+    assert fp.state_bytes == pytest.approx(occupancy(3, 1.5) * 44)
+
+
+def test_a_visit_brings_several_events_to_a_pane_as_measured_per_filter_set_and_slide(tmp_path: Path) -> None:
+    data = {
+        "constants": {"state_pane_bytes": 40.0, "state_slot_bytes": {"count": 4.0}},
+        "where_shares": [{"where": "event_type = 'click'", "share": 0.5, "bursts": {"user_id": 1.0}}],
+        "pane_bursts": [
+            {
+                "source": "events",
+                "where": ["event_type = 'click'"],
+                "key": "user_id",
+                "slides": {"60": 2, "600": 4},
+            }
+        ],
+    }
+    cal = parse_calibration("nearline", data, tmp_path / "nearline.json")
+    click = parse("(event_type = 'click')")  # spelled otherwise: the same filter
+    stream = ("events", "user_id")
+    assert cal.pane_burst([click], stream, 60) == 2.0
+    assert cal.pane_burst([click], stream, 300) == 2.0  # not measured: the longest measured below it
+    assert cal.pane_burst([click], stream, 3600) == 4.0
+    assert cal.pane_burst([click], stream, 10) is None  # below every measured slide: the run burst
+    assert cal.pane_burst([None], stream, 60) is None  # another filter set: not measured
+    assert cal.pane_burst([click], ("events", "item_id"), 60) is None
+    assert cal.pane_burst([click], None, 60) is None
+    f = (feature(window="1h", slide="1m", where="event_type = 'click'"),)
+    fp = estimate_footprint(f, 0.1, TIERS["nearline"], 100, 12, cal, stream=stream)
+    # 180 clicks an hour come as 90 visits of 2 over 61 panes
+    assert fp.state_bytes == pytest.approx(occupancy(90, 61) * 44)
+    with pytest.raises(ValueError, match=r"nearline.json: pane_bursts\[0\] must be"):
+        parse_calibration(
+            "nearline",
+            {"pane_bursts": [{"where": "x = 1", "key": "k", "slides": {}}]},
+            tmp_path / "nearline.json",
+        )
+    with pytest.raises(ValueError, match=r"pane_bursts\[0\] must be"):
+        parse_calibration(
+            "nearline",
+            {"pane_bursts": [{"where": [], "key": "k", "slides": {"60": 0.5}}]},
+            tmp_path / "nearline.json",
+        )
+
+
+def test_an_offline_run_pays_seconds_for_a_counter_map_and_for_each_window_length() -> None:
+    cal = parse_calibration(
+        "offline",
+        {
+            "constants": {
+                "event_us": 0.0,
+                "fixed_cores": 10 / SECONDS_PER_DAY,
+                "run_counter_s": 11.0,
+                "run_window_s": 5.0,
+            },
+            "measured_at": "2026-12-02",
+        },
+    )
+    tier = TIERS["offline"]
+    counts = (feature(window="7d", slide="1d"), feature(name="g", window="30d", slide="1d"))
+    # no events charged: 10 s a run + 2 windows x 5 s = 20 CPU s a day
+    assert estimate_view(counts, 0, tier, calibration=cal).cpu_hours_per_day * 3600 == pytest.approx(20.0)
+    mapped = (*counts, feature(name="u", agg="distinct_count", field="user_id", window="7d", slide="1d"))
+    # a counter map's own pipeline: 11 s more, whatever the number of maps; its window is not new
+    assert estimate_view(mapped, 0, tier, calibration=cal).cpu_hours_per_day * 3600 == pytest.approx(31.0)
+    # the streaming tiers' calibrations have neither term
+    assert estimate_view(mapped, 0, TIERS["nearline"], calibration=CAL).fixed_cores == CAL.scalar(
+        "fixed_cores"
+    )
