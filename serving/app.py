@@ -34,6 +34,7 @@ from headwater.serving.feedback import (
 )
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.funnel.stages import Funnel, FunnelMetrics, FunnelParts, RecommendQuery
+from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.model import gpu_memory_used_percent
 from headwater.serving.recording import Recorder
 from headwater.serving.registry import BoundRegistry
@@ -44,6 +45,7 @@ from headwater.serving.schemas import (
     FeedbackResponse,
     FeedbackStats,
     HealthResponse,
+    ItemMirrorStats,
     RankRequest,
     RankResponse,
     RecommendRequest,
@@ -286,7 +288,13 @@ def create_app(
         telemetry.watch_feedback(feedback)
     binding = loaded.binding
     telemetry.watch_versions(reader.other_version_rows, list(registry.view_versions), binding.changed_views)
-    fetcher = FeatureFetcher(reader, registry, cache, io, (binding.user_columns, binding.item_columns))
+    # The index refresher's copy of the item views' rows, when the funnel keeps one (serving/item_mirror.py).
+    mirror = getattr(funnel.runtime, "mirror", None) if funnel is not None else None
+    retriever = funnel.retriever if funnel is not None else None
+    columns = (binding.user_columns, binding.item_columns)
+    fetcher = FeatureFetcher(reader, registry, cache, io, columns, mirror)
+    if mirror is not None:
+        telemetry.watch_mirror(mirror)
     state: dict[str, RankingEngine] = {}
     admission = Admission(config.admission, telemetry.registry)
     keys = IdempotencyKeys()
@@ -318,7 +326,7 @@ def create_app(
     ) -> tuple[RankingEngine, MicroBatcher[Job, npt.NDArray[np.float32]] | None]:
         # An experiment arm's engine: its own model's column binding and batcher, the shared store.
         b = models.binding
-        arm_fetcher = FeatureFetcher(reader, registry, cache, io, (b.user_columns, b.item_columns))
+        arm_fetcher = FeatureFetcher(reader, registry, cache, io, (b.user_columns, b.item_columns), mirror)
         batcher = new_batcher(models) if scorers.neural_version else None
         return RankingEngine(config, registry, arm_fetcher, reader, scorers, batcher, telemetry, io), batcher
 
@@ -609,6 +617,9 @@ def create_app(
             gpu_memory_used_percent=gpu_memory_used_percent(loaded.device),
             inference_latency_p99_ms=telemetry.inference_p99_ms(),
             feedback=_feedback_stats(feedback),
+            retrieval_runtime=getattr(retriever, "runtime", None),
+            retrieval_runtime_failures=int(getattr(retriever, "onnx_failures", 0)),
+            item_mirror=_mirror_stats(mirror, registry),
         )
 
     @app.get("/metrics", response_class=Response)
@@ -631,6 +642,21 @@ def create_app(
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     app.add_middleware(LastResort)  # added last = outermost: also covers BodyLimit
     return app
+
+
+def _mirror_stats(mirror: ItemMirror | None, registry: BoundRegistry) -> ItemMirrorStats | None:
+    if mirror is None:
+        return None
+    age = mirror.age_s()
+    served = mirror.views_served()
+    return ItemMirrorStats(
+        items=len(mirror),
+        version=mirror.version,
+        age_s=None if age == float("inf") else round(age, 3),
+        views_from_memory=[lay.view for lay, yes in zip(registry.item.layouts, served, strict=True) if yes],
+        candidates_from_memory=mirror.served,
+        candidates_from_store=mirror.read,
+    )
 
 
 class FunnelOff(RuntimeError):

@@ -10,6 +10,12 @@ changes, the cache is emptied. The cache is a numpy slab (one row per cached ite
 from item id to row, so a look-up of 2,000 candidates is a few C-level passes, not a Python
 loop per item. Look-ups run on the event loop (no lock needed); the store read of the user
 and of the cache misses is one round trip in an I/O thread, bounded by the request's deadline.
+
+When the funnel's index refresher keeps the item views' rows of the whole catalog in memory
+(:class:`~headwater.serving.item_mirror.ItemMirror`), the views it serves now (its age within
+their freshness bound) are taken from there, exact as of its last confirmation, and only the
+other views (a realtime view with a seconds SLA) and the items it does not hold are read from
+the store; the item cache is then not used.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.pipelines.store import ViewLayout
+from headwater.serving.item_mirror import ItemMirror, MirrorLookup
 from headwater.serving.registry import BoundRegistry, SideViews
 from headwater.serving.store import FeatureReader, FeatureReadError, ViewRows, now_ms
 
@@ -237,11 +244,17 @@ class FeatureFetcher:
         cache: ItemVectorCache,
         io: Executor,
         columns: tuple[npt.NDArray[np.intp] | None, npt.NDArray[np.intp] | None] = (None, None),
+        mirror: ItemMirror | None = None,
     ) -> None:
-        """``columns``: the model's (user, item) column order as indexes into the registry's, or None."""
+        """Read through ``cache`` and ``mirror`` in ``io`` threads.
+
+        ``columns``: the model's (user, item) column order as indexes into the registry's, or None;
+        ``mirror``: the item views' rows in memory (:mod:`.item_mirror`), used for the views it serves.
+        """
         self.reader = reader
         self.registry = registry
         self.cache = cache
+        self.mirror = mirror
         self._io = io
         self.user_columns, self.item_columns = columns
         item_cols, on_demand = self.item_columns, registry.on_demand
@@ -268,6 +281,9 @@ class FeatureFetcher:
         """
         started_ms = now_ms()
         user_side, item_side = self.registry.user, self.registry.item
+        mirrored = self.mirror.lookup(candidates, started_ms) if self.mirror is not None else None
+        if mirrored is not None:
+            return await self._fetch_mirrored(user_id, candidates, timeout_s, user_rows, mirrored, started_ms)
         version = self.registry.vectors_version
         look = self.cache.lookup(candidates, version)
         miss_idx = np.flatnonzero(~look.hit)
@@ -277,29 +293,88 @@ class FeatureFetcher:
         )
         if miss_ids:
             requests += [(lay, miss_ids) for lay in item_side.layouts]
-        rows: Sequence[ViewRows] = []
-        if requests:
-            loop = asyncio.get_running_loop()
-            try:
-                rows = await asyncio.wait_for(
-                    loop.run_in_executor(self._io, self.reader.read_many, requests), max(timeout_s, 0.0)
-                )
-            except TimeoutError as exc:
-                msg = (
-                    "online store did not answer within the request's deadline"
-                    f" ({timeout_s * 1000:.1f} ms left)"
-                )
-                raise FeatureReadError(msg) from exc
+        rows = await self._read(requests, timeout_s)
         n_user = len(user_side.layouts) if user_rows is None else 0
         if user_rows is None:
             user_rows = rows[:n_user]
+        items, event_ms, found = self._items(candidates, look, miss_idx, miss_ids, rows[n_user:], version)
+        return self._finish(user_rows, items, found, event_ms, started_ms)
+
+    async def _read(
+        self, requests: list[tuple[ViewLayout, Sequence[str]]], timeout_s: float
+    ) -> Sequence[ViewRows]:
+        """One round trip in an I/O thread, bounded by ``timeout_s``; nothing to read, no hop."""
+        if not requests:
+            return []
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(self._io, self.reader.read_many, requests), max(timeout_s, 0.0)
+            )
+        except TimeoutError as exc:
+            msg = (
+                f"online store did not answer within the request's deadline ({timeout_s * 1000:.1f} ms left)"
+            )
+            raise FeatureReadError(msg) from exc
+
+    async def _fetch_mirrored(
+        self,
+        user_id: str,
+        candidates: Sequence[str],
+        timeout_s: float,
+        user_rows: Sequence[ViewRows] | None,
+        mirrored: MirrorLookup,
+        started_ms: int,
+    ) -> RequestFeatures:
+        """:meth:`fetch` with the item views the mirror serves taken from memory.
+
+        The store is read for the user (unless given), every candidate of the views the mirror does
+        not serve now, and the candidates it does not know in the views it serves; one round trip.
+        """
+        user_side, item_side = self.registry.user, self.registry.item
+        unknown = np.flatnonzero(~mirrored.known)
+        unknown_ids = [candidates[i] for i in unknown.tolist()]
+        requests: list[tuple[ViewLayout, Sequence[str]]] = (
+            [(lay, [user_id]) for lay in user_side.layouts] if user_rows is None else []
+        )
+        wanted: list[int] = []
+        for j, (lay, held) in enumerate(zip(item_side.layouts, mirrored.rows, strict=True)):
+            if held is None or unknown_ids:
+                requests.append((lay, candidates if held is None else unknown_ids))
+                wanted.append(j)
+        rows = await self._read(requests, timeout_s)
+        n_user = len(user_side.layouts) if user_rows is None else 0
+        if user_rows is None:
+            user_rows = rows[:n_user]
+        got = dict(zip(wanted, rows[n_user:], strict=True))
+        views: list[ViewRows] = []
+        for j, held in enumerate(mirrored.rows):
+            if held is None:
+                views.append(got[j])
+                continue
+            if j in got and len(unknown):
+                held.values[unknown], held.found[unknown] = got[j].values, got[j].found
+                held.event_time_ms[unknown] = got[j].event_time_ms
+            views.append(held)
+        items, found, event_ms = assemble(item_side, views)
+        return self._finish(user_rows, items, found, event_ms, started_ms)
+
+    def _finish(
+        self,
+        user_rows: Sequence[ViewRows],
+        items: npt.NDArray[np.float32],
+        found: npt.NDArray[np.bool_],
+        event_ms: npt.NDArray[np.int64],
+        started_ms: int,
+    ) -> RequestFeatures:
+        """Assemble the user, add the on-demand features, put the columns in the model's order."""
+        user_side = self.registry.user
         user_matrix, user_found, _ = assemble(user_side, user_rows)
         user_times = {
             lay.view: int(r.event_time_ms[0])
             for lay, r in zip(user_side.layouts, user_rows, strict=True)
             if bool(r.found[0])
         }
-        items, event_ms, found = self._items(candidates, look, miss_idx, miss_ids, rows[n_user:], version)
         user = user_matrix[0] if bool(user_found[0]) else None
         if self._pairs is not None:  # per (user, candidate, request): never cached
             items = np.hstack([items, self._pairs.compute(user_matrix[0], items, started_ms)])

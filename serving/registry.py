@@ -47,6 +47,8 @@ class SideViews:
     empty: tuple[npt.NDArray[np.float32], ...]
     tiers: tuple[str, ...]
     """The tier of each view."""
+    freshness_s: tuple[float, ...] = ()
+    """Each view's declared freshness SLA in seconds (empty: unknown, e.g. a side built by hand)."""
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -137,7 +139,13 @@ def side_views(entity: str, views: Sequence[PlanView]) -> SideViews:
                 )
                 raise RegistryBindingError(msg)
             seen[slot] = layout.view
-    return SideViews(entity, layouts, tuple(empty_vector(v) for v in chosen), tuple(v.tier for v in chosen))
+    return SideViews(
+        entity,
+        layouts,
+        tuple(empty_vector(v) for v in chosen),
+        tuple(v.tier for v in chosen),
+        tuple(float(v.freshness_sla_s) for v in chosen),
+    )
 
 
 def bind_plans(plans: Sequence[TierPlan], popularity: str) -> BoundRegistry:

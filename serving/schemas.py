@@ -231,6 +231,21 @@ class FeedbackStats(BaseModel):
     buffered: int
 
 
+class ItemMirrorStats(BaseModel):
+    """The item views' rows held in memory for the ranker (serving/item_mirror.py)."""
+
+    items: int
+    version: int
+    """Bumped by every change of the rows held (a refresh that read changed items, a removal)."""
+    age_s: float | None
+    """Seconds since memory and store were last confirmed to agree (None: never)."""
+    views_from_memory: list[str]
+    """Item views served from memory now (the age within their bound); the others are read from Redis."""
+    candidates_from_memory: int
+    candidates_from_store: int
+    """Candidates read from Redis in every item view: not held, or their key expires soon."""
+
+
 class HealthResponse(BaseModel):
     """Service state."""
 
@@ -248,6 +263,12 @@ class HealthResponse(BaseModel):
     gpu_memory_used_percent: float | None
     inference_latency_p99_ms: float | None
     feedback: FeedbackStats | None
+    retrieval_runtime: str | None = None
+    """What embeds the user for retrieval: ``onnxruntime`` or ``torch``; None without a two-tower model."""
+    retrieval_runtime_failures: int = 0
+    """Failed ONNX exports or calls of the user tower since start (each such user embedded by torch)."""
+    item_mirror: ItemMirrorStats | None = None
+    """None: every item view is read from Redis per request (no funnel index, or the mirror is off)."""
 
 
 class ErrorResponse(BaseModel):

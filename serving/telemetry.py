@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from headwater.serving.batcher import PRIORITIES, BatchStats
 from headwater.serving.feedback import FeedbackProducer
+from headwater.serving.item_mirror import ItemMirror
 
 LATENCY_BUCKETS = (
     0.001,
@@ -88,6 +89,17 @@ class Telemetry:
             ["result"],
             registry=r,
         )
+        self.item_mirror = Gauge(
+            "headwater_item_mirror_candidates",
+            "Candidates whose item rows came from the in-memory mirror or were read from Redis, since start.",
+            ["source"],
+            registry=r,
+        )
+        self.item_mirror_age = Gauge(
+            "headwater_item_mirror_age_seconds",
+            "Seconds since the item mirror and the store were last confirmed to agree (-1: never).",
+            registry=r,
+        )
         self.feedback_events = Gauge(
             "headwater_feedback_events",
             "Events sent back to Kafka since start (impressions and feedback), by result.",
@@ -127,6 +139,12 @@ class Telemetry:
         """Report item-cache hits and misses at scrape time."""
         self.item_cache.labels("hit").set_function(lambda: float(hits()))
         self.item_cache.labels("miss").set_function(lambda: float(misses()))
+
+    def watch_mirror(self, mirror: ItemMirror) -> None:
+        """Report the item mirror's use and age at scrape time."""
+        self.item_mirror.labels("memory").set_function(lambda: float(mirror.served))
+        self.item_mirror.labels("store").set_function(lambda: float(mirror.read))
+        self.item_mirror_age.set_function(lambda: min(mirror.age_s(), 1e12) if mirror.confirmed_ms else -1.0)
 
     def watch_versions(
         self, rows: Callable[[], Mapping[str, int]], views: Sequence[str], changed: Sequence[str]

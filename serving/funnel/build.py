@@ -62,7 +62,8 @@ def build_funnel(
         from headwater.serving.retrieval.runtime import load_retrieval
 
         try:
-            runtime = load_retrieval(model_path, registry, store)
+            share = config.item_mirror_sla_share
+            runtime = load_retrieval(model_path, registry, store, mirror_sla_share=share)
         except ArtifactError as exc:
             log.warning("retrieval not used (popularity candidates instead): %s", exc)
         except Exception as exc:  # the store is down at start-up: serve without the index

@@ -38,6 +38,11 @@ class FunnelConfig(BaseModel):
     """A refresh runs at least this often even without a write: expired items are dropped from the
     index within it (expiry writes nothing to the log). Set it to ``index_refresh_s`` to scan at
     every look."""
+    item_mirror_sla_share: float | None = Field(default=0.1, gt=0.0, le=1.0)
+    """The index refresher also keeps every item's rows in memory, and the ranker reads an item view
+    from there while the last confirmation that memory and store agree is at most this share of the
+    view's freshness SLA old (serving/item_mirror.py); other views are read from Redis per request.
+    None: every item view is read from Redis (through the item cache)."""
     categories_cache_s: float = Field(default=60.0, ge=0.0)
     """Item categories are kept in process this long after they were read (0 = read Redis each time):
     a category change reaches the diversity rule within it."""

@@ -38,19 +38,21 @@ import numpy.typing as npt
 from headwater.pipelines.store import OnlineStore, ViewLayout, freshness_key
 from headwater.pipelines.store.layout import key_prefix
 from headwater.serving.fetch import assemble
+from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.registry import SideViews
 from headwater.serving.retrieval.index import ItemIndexLike
 from headwater.serving.retrieval.towers import TwoTowerModel
-from headwater.serving.store import ViewRows
+from headwater.serving.store import ViewRows, now_ms
 
 HEADER_SCRIPT = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = redis.call('GETRANGE', key, 16, 23)
+  out[i] = redis.call('GETRANGE', key, 16, 31)
 end
 return out
 """
-"""Each key's write time (int64 little-endian at offset 16 of the packed value; codec.py), or ''."""
+"""Each key's write time and absolute expiry (two int64 little-endian at offsets 16 and 24 of the packed
+value, codec.py; expiry 0 = none), or ''."""
 
 
 @dataclass(frozen=True)
@@ -102,16 +104,24 @@ class StoreItemSource:
 
     def write_times(self, layout: ViewLayout, ids: list[str]) -> npt.NDArray[np.int64]:
         """Write time (ms) of each id's key in ``layout``'s view; 0 where it has none (gone since)."""
-        out = np.zeros(len(ids), dtype=np.int64)
+        return self.headers(layout, ids)[0]
+
+    def headers(
+        self, layout: ViewLayout, ids: list[str]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Write time and absolute expiry (epoch ms, 0 = none) of each id's key; both 0 where it has none."""
+        out = np.zeros((len(ids), 2), dtype=np.int64)
         prefix = key_prefix(layout.view, self.store.namespace)
         for s in range(0, len(ids), self.batch):
             chunk = ids[s : s + self.batch]
             raw: list[bytes] = self._script(keys=[prefix + i for i in chunk])
-            if all(len(r) == 8 for r in raw):
-                out[s : s + len(chunk)] = np.frombuffer(b"".join(raw), dtype="<i8")
+            if all(len(r) == 16 for r in raw):
+                out[s : s + len(chunk)] = np.frombuffer(b"".join(raw), dtype="<i8").reshape(-1, 2)
             else:
-                out[s : s + len(chunk)] = [int.from_bytes(r, "little") if len(r) == 8 else 0 for r in raw]
-        return out
+                for k, r in enumerate(raw):
+                    if len(r) == 16:
+                        out[s + k] = np.frombuffer(r, dtype="<i8")
+        return out[:, 0].copy(), out[:, 1].copy()
 
     def log_position(self) -> tuple[bytes, ...]:
         """Return the newest entry id of each item view's freshness log (b"" for an empty one)."""
@@ -148,13 +158,16 @@ class StoreItemSource:
         self, ids: list[str]
     ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.bool_]]]:
         """Batches of (ids, assembled item vectors in registry slot order, found in any view)."""
+        for chunk, rows in self.view_rows(ids):
+            matrix, found, _ = assemble(self.side, rows)
+            yield chunk, matrix, found
+
+    def view_rows(self, ids: list[str]) -> Iterator[tuple[list[str], list[ViewRows]]]:
+        """Batches of (ids, each item view's rows of them): one ``MGET`` per view and batch."""
         for s in range(0, len(ids), self.batch):
             chunk = ids[s : s + self.batch]
             rows = self.store.read_many([(layout, chunk) for layout in self.side.layouts])
-            matrix, found, _ = assemble(
-                self.side, [ViewRows(r.values, r.found, r.event_time_ms) for r in rows]
-            )
-            yield chunk, matrix, found
+            yield chunk, [ViewRows(r.values, r.found, r.event_time_ms) for r in rows]
 
 
 class IndexRefresher:
@@ -167,13 +180,20 @@ class IndexRefresher:
         index: ItemIndexLike,
         model_version: str,
         item_columns: npt.NDArray[np.intp] | None = None,
+        mirror: ItemMirror | None = None,
     ) -> None:
-        """``item_columns``: the model's item inputs as columns of the registry's vector, or None."""
+        """Refresh ``index`` from ``source`` with ``model``'s item tower.
+
+        ``item_columns``: the model's item inputs as columns of the registry's vector, or None;
+        ``mirror``: also keep every item's rows in memory for the ranker (``serving/item_mirror.py``).
+        """
         self.source = source
         self.model = model
         self.index = index
         self.model_version = model_version
         self.item_columns = item_columns
+        has_headers = hasattr(source, "headers") and hasattr(source, "view_rows")
+        self.mirror = mirror if has_headers else None
         self.refreshes = 0
         self._indexed: dict[str, int] = {}
         """Item id -> the newest write time across the item views when it was last embedded."""
@@ -201,9 +221,17 @@ class IndexRefresher:
         return bool(written_since(self._position))
 
     def refresh(self) -> RefreshReport:
-        """Run the four steps of the module docstring; the first call builds the whole index."""
+        """Run the four steps of the module docstring; the first call builds the whole index.
+
+        With a mirror, an item is also re-read when any one view's write time differs from the
+        mirror's (a key expired or deleted in one view while another was written), and the rows
+        read go to the mirror as well; at the end the mirror is confirmed as of the moment the
+        change-log position was taken.
+        """
         started = time.perf_counter()
         layouts = self.source.side.layouts
+        mirror = self.mirror
+        began_ms = now_ms()
         position = self.log_position()  # before the scan: a write after this is seen next time
         # Step 1
         present = sorted(self.source.catalog())
@@ -214,17 +242,30 @@ class IndexRefresher:
             del self._indexed[item_id]
         # Step 2
         newest = np.zeros(len(present), dtype=np.int64)
+        writes: list[npt.NDArray[np.int64]] = []
+        expires: list[npt.NDArray[np.int64]] = []
         for layout in layouts:
-            np.maximum(newest, self.source.write_times(layout, present), out=newest)
+            if mirror is not None:
+                written, expiry = self.source.headers(layout, present)
+                writes.append(written)
+                expires.append(expiry)
+            else:
+                written = self.source.write_times(layout, present)
+            np.maximum(newest, written, out=newest)
         recorded = np.fromiter(
             (self._indexed.get(i, -1) for i in present), dtype=np.int64, count=len(present)
         )
-        todo = np.flatnonzero(newest != recorded)
+        stale = newest != recorded
+        if mirror is not None:
+            mirror.remove(gone)
+            stale |= mirror.changed(present, writes)
+        todo = np.flatnonzero(stale)
         # Step 3
         added = updated = 0
         todo_ids = [present[j] for j in todo.tolist()]
         write_ms = dict(zip(todo_ids, newest[todo].tolist(), strict=True))
-        for ids, matrix, found in self.source.vectors(todo_ids):
+        at = dict(zip(todo_ids, todo.tolist(), strict=True))
+        for ids, matrix, found, rows in self._read(todo_ids):
             keep = np.flatnonzero(found)  # deleted between steps 1 and 3: the next refresh removes it
             if not len(keep):
                 continue
@@ -232,10 +273,20 @@ class IndexRefresher:
             kept = [ids[k] for k in keep.tolist()]
             a, u = self.index.upsert(kept, self.model.embed_items(items))
             added, updated = added + a, updated + u
+            if mirror is not None and rows is not None:
+                where = np.fromiter((at[i] for i in kept), dtype=np.intp, count=len(kept))
+                mirror.put(
+                    kept,
+                    [ViewRows(r.values[keep], r.found[keep], r.event_time_ms[keep]) for r in rows],
+                    [w[where] for w in writes],
+                    [e[where] for e in expires],
+                )
             # Step 4
             self._indexed.update((i, write_ms[i]) for i in kept)
         self.refreshes += 1
         self._position = position
+        if mirror is not None:
+            mirror.confirm(began_ms)
         return RefreshReport(
             self.version,
             len(self.index),
@@ -245,3 +296,15 @@ class IndexRefresher:
             len(present) - len(todo),
             round(time.perf_counter() - started, 3),
         )
+
+    def _read(
+        self, ids: list[str]
+    ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.bool_], list[ViewRows] | None]]:
+        """Batches of (ids, assembled vectors, found, each view's rows or None without a mirror)."""
+        if self.mirror is None:
+            for chunk, matrix, found in self.source.vectors(ids):
+                yield chunk, matrix, found, None
+            return
+        for chunk, rows in self.source.view_rows(ids):
+            matrix, found, _ = assemble(self.source.side, rows)
+            yield chunk, matrix, found, rows

@@ -22,13 +22,17 @@ from redis.exceptions import RedisError
 
 from headwater.pipelines.store import OnlineStore, StoreError
 from headwater.serving.artifact import check_binding
+from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.registry import BoundRegistry
 from headwater.serving.retrieval.artifact import TowerArtifact, load_towers
 from headwater.serving.retrieval.index import ItemIndex
 from headwater.serving.retrieval.refresh import IndexRefresher, RefreshReport, StoreItemSource
 from headwater.serving.retrieval.retriever import TwoTowerRetriever
+from headwater.serving.store import now_ms
 
 log = logging.getLogger(__name__)
+BUILD_ATTEMPTS = 3
+"""Tries of the first refresh at start-up; a retry re-reads only what the failed one had not embedded."""
 
 
 @dataclass
@@ -52,6 +56,11 @@ class RetrievalRuntime:
         """The index version: ``<two-tower model version>.<refresh number>``."""
         return self.refresher.version
 
+    @property
+    def mirror(self) -> ItemMirror | None:
+        """The item views' rows in memory, kept in step by the refresher (None: not kept)."""
+        return self.refresher.mirror
+
     def refresh_if_changed(self, full_scan_s: float) -> RefreshReport | None:
         """Refresh when an item view wrote a row since the last refresh or ``full_scan_s`` passed.
 
@@ -59,8 +68,11 @@ class RetrievalRuntime:
         """
         if time.monotonic() - self._scanned_at < full_scan_s:
             try:
+                began_ms = now_ms()
                 if not self.refresher.changed():
                     self.skipped += 1
+                    if self.refresher.mirror is not None:  # nothing written since: still in step
+                        self.refresher.mirror.confirm(began_ms)
                     return None
             except (StoreError, RedisError, OSError) as exc:
                 log.debug("freshness-log check failed (%s); refreshing", exc)
@@ -109,9 +121,18 @@ class RetrievalRuntime:
 
 
 def load_retrieval(
-    model_path: Path, registry: BoundRegistry, store: OnlineStore, batch: int = 2000, threads: int = 0
+    model_path: Path,
+    registry: BoundRegistry,
+    store: OnlineStore,
+    batch: int = 2000,
+    threads: int = 0,
+    mirror_sla_share: float | None = None,
 ) -> RetrievalRuntime:
     """Load the two-tower artifact (file or models folder), bind it, build its index from ``store``.
+
+    ``mirror_sla_share``: also keep the item views' rows in memory for the ranker, each view served
+    from there while the mirror's age is within this share of its freshness SLA (None: no mirror;
+    :mod:`headwater.serving.item_mirror`).
 
     Raises:
         ArtifactError: no artifact, a modified one, or one trained on other slots than the registry's.
@@ -122,10 +143,22 @@ def load_retrieval(
         log.warning("%s", binding.warning)
     model = artifact.model
     index = ItemIndex(model.embed_dim, threads=threads)
-    refresher = IndexRefresher(
-        StoreItemSource(store, registry.item, batch), model, index, artifact.version, binding.item_columns
-    )
-    first = refresher.refresh()
+    mirror = None if mirror_sla_share is None else ItemMirror(registry.item, mirror_sla_share)
+    source = StoreItemSource(store, registry.item, batch)
+    refresher = IndexRefresher(source, model, index, artifact.version, binding.item_columns, mirror)
+    first = None
+    for attempt in range(1, BUILD_ATTEMPTS + 1):
+        try:
+            first = refresher.refresh()
+            break
+        except (StoreError, RedisError, OSError) as exc:  # a slow store under load: go on where it stopped
+            if attempt == BUILD_ATTEMPTS:
+                raise
+            log.warning(
+                "retrieval index build, attempt %d of %d, failed (%s: %s); resuming (items embedded stay)",
+                attempt, BUILD_ATTEMPTS, type(exc).__name__, exc,
+            )  # fmt: skip
+    assert first is not None  # the loop breaks with a report or raises
     log.info(
         "retrieval index %s: %d items embedded in %.1f s", refresher.version, first.catalog, first.seconds
     )
