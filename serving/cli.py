@@ -33,7 +33,7 @@ def model() -> None:
 @training_set_option("Parquet training set from `headwater training-set` (user.<slot>, item.<slot> columns).")
 @models_out_option("the artifacts, the metrics JSON and latest.json")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
-@click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option(
     "--holdout", type=click.FloatRange(0.05, 0.5), default=0.2, show_default=True,
     help="Share of the latest slates held out (split by time) for AUC and NDCG@10.",

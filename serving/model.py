@@ -3,6 +3,11 @@
 Both score (user, item) pairs from the user view's vector and the item view's vector. Inputs
 are standardised with the training set's means and scales, which live in the model's state
 (buffers), so an artifact is self-contained; a missing value (NaN) becomes the training mean.
+Count inputs (a per-column mask, ``user_log`` / ``item_log``, also in the state; chosen at training
+by :func:`headwater.serving.train.count_columns`) enter as ``log(1 + x)`` before standardising:
+counts grow with the stream, so a holdout's lie past the training rows', and on a log scale an item
+with 3,000 impressions is not 40 standard deviations from one with 70. An artifact saved before
+the masks existed loads with no column logged and scores as it did.
 
 DCN-v2 (Wang et al., 2021): ``x0 = [user, item, e_u * e_i, <e_u, e_i>]`` where ``e_u`` and
 ``e_i`` are learned embeddings of the two vectors in one space (their elementwise product and
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,9 +38,29 @@ CLAMP = 8.0
 """Standardised inputs are clamped to +-CLAMP so one outlier cannot dominate a score."""
 
 
+LOG_MASKS = ("user_log", "item_log")
+"""State entries of the count-input masks (bool per column; absent from artifacts saved before them)."""
+
+
 def _standardize(x: Tensor, mean: Tensor, scale: Tensor) -> Tensor:
     z = (x - mean) / scale
     return torch.nan_to_num(z, nan=0.0).clamp_(-CLAMP, CLAMP)
+
+
+def log_counts(x: Tensor, mask: Tensor) -> Tensor:
+    """``log(1 + x)`` in the columns where ``mask`` (bool, per column) is set, ``x`` elsewhere.
+
+    A negative value in a count column counts as 0; NaN (missing) stays NaN.
+    """
+    return torch.where(mask, torch.log1p(x.clamp(min=0.0)), x)
+
+
+def log_counts_np(x: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.float32]:
+    """:func:`log_counts` in numpy (``mask`` None: ``x`` unchanged)."""
+    if mask is None or not mask.any():
+        return x
+    out: npt.NDArray[np.float32] = np.where(mask, np.log1p(np.maximum(x, 0.0)), x).astype(np.float32)
+    return out
 
 
 class DCNRanker(nn.Module):
@@ -44,6 +70,8 @@ class DCNRanker(nn.Module):
     user_scale: Tensor
     item_mean: Tensor
     item_scale: Tensor
+    user_log: Tensor
+    item_log: Tensor
 
     def __init__(
         self,
@@ -59,6 +87,10 @@ class DCNRanker(nn.Module):
         self.register_buffer("user_scale", torch.ones(user_dim))
         self.register_buffer("item_mean", torch.zeros(item_dim))
         self.register_buffer("item_scale", torch.ones(item_dim))
+        self.register_buffer("user_log", torch.zeros(user_dim, dtype=torch.bool))
+        self.register_buffer("item_log", torch.zeros(item_dim, dtype=torch.bool))
+        self._logged = (False, False)
+        """Whether each side has a logged column: set where the masks change (outside any trace)."""
         self.user_embed = nn.Linear(user_dim, embed_dim)
         self.item_embed = nn.Linear(item_dim, embed_dim)
         d0 = user_dim + item_dim + embed_dim + 1
@@ -77,8 +109,14 @@ class DCNRanker(nn.Module):
         user_scale: npt.ArrayLike,
         item_mean: npt.ArrayLike,
         item_scale: npt.ArrayLike,
+        user_log: npt.ArrayLike | None = None,
+        item_log: npt.ArrayLike | None = None,
     ) -> None:
-        """Set the input means and scales (from the training set)."""
+        """Set the input means and scales (from the training set) and the count-input masks.
+
+        The means and scales are those of the inputs as the model sees them: after ``log(1 + x)``
+        in the masked columns. A mask left None logs no column of its side.
+        """
         for name, value in (
             ("user_mean", user_mean),
             ("user_scale", user_scale),
@@ -86,6 +124,37 @@ class DCNRanker(nn.Module):
             ("item_scale", item_scale),
         ):
             getattr(self, name).copy_(torch.as_tensor(np.asarray(value, dtype=np.float32)))
+        for name, mask in (("user_log", user_log), ("item_log", item_log)):
+            buffer = getattr(self, name)
+            if mask is None:
+                buffer.fill_(False)
+            else:
+                buffer.copy_(torch.as_tensor(np.asarray(mask, dtype=bool)))
+        self._logged = self._log_sides()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Load as nn.Module does; an artifact saved before the count masks existed logs no column."""
+        for name in LOG_MASKS:
+            key = prefix + name
+            if key not in state_dict:  # load_state_dict passes its own copy: the artifact is not changed
+                state_dict[key] = torch.zeros_like(getattr(self, name))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        self._logged = self._log_sides()
+
+    def _log_sides(self) -> tuple[bool, bool]:
+        """Return whether each side's mask has a set column."""
+        return bool(self.user_log.any()), bool(self.item_log.any())
 
     def forward(self, users: Tensor, items: Tensor, user_index: Tensor) -> Tensor:
         """Logits (B,) for items (B, item_dim); row b belongs to user ``users[user_index[b]]``.
@@ -101,6 +170,11 @@ class DCNRanker(nn.Module):
 
     def _inputs(self, users: Tensor, items: Tensor, user_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Standardised users (R, U) and the row parts of x0: the user's columns per row and the rest."""
+        log_users, log_items = self._logged  # no op at all for a model without count masks
+        if log_users:
+            users = log_counts(users, self.user_log)
+        if log_items:
+            items = log_counts(items, self.item_log)
         u = _standardize(users, self.user_mean, self.user_scale)
         i = _standardize(items, self.item_mean, self.item_scale)
         e_u = self.user_embed(u).index_select(0, user_index)
@@ -155,12 +229,14 @@ class LinearRanker:
     """Logistic regression on the same inputs: ``u.w_u + i.w_i + u^T W_c i + b`` (standardised u, i).
 
     Scoring needs numpy only: ``W_c^T u`` is computed once per request, then one matrix-vector
-    product scores all candidates.
+    product scores all candidates. Count columns (``user_log`` / ``item_log`` in the state, as in
+    :class:`DCNRanker`; absent: none) enter as ``log(1 + x)``.
     """
 
     def __init__(self, state: dict[str, npt.NDArray[np.float32]]) -> None:
         self.user_mean, self.user_scale = state["user_mean"], state["user_scale"]
         self.item_mean, self.item_scale = state["item_mean"], state["item_scale"]
+        self.user_log, self.item_log = (_mask(state.get(name)) for name in LOG_MASKS)
         self.w_user, self.w_item, self.w_cross = state["w_user"], state["w_item"], state["w_cross"]
         self.bias = float(state["bias"].reshape(-1)[0])
 
@@ -176,6 +252,7 @@ class LinearRanker:
 
     def score(self, user: npt.NDArray[np.float32], items: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Logits (n,) of ``items`` (n, item_dim) for one ``user`` (user_dim,)."""
+        user, items = log_counts_np(user, self.user_log), log_counts_np(items, self.item_log)
         u = np.clip(np.nan_to_num((user - self.user_mean) / self.user_scale, nan=0.0), -CLAMP, CLAMP)
         i = np.clip(np.nan_to_num((items - self.item_mean) / self.item_scale, nan=0.0), -CLAMP, CLAMP)
         item_weights = self.w_item + self.w_cross.T @ u
@@ -183,6 +260,14 @@ class LinearRanker:
             np.float32
         )
         return logits
+
+
+def _mask(values: npt.NDArray[Any] | None) -> npt.NDArray[np.bool_] | None:
+    """Return a state's count mask as bool (artifacts store numbers), or None when absent or empty."""
+    if values is None:
+        return None
+    mask = np.asarray(values).astype(bool)
+    return mask if mask.any() else None
 
 
 def linear_logits(state: dict[str, Tensor], users: Tensor, items: Tensor) -> Tensor:

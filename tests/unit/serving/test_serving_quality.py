@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
-from headwater.serving.evaluation import feature_scores, ndcg_at_k
+from headwater.serving.evaluation import auc, feature_scores, ndcg_at_k
 from headwater.serving.model import DCNRanker, linear_logits
 from headwater.serving.quality_sets import (
     PAIR_FEATURES,
@@ -31,12 +31,14 @@ from headwater.serving.synthetic import make_world, small_registry, training_set
 from headwater.serving.train import (
     PositionBias,
     TrainOptions,
+    _Best,
     _score_dcn,
     _standardized,
     at_position,
     fit_position_bias,
     holdout_metrics,
     moments,
+    slate_pairwise_loss,
     slate_softmax_loss,
     split_by_time,
     train_dcn,
@@ -152,6 +154,45 @@ def test_train_options_reject_an_unknown_loss() -> None:
         TrainOptions(loss="pairwise-ish")
     with pytest.raises(ValueError, match="listwise_weight"):
         TrainOptions(listwise_weight=1.5)
+    with pytest.raises(ValueError, match=r"TrainOptions\.log_counts"):
+        TrainOptions(log_counts="sqrt")
+
+
+def test_pairwise_loss_counts_clicked_over_unclicked_pairs_within_slates_only() -> None:
+    def loss(scores: list[float], labels: list[float], slates: list[int]) -> float:
+        return float(slate_pairwise_loss(torch.tensor(scores), torch.tensor(labels), torch.tensor(slates)))
+
+    assert loss([1.0, 0.0], [1.0, 0.0], [0, 0]) == pytest.approx(math.log(1 + math.exp(-1)))  # 0.3133
+    # two pairs in slate 0 (log 2 each at equal scores); slate 1's unclicked row pairs with nothing
+    assert loss([0.0, 0.0, 0.0, 9.0], [1.0, 0.0, 0.0, 0.0], [0, 0, 0, 1]) == pytest.approx(math.log(2))
+    assert loss([3.0, 1.0], [0.0, 0.0], [0, 0]) == 0.0  # no clicked row: no pair, still differentiable
+
+
+def test_early_stopping_keeps_the_best_validated_epoch_and_never_trains_on_its_rows() -> None:
+    ts = _oracle_set(seed=5, n=6_000)
+    norm = (*moments(ts.user), *moments(ts.item))
+    opts = TrainOptions(seed=0, epochs=3, early_stopping=0.3, position_bias="none")
+    model, _ = train_ranker(ts, opts, "cpu", norm)
+    fit_rows, valid_rows = split_by_time(ts, 0.3)
+    start = DCNRanker(1, 1, opts.embed_dim, opts.cross_layers, opts.deep)
+    start.set_normalization(*norm)
+    warm_from_linear(start, train_linear(ts.take(fit_rows), opts, norm))  # the start saw the fit rows only
+    best = _Best(ts.take(valid_rows), start)
+    assert best.best_epoch == 0
+    kept = {k: v.clone() for k, v in start.state_dict().items()}
+    with torch.no_grad():
+        start.head.bias.fill_(-50.0)  # every score the same: worse AUC and NDCG, not kept
+    assert best.update(start) == 1
+    best.restore(start)
+    for name, value in start.state_dict().items():
+        torch.testing.assert_close(value, kept[name])
+    valid = ts.take(valid_rows)
+
+    def figure(m: DCNRanker) -> float:  # what early stopping maximises: validation AUC + NDCG@10
+        logits = _score_dcn(m, valid)
+        return auc(valid.label, logits) + ndcg_at_k(valid.group, valid.label, logits)
+
+    assert figure(model) >= figure(start) - 1e-6  # the start (epoch 0) was a candidate
 
 
 def _oracle_set(seed: int, n: int) -> TrainingSet:
