@@ -15,6 +15,8 @@ Output: the Parquet format ``headwater model train --training-set`` reads
 the user and item views), registry version in the file metadata. On-demand features (``tier:
 on_demand`` views) follow as ``pair.<feature>`` columns, computed from those slots and each label's
 time by the service's own evaluator (:class:`headwater.serving.on_demand.OnDemandProgram`).
+When the labels carry ``position`` (``headwater labels`` writes it: the slot shown at), it follows
+too (training only: the ranker's position-bias term, never a serving input).
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ def read_labels(spark: SparkSession, path: Path) -> DataFrame:
         raise TrainingSetError(msg)
     if "group" not in frame.columns:
         frame = frame.withColumn("group", F.lit(0).cast("long"))
+    position = [F.col("position").cast("long")] if "position" in frame.columns else []
     return frame.select(
         F.col("group").cast("long"), "user_id", "item_id", F.col("event_time").cast("long"),
-        F.col("label").cast("float"),
+        F.col("label").cast("float"), *position,
     )  # fmt: skip
 
 
@@ -228,6 +231,8 @@ def _flatten(
     Then the on-demand features, as ``pair.<feature>``.
     """
     columns: dict[str, pa.Array] = {name: part.column(name) for name in LABEL_COLUMNS}
+    if "position" in part.column_names:  # the slot shown at, when the labels carry it (training only)
+        columns["position"] = part.column("position")
     for view in views:
         spec = compile_view(view)
         renamed = part.select([f"{view.name}.{f.name}" for f in view.features]).rename_columns(

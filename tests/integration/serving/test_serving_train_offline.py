@@ -98,6 +98,8 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     assert 0 < built.positives < built.rows
 
     ts = read_parquet(out)
+    assert ts.position is not None
+    assert set(np.unique(ts.position)) <= set(range(1, 9))  # the slots the history showed items at
     assert ts.user_features == registry.user.slots  # the Parquet's columns are the service's slots
     assert ts.item_features == registry.item.slots
     assert registry.on_demand is not None
@@ -122,7 +124,8 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     assert "holdout" in run.output
     latest = json.loads((models / "latest.json").read_text())
     metrics = json.loads((models / latest["metrics"]).read_text())
-    assert set(metrics["holdout"]) == {"dcn", "linear", "popularity", "best_feature"}
+    # the labels' position column reaches the training set: the per-slot offsets (never served)
+    assert set(metrics["holdout"]) == {"dcn", "dcn_at_position", "linear", "popularity", "best_feature"}
     assert metrics["rows"]["train"] + metrics["rows"]["holdout"] == built.rows
     for scores in metrics["holdout"].values():
         assert 0.0 <= scores["auc"] <= 1.0

@@ -108,7 +108,7 @@ def test_labels_cli_writes_what_training_set_reads(spark: Any, lake: Path, tmp_p
     assert sorted(table.column("label").to_pylist()).count(1.0) == 3
     frame = read_labels(spark, out)
     assert frame.count() == len(EXPECTED) + 1
-    assert frame.columns == ["group", "user_id", "item_id", "event_time", "label"]
+    assert frame.columns == ["group", "user_id", "item_id", "event_time", "label", "position"]
 
 
 def test_labels_of_an_empty_range_is_a_clear_error(spark: Any, lake: Path, tmp_path: Path) -> None:
