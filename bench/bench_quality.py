@@ -1,9 +1,10 @@
 """Ranking quality with a ceiling (issue 15 item 2): every ranker and baseline on one time holdout.
 
 Oracle, DCN variants (``--variants``: the default, warm-started from the linear fallback with a mixed
-loss; ``dcn_cold``, the previous default: a random start at 2e-3 with half listwise; listwise,
-pointwise, without the position offsets, without the user x category inputs), linear, popularity,
-ALS and the best single input feature.
+loss and log(1 + x) of the count inputs; ``dcn_cold``, a random start at 2e-3 with half listwise;
+listwise, pointwise, pairwise, early stopping, without the position offsets, without the user x
+category inputs, without the log of the counts), linear, popularity, ALS and the best single input
+feature.
 
     nice -n 19 .venv/bin/python bench/bench_quality.py --stream-only 80000 --seeds 0,1,2   # Python sets
     .venv/bin/python bench/bench_quality.py                   # offline tier (Spark): synthetic + MovieLens
@@ -27,8 +28,10 @@ probability where each row was shown: the figure to hold against the oracle, whi
 slot). ``best_feature`` is the input feature with the best holdout NDCG@10 used alone as a score
 (sign from the training rows), an upper bound of the single-feature baselines. ``als`` is implicit's
 AlternatingLeastSquares on the training rows' clicks (user x item), a user's dot product with each
-item; unseen users or items score 0. Training runs on one torch thread. Writes
-bench/results/bench_quality.json.
+item; unseen users or items score 0. ``within_slate_linear_fit_on_holdout`` is no model but a ceiling:
+a slate-softmax regression over the item inputs and every user x item product, fitted on the holdout
+it scores (its NDCG@10 bounds any linear within-slate order of these inputs). Training runs on one
+torch thread. Writes bench/results/bench_quality.json.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ from headwater.serving.train import (
     at_position,
     fit_position_bias,
     holdout_metrics,
-    moments,
+    input_norm,
+    slate_softmax_loss,
     split_by_time,
     train_linear,
     train_ranker,
@@ -79,16 +83,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dcn_pointwise": {"loss": "pointwise"},
     "dcn_joint_position_bias": {"loss": "mixed", "position_bias": "joint"},
     "dcn_no_category": {"loss": "mixed", "pair": False},
-    "dcn_log_counts": {"loss": "mixed", "log_counts": True},
+    "dcn_raw_counts": {"loss": "mixed", "log_counts": "none"},
+    "dcn_pairwise": {"loss": "mixed", "pairwise_weight": 0.5},
+    "dcn_early_stopping": {"loss": "mixed", "early_stopping": 0.1, "epochs": 20},
 }
-"""DCN variants: TrainOptions fields, ``pair: False`` to leave out the pair (user x category) inputs and
-``log_counts: True`` to feed log(1 + x) of the count inputs (:data:`COUNTS`) instead of x (a model-side
-input transform the served DCNRanker does not have: measured here as a proposal; ``linear_log_counts``
-is the fallback on the same inputs)."""
-COUNTS = ("clicks", "impressions", "item_impressions", "item_clicks")
-"""Count inputs of the quality sets: they grow with the stream, so the holdout's lie past the training
-rows' (MovieLens: median item impressions 24 in the first half of the training rows, 123 in the holdout)."""
-DEFAULT_VARIANTS = "dcn,dcn_cold,dcn_pointwise,dcn_listwise,dcn_no_category,dcn_log_counts"
+"""DCN variants: TrainOptions fields and ``pair: False`` to leave out the pair (user x category) inputs.
+Every variant takes log(1 + x) of its count inputs (``TrainOptions.log_counts="auto"``, the default:
+on these sets the user's and the item's clicks and impressions) unless it says ``log_counts: "none"``
+(``dcn_raw_counts``, the models before; ``linear_raw_counts`` is the fallback on the same inputs).
+``dcn_pairwise`` adds a within-slate RankNet term (weight 0.5); ``dcn_early_stopping`` trains up to 20
+epochs and keeps the best on the latest 10% of the training slates (not trained on)."""
+DEFAULT_VARIANTS = "dcn,dcn_cold,dcn_pointwise,dcn_listwise,dcn_pairwise,dcn_no_category,dcn_raw_counts"
 
 
 def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[np.float64]:
@@ -117,14 +122,29 @@ def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[
     return out
 
 
-def log_counts(ts: TrainingSet) -> TrainingSet:
-    """Return ``ts`` with log(1 + x) in place of x in its :data:`COUNTS` columns (user and item)."""
-    user, item = ts.user.copy(), ts.item.copy()
-    for names, matrix in ((ts.user_features, user), (ts.item_features, item)):
-        for j, name in enumerate(names):
-            if name in COUNTS:
-                matrix[:, j] = np.log1p(matrix[:, j])
-    return replace(ts, user=user, item=item)
+def within_slate_bound(fit_on: TrainingSet, norm: tuple[Any, ...]) -> npt.NDArray[np.float64]:
+    """Return the scores of ``fit_on`` by a slate-softmax regression fitted on ``fit_on`` itself.
+
+    The inputs are the standardised item inputs and every user x item product (all a linear ranker
+    can use within a slate); fitted to convergence (L-BFGS) on the rows it then scores, so its NDCG@10
+    bounds what any linear combination of these inputs can reach on them: a ceiling, not a model.
+    """
+    users, items = _standardized(fit_on, norm)
+    x = torch.cat([items, (users[:, :, None] * items[:, None, :]).reshape(len(fit_on), -1)], dim=1)
+    _, slate = np.unique(fit_on.group, return_inverse=True)
+    slates, labels = torch.from_numpy(slate.astype(np.int64)), torch.from_numpy(fit_on.label)
+    w = torch.zeros(x.shape[1], requires_grad=True)
+    optimizer = torch.optim.LBFGS([w], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = slate_softmax_loss(x @ w, labels, slates) + 1e-4 * (w**2).sum()
+        torch.autograd.backward(loss)
+        return loss
+
+    optimizer.step(closure)  # type: ignore[no-untyped-call]
+    out: npt.NDArray[np.float64] = (x @ w).detach().numpy().astype(np.float64)
+    return out
 
 
 def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> dict[str, Any]:
@@ -138,23 +158,23 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
     seconds: dict[str, float] = {}
     for name in variants:
         spec = dict(VARIANTS[name])
-        full = ts if spec.pop("pair", True) else replace(ts, pair={})
-        full = log_counts(full.for_ranker()) if spec.pop("log_counts", False) else full.for_ranker()
+        full = (ts if spec.pop("pair", True) else replace(ts, pair={})).for_ranker()
         train, test = full.take(train_rows), full.take(test_rows)
-        norm = (*moments(train.user), *moments(train.item))
         started = time.process_time()
-        opts = TrainOptions(seed=seed, epochs=epochs, device="cpu", **spec)
+        opts = TrainOptions(seed=seed, device="cpu", **{"epochs": epochs, **spec})
+        norm = input_norm(train, opts.log_counts)
         model, bias = train_ranker(train, opts, "cpu", norm)
         seconds[name] = round(time.process_time() - started, 1)
         scores[name] = _score_dcn(model, test)
         if bias is not None:
             scores[f"{name}_at_position"] = at_position(scores[name], bias, test)
-    linears = {"linear": ts.for_ranker()}
-    if any(VARIANTS[v].get("log_counts") for v in variants):
-        linears["linear_log_counts"] = log_counts(ts.for_ranker())
-    for name, full in linears.items():
+    linears = {"linear": "auto"}
+    if any(VARIANTS[v].get("log_counts") == "none" for v in variants):
+        linears["linear_raw_counts"] = "none"
+    full = ts.for_ranker()
+    for name, mode in linears.items():
         train, test = full.take(train_rows), full.take(test_rows)
-        norm = (*moments(train.user), *moments(train.item))
+        norm = input_norm(train, mode)
         started = time.process_time()
         state = train_linear(train, TrainOptions(seed=seed), norm)
         seconds[name] = round(time.process_time() - started, 1)
@@ -163,7 +183,9 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
             fitted = linear_logits(state, *_standardized(train, norm)).detach().numpy()
             bias = fit_position_bias(fitted, train.position, train.label)
             scores[f"{name}_at_position"] = at_position(scores[name], bias, test)
-    train, test = linears["linear"].take(train_rows), linears["linear"].take(test_rows)
+    train, test = full.take(train_rows), full.take(test_rows)
+    # the ceiling of any linear within-slate order of these inputs: fitted on the holdout itself
+    scores["within_slate_linear_fit_on_holdout"] = within_slate_bound(test, input_norm(train))
     started = time.process_time()
     scores["als"] = als_scores(train, test, seed)
     seconds["als"] = round(time.process_time() - started, 1)
