@@ -737,21 +737,37 @@ def realtime_state_constants(shapes: dict[str, Any], rate: float) -> dict[str, A
     }
 
 
+COUNTER_SLOT_KINDS = ("distinct_count", "top_k")
+COUNTER_ENTRY_BYTES = 16.0
+"""One ``[value, count]`` entry of a counter map: the value's text (the stream's ~9 characters) + 7."""
+COUNTER_SLOT_BYTES = 19.0
+"""A counter map in a pane record: its brackets (2), its first entry (16) and the separator (1)."""
+
+
 def state_constants(per_shape: dict[str, dict[str, Any]], kinds: dict[str, dict[str, int]]) -> dict[str, Any]:
     """Least squares of each run's net store size on its slices, slices x aggregations by kind, and ids.
 
     ``kinds``: per shape, the aggregations of each kind in its view. Negative terms are pinned at 0.
+    A counter map (distinct_count, top_k) is not fitted: its first entry and brackets
+    (:data:`COUNTER_SLOT_BYTES`) and each further event an entry (``state_running_event_bytes``, as
+    the model counts them: every event of a record beyond its first) come from the layout and are
+    taken off the runs' bytes first (a fitted slot would hold the entries too, which the model adds
+    again).
     """
     names = list(per_shape)
     cols = ["pane", *AGG_KINDS, "ids"]
     a = np.zeros((len(names), len(cols)))
+    b = np.asarray([per_shape[n]["state_net"] for n in names], dtype=float)
     for i, name in enumerate(names):
         run = per_shape[name]
         a[i, 0] = run["pane_records"]
         for kind, n in kinds[name].items():
+            if kind in COUNTER_SLOT_KINDS:
+                entries = max(0, run["events"] - run["pane_records"])
+                b[i] -= n * (run["pane_records"] * COUNTER_SLOT_BYTES + entries * COUNTER_ENTRY_BYTES)
+                continue
             a[i, 1 + AGG_KINDS.index(kind)] = run["pane_records"] * n
         a[i, -1] = run["dedup_ids"]
-    b = np.asarray([per_shape[n]["state_net"] for n in names], dtype=float)
     keep = [j for j in range(len(cols)) if a[:, j].any()]
     coef = np.zeros(len(cols))
     for _ in range(len(cols)):
@@ -764,6 +780,7 @@ def state_constants(per_shape: dict[str, dict[str, Any]], kinds: dict[str, dict[
         keep = [j for j in keep if j not in negative]
     slots = {k: round(float(coef[1 + i]), 2) for i, k in enumerate(AGG_KINDS)}
     slots["min"] = slots["max"]
+    slots.update(dict.fromkeys(COUNTER_SLOT_KINDS, COUNTER_SLOT_BYTES))
     return {
         "state_pane_bytes": round(float(coef[0]), 1),
         "state_slot_bytes": slots,
