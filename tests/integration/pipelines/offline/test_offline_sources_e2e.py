@@ -186,6 +186,10 @@ def test_account_spend_offline_equals_the_reference(spark: Any, setup: Setup, la
                 checked += 1
     assert checked == 3 * 3 * len(plan_view.features)
     assert rows[("2026-01-03", "a0")]["refunds_7d"] > 0
+    # the job reports the view's CPU (`headwater costs`): its process tree's, over the one 3-day chunk
+    told = json.loads((setup.state / "offline" / "reported" / f"{plan_view.name}.json").read_text())
+    assert [(r["first"], r["last"], r["days"]) for r in told["runs"]] == [("2026-01-01", "2026-01-03", 3)]
+    assert told["runs"][0]["cpu_s"] > 0
 
 
 def test_a_ratio_over_distinct_counts_runs_in_spark(spark: Any, setup: Setup, landed: Any) -> None:
