@@ -40,6 +40,13 @@ import org.apache.flink.types.Row;
  * with a backfilled view is refreshed (as {@link ViewOperator} does at open), and a line
  * {@code {"replay": ROW}} is a row read before the switch: folded into the backfilled views' features
  * only, with the replay's own de-duplication, skipped by a group without a backfilled view.
+ * A line {@code {"watermark": W}} is the source's watermark reaching the operator: an entity whose
+ * slices have all left its windows is dropped once W is past its boundary by more than the
+ * out-of-orderness plus the allowed lateness ({@link Aggregator#disposable}); until then it stays, a
+ * tombstone, as in the job. {@code {"checkpoint": true}} keeps a copy of every state (through the
+ * serializer), and {@code {"kill": true}} stands for a kill -9 and a restore from that checkpoint: the
+ * states go back to the copy and the clock restarts (the lines after it are the replay, from the
+ * checkpoint's offsets); the values emitted in between stay emitted (the store has them).
  * Output: one JSON object per emitted value: group, view, entity, event_time, slots (as text: NaN),
  * dict; a line {"restored": {group: entities}} per restart; then a last line {"outcomes": {...}}
  * with the count of each {@link Aggregator.Outcome}.
@@ -61,6 +68,10 @@ public final class AggregateCheck {
         StringBuilder out = new StringBuilder();
         Map<String, Integer> outcomes = new HashMap<>();
         long clock = Long.MIN_VALUE;
+        java.util.List<Map<String, KeyState>> saved = new java.util.ArrayList<>();
+        for (Program.Group g : program.groups) {
+            saved.add(new HashMap<>());  // a kill before any checkpoint: the job starts empty
+        }
         java.util.List<Map<String, Map<Long, java.util.Set<Long>>>> replayIds = new java.util.ArrayList<>();
         for (String line = in.readLine(); line != null; line = in.readLine()) {
             JsonNode node = json.readTree(line);
@@ -97,6 +108,28 @@ public final class AggregateCheck {
                 }
                 out.append(json.writeValueAsString(json.createObjectNode().set("restored", restored)))
                     .append('\n');
+                continue;
+            }
+            if (node.isObject() && node.has("watermark")) {
+                long wm = node.get("watermark").asLong();
+                for (Program.Group g : program.groups) {
+                    long late = program.outOfOrdernessMs + program.allowedLatenessMs;
+                    states.get(g.index).values().removeIf(st -> Aggregator.disposable(st, wm, late));
+                }
+                continue;
+            }
+            if (node.isObject() && (node.has("checkpoint") || node.has("kill"))) {
+                boolean kill = node.has("kill");
+                java.util.List<Map<String, KeyState>> copy = new java.util.ArrayList<>();
+                for (Program.Group g : program.groups) {
+                    copy.add(checkpoint(aggs[g.index], (kill ? saved : states).get(g.index), aggs[g.index]));
+                }
+                if (kill) {
+                    states = copy;
+                    clock = Long.MIN_VALUE;  // the restored job's clock comes back with the replayed rows
+                } else {
+                    saved = copy;
+                }
                 continue;
             }
             boolean replay = node.isObject() && node.has("replay");
@@ -208,11 +241,7 @@ public final class AggregateCheck {
                 if (due == null) {
                     break;
                 }
-                KeyState st = mine.get(due);
-                agg.fire(st, upTo, emitter(json, out, g, due));
-                if (st.slices.isEmpty()) {
-                    mine.remove(due);
-                }
+                agg.fire(mine.get(due), upTo, emitter(json, out, g, due));  // drained: a tombstone stays
             }
         }
     }

@@ -142,10 +142,13 @@ final class Aggregator {
      * Fold one event into the entity's state.
      *
      * <p>Steps: 1. an event that no feature keeps changes nothing; 2. an event older than the longest
-     * window at the entity's boundary cannot change a value it will publish (OUTSIDE); 3. an id already
+     * window at the entity's boundary cannot change a value it will publish (OUTSIDE), though a view may
+     * have to be dated later ({@link #restamp}); 3. an id already
      * in its slice is a duplicate (a null {@code eventId}: the source has no event id, no de-duplication); 4. the partials of its slice take it, and where the slice is already
      * inside a feature's window (an out-of-order event), that feature's running accumulator too; 5. then
-     * the value at the current boundary has changed: it is emitted now, as a revision.
+     * the value at the current boundary has changed: it is emitted now, as a revision; and a view one of
+     * whose windows the event's slice has already left is dated no earlier than where it left
+     * ({@link #restamp}).
      */
     Outcome add(KeyState st, Row r, long t, String eventId, Emitter out) {
         return add(st, r, t, eventId, null, null, out);
@@ -172,6 +175,8 @@ final class Aggregator {
         if (st.boundary == KeyState.NONE) {
             st.boundary = s;  // the value at s holds nothing yet: the entity's first slice enters at s + S
         } else if (s < st.boundary - group.maxWindowMs) {
+            restamp(st, s);  // its windows have all closed, but a view may still be dated inside them
+            emitPending(st, out);
             return Outcome.OUTSIDE;
         }
         // Step 3
@@ -225,9 +230,63 @@ final class Aggregator {
         // Step 5
         if (revised) {
             computeViews(st, s + slide);
-            emitPending(st, out);
         }
+        if (entered) {
+            restamp(st, s);
+        }
+        emitPending(st, out);
         return Outcome.ACCEPTED;
+    }
+
+    /**
+     * Date each view no earlier than the boundary where slice {@code s} (before the entity's boundary)
+     * left the windows of the view's features the event being added hits.
+     *
+     * <p>A view's value is the one at the entity's boundary B, emitted with the boundary T of its last
+     * change, and the store compares it with offline's value at T: so the value must be the same at
+     * every boundary from T to B. An out-of-order event of slice s that a feature's window has already
+     * dropped at B (s + S + W <= B) leaves that feature's value at B alone, but it is inside that
+     * window at the boundaries before s + S + W: when T is earlier, offline's value at T holds the event
+     * and this one does not. The value at B, unchanged, holds from s + S + W on, so it is re-emitted
+     * dated there (issue 16: "online 0, offline has events" after a restore with a backlog, where one
+     * partition's events arrive minutes behind another's and so behind the entity's boundary).
+     */
+    private void restamp(KeyState st, long s) {
+        for (Program.View view : group.views) {
+            KeyState.ViewValue vv = st.views[view.index];
+            if (vv.slots == null) {
+                continue;  // no value yet (a view adopted empty): its first one comes with the next change
+            }
+            long at = KeyState.NONE;
+            for (int j = 0; j < view.features.size(); j++) {
+                int i = view.firstFeature + j;
+                long left = s + slide + group.features.get(i).windowMs;
+                if (hits[i] && left <= st.boundary) {
+                    at = Math.max(at, left);
+                }
+            }
+            if (at > vv.changedAt) {
+                vv.changedAt = at;
+                vv.pending = true;
+            }
+        }
+    }
+
+    /**
+     * Whether an entity's state may be dropped: every slice has left every window (its empty value is
+     * emitted) and {@code watermark} (the source's, the slowest partition's greatest event time minus
+     * the out-of-orderness) is more than {@code lateMs} (out-of-orderness plus allowed lateness) past
+     * the entity's boundary, so no event still to come is older than that boundary.
+     *
+     * <p>Until then the state stays, empty, as a tombstone: it remembers the boundary its last value is
+     * dated at. Without it, an event older than that boundary (from a partition behind the others, or
+     * out of order) would start a fresh state whose values are dated before the stored one, which the
+     * store keeps (it keeps the newer event time): the stored empty value would stay, though offline's
+     * value at its boundary holds the event. With it, the event is folded as any out-of-order event.
+     */
+    static boolean disposable(KeyState st, long watermark, long lateMs) {
+        return st.slices.isEmpty() && st.boundary != KeyState.NONE && watermark > Long.MIN_VALUE + lateMs
+            && watermark - lateMs > st.boundary;
     }
 
     /**

@@ -37,6 +37,15 @@ import org.slf4j.LoggerFactory;
  * offsets upstream): after a kill -9 the job replays from the checkpoint's offsets and writes the same
  * values (the store keeps the newer event time, and an equal value is a no-op).
  *
+ * <p>An entity whose slices have all left its windows keeps its state, empty, as a tombstone (its last
+ * value's boundary), until the source's watermark (the slowest partition's) is past that boundary by
+ * more than the out-of-orderness and allowed lateness ({@link Aggregator#disposable}). The clock is the
+ * greatest event time of all partitions: after a restore with a backlog, one partition's events come
+ * minutes behind another's, and an entity's next event may be older than the boundary of the empty
+ * value it was given. The tombstone folds it as an out-of-order event, so the value written is dated
+ * no earlier than the stored one; a fresh state would date its values before it, and the store, which
+ * keeps the newer event time, would keep the empty value (issue 16's "online 0, offline has events").
+ *
  * <p>Each time the clock passes a boundary, a progress mark per view goes to the sink, so the
  * freshness log knows the tier published up to it even when no value changed.
  *
@@ -64,6 +73,8 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     private transient Aggregator agg;
     private transient ValueState<KeyState> state;
     private transient PriorityQueue<Due> queue;
+    /** Entities whose slices have all left their windows, by boundary: dropped once the watermark allows. */
+    private transient PriorityQueue<Due> tombstones;
     private transient long maxEventTime;
     private transient long watermarkClock;
     private transient long clock;
@@ -110,6 +121,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         agg = new Aggregator(group);
         state = getPartitionedState(new ValueStateDescriptor<>(STATE, new KeyStateSerializer(agg.layout)));
         queue = new PriorityQueue<>((a, b) -> Long.compare(a.at, b.at));
+        tombstones = new PriorityQueue<>((a, b) -> Long.compare(a.at, b.at));
         maxEventTime = Long.MIN_VALUE;
         watermarkClock = Long.MIN_VALUE;
         clock = Long.MIN_VALUE;
@@ -133,6 +145,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         replaying = false;
         m.gauge("hw_clock_lag_ms", () -> clock == Long.MIN_VALUE ? -1L : now() - clock);
         m.gauge("hw_queued_entities", () -> (long) queue.size());
+        m.gauge("hw_tombstones", () -> (long) tombstones.size());
         restoreQueue();
         lastElementAt = now();
         getProcessingTimeService().registerTimer(now() + TICK_MS, this);
@@ -193,6 +206,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
                 state.update(st);
             } else if (st.scheduled != KeyState.NONE) {
                 queue.add(new Due(st.scheduled, key));
+            }
+            if (st.slices.isEmpty()) {
+                tombstones.add(new Due(st.boundary, key));
             }
         }
         if (adopted > 0) {
@@ -263,6 +279,15 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             watermarkClock = Math.max(watermarkClock, t + program.outOfOrdernessMs);
         }
         advance();
+        long late = program.outOfOrdernessMs + program.allowedLatenessMs;
+        while (t > Long.MIN_VALUE + late && !tombstones.isEmpty() && t - late > tombstones.peek().at) {
+            Due due = tombstones.poll();
+            setCurrentKey(due.key);
+            KeyState st = state.value();
+            if (st != null && Aggregator.disposable(st, t, late)) {
+                state.clear();  // no event still to come is older than its last value's boundary
+            }
+        }
     }
 
     @Override
@@ -304,7 +329,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             currentKey = due.key;
             agg.fire(st, upTo, emitter);
             if (st.slices.isEmpty()) {
-                state.clear();  // every slice has left every window: its empty value is written
+                // every slice has left every window, its empty value is written: a tombstone until the
+                // watermark says no event older than its boundary can come (Aggregator.disposable)
+                tombstones.add(new Due(st.boundary, due.key));
             } else {
                 schedule(st, due.key);
             }
