@@ -18,9 +18,10 @@ write after T reaches the mirror at the next refresh.
 
 **Exact.** A row from memory equals the row a store read returns at the same moment, as long as no
 item view was written since T (the test compares both): an item changed when any of its views'
-write times differs from the one recorded (so a key that expired or was deleted in one view while
-another view was written is re-read), and a row whose key expires within ``expiry_margin_ms`` (or has
-expired) is read from the store instead (expiry writes nothing to the change log). Items the mirror
+write times differs from the one recorded, and a row whose key is gone from its view (expired,
+deleted) is forgotten at the next refresh without a read (:meth:`ItemMirror.sync`). Until then a row
+whose key expires within ``expiry_margin_ms`` (or has expired) is read from the store instead (expiry
+writes nothing to the change log). Items the mirror
 does not hold (added since the last refresh, or a caller's own candidates) are read from the store.
 Deleting keys by hand, outside the store API, writes no change-log entry: the next full scan
 (``index_full_scan_s``) finds it.
@@ -125,6 +126,33 @@ class ItemMirror:
                 mine = self._write[j][slots[held]]
                 out[held] |= mine != np.asarray(times)[held]
         return out
+
+    def sync(self, ids: Sequence[str], write_ms: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.bool_]:
+        """Compare with the store's per-view write times (0 = no key); return which ``ids`` need a read.
+
+        A held row whose key is gone from its view (expired, deleted: write time now 0) is forgotten
+        here without a read (found False, as a store read would say); an id not held, or with a
+        view written since, needs a read. A view's keys expiring (a TTL) thus costs no re-read of
+        the catalog.
+        """
+        with self._lock:
+            slots = np.fromiter(map(self._row.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+            need = slots < 0
+            held = np.flatnonzero(~need)
+            at = slots[held]
+            for j, times in enumerate(write_ms):
+                now = np.asarray(times)[held]
+                differs = self._write[j][at] != now
+                gone = at[differs & (now == 0)]
+                if len(gone):
+                    self._values[j][gone] = np.nan
+                    self._found[j][gone] = False
+                    self._event[j][gone] = 0
+                    self._write[j][gone] = 0
+                    self._expire[j][gone] = 0
+                    self.version += 1
+                need[held[differs & (now != 0)]] = True
+        return need
 
     def put(
         self,

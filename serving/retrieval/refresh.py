@@ -224,7 +224,7 @@ class IndexRefresher:
         """Run the four steps of the module docstring; the first call builds the whole index.
 
         With a mirror, an item is also re-read when any one view's write time differs from the
-        mirror's (a key expired or deleted in one view while another was written), and the rows
+        mirror's (a view's row gone since is dropped from the mirror without a read), and the rows
         read go to the mirror as well; at the end the mirror is confirmed as of the moment the
         change-log position was taken.
         """
@@ -258,7 +258,7 @@ class IndexRefresher:
         stale = newest != recorded
         if mirror is not None:
             mirror.remove(gone)
-            stale |= mirror.changed(present, writes)
+            stale |= mirror.sync(present, writes)  # rows of expired keys are dropped there, not re-read
         todo = np.flatnonzero(stale)
         # Step 3
         added = updated = 0

@@ -105,6 +105,14 @@ def test_rows_from_memory_equal_a_store_read_at_the_same_moment(own_redis: OwnRe
         time.sleep(0.1)
     got, want = both()  # the key is gone in that view: both see the empty-window vector there
     same(got, want)
+    # A full scan finds the expired key (write time 0): the item (whose newest write was that key) is
+    # re-embedded, and served from memory again.
+    report = runtime.refresh_if_changed(full_scan_s=0.0)
+    assert report is not None
+    assert (report.added, report.updated, report.removed) == (0, 1, 0)
+    read_before = mirror.read
+    same(*both())
+    assert mirror.read - read_before == 1  # only the unknown id
 
     # Past every view's bound nothing is served from memory: the cache path, the same rows.
     mirror.confirmed_ms = now_ms() - 10**9

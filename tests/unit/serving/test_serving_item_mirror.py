@@ -76,6 +76,25 @@ def test_rows_changes_and_expiry() -> None:
     assert len(mirror) == 2999
 
 
+def test_sync_forgets_rows_whose_key_is_gone_without_a_read() -> None:
+    mirror = ItemMirror(SIDE, sla_share=1.0)
+    values = {"a": (1.0, 2.0, 3.0), "b": (4.0, 5.0, 6.0)}
+    put(mirror, values, ["a", "b"])  # write times 7 (slow view) and 8 (fast view)
+    mirror.confirm(NOW)
+    version = mirror.version
+    # a: the fast view's key expired (0); b: the slow view written again (9); c: not held.
+    need = mirror.sync(["a", "b", "c"], [np.asarray([7, 9, 0]), np.asarray([0, 8, 0])])
+    assert need.tolist() == [False, True, True]
+    assert mirror.version == version + 1
+    look = mirror.lookup(["a"], NOW)
+    assert look is not None
+    fast = look.rows[1]
+    assert fast is not None
+    assert (bool(fast.found[0]), int(fast.event_time_ms[0])) == (False, 0)
+    assert np.isnan(fast.values[0]).all()
+    assert mirror.sync(["a"], [np.asarray([7]), np.asarray([0])]).tolist() == [False]  # nothing left to do
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
