@@ -11,9 +11,8 @@ Each record is judged in its partition's offset order, after decoding and the fi
 
 The nearline tier applies it per record (``pipelines/nearline/task.py``), the landing per column
 (``pipelines/offline/landing_batch.py`` ``late_mask``), and the realtime tier in the JVM
-(``LateCheck``), whose tests compare it with :func:`headwater.pipelines.realtime.testing.late_reference`,
-built from this module. The limits come from the plan's source, where the registry resolved them
-(:mod:`headwater.registry.sources` holds the defaults).
+(``LateCheck``), whose tests compare it with :func:`late_verdicts`. The limits come from the plan's
+source, where the registry resolved them (:mod:`headwater.registry.sources` holds the defaults).
 """
 
 from __future__ import annotations

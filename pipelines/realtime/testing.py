@@ -7,8 +7,6 @@ example repo's entities, sources and budget), so one definition is checked both 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 ALL_KINDS_VIEW = """\
 feature_view: rt_all
 entity: user
@@ -82,26 +80,3 @@ def edit_metadata(text: str) -> str:
         for line in text.splitlines()
     ]
     return "\n".join("owner: another-team" if line.startswith("owner:") else line for line in lines) + "\n"
-
-
-def late_reference(
-    records: Iterable[tuple[int, int, int]], out_of_orderness_ms: int, allowed_lateness_ms: int
-) -> list[bool]:
-    """Return the nearline tier's ``late`` verdict (``pipelines/nearline/task.py`` ``_accept``) per record.
-
-    ``records``: valid records as (partition, event time ms, wall clock ms when read), in the order each
-    partition's records are read (offset order; partitions may interleave). Per partition, a record is
-    late when its event time is before the greatest event time of the partition's accepted records, each
-    capped by its wall clock, minus the out-of-orderness and allowed lateness; only an accepted record
-    moves that greatest time. The realtime tier's ``LateCheck`` must give the same verdicts on the same
-    records (issue 16), whatever the interleaving and restores, so tests compare it with this.
-    """
-    max_t: dict[int, int] = {}
-    out = []
-    for partition, t, now_ms in records:
-        m = max_t.get(partition)
-        late = m is not None and t < m - out_of_orderness_ms - allowed_lateness_ms
-        out.append(late)
-        if not late and (m is None or min(t, now_ms) > m):
-            max_t[partition] = min(t, now_ms)
-    return out

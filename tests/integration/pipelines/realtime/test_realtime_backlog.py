@@ -7,7 +7,7 @@ periodic (a burst is read before it moves), global over the splits (a partition 
 it back), idle-aware and not checkpointed (a restored job started without one). Now it is the JVM's
 ``LateCheck``: per partition, in offset order, against the partition's greatest accepted event time,
 checkpointed; the same function of the stream as the nearline tier's, which
-:func:`~headwater.pipelines.realtime.testing.late_reference` computes here.
+:func:`~headwater.pipelines.events.timing.late_verdicts` computes here.
 
 The script, at parallelism 2 (4 partitions on 2 subtasks): each partition holds its own stretch of event
 time (partitions 200 s apart, so a watermark global over them differs from each one's horizon by more
@@ -33,7 +33,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
 from headwater.pipelines.events.codec import EventCodec
-from headwater.pipelines.realtime.testing import late_reference
+from headwater.pipelines.events.timing import SourceTiming, late_verdicts
 from headwater.registry.plans import TierPlan
 
 from .conftest import T0, JobProcess, Names, committed, dead_letters, event, wait_for
@@ -42,6 +42,7 @@ PARTITIONS = 4
 HALF = 400
 """Records per partition in each half."""
 OOO, LATENESS = 5_000, 60_000
+TIMING = SourceTiming(OOO, LATENESS, max_future_ms=300_000)  # max_future is not part of the late rule
 """The behaviour events' max out-of-orderness and allowed lateness (features/sources.yaml)."""
 
 
@@ -93,7 +94,7 @@ def test_a_restored_job_at_parallelism_2_dead_letters_exactly_the_nearline_late_
     want = sorted(
         (p, i)
         for p, part in enumerate(parts)
-        for i, late in enumerate(late_reference([(p, T0 + t, now) for t, _ in part], OOO, LATENESS))
+        for i, late in enumerate(late_verdicts([(p, T0 + t, now) for t, _ in part], TIMING))
         if late
     )
     assert sum(1 for _, i in want if i == HALF) == PARTITIONS  # every partition's first record after the kill

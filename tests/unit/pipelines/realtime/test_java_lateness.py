@@ -3,7 +3,7 @@
 Runs ``dev.headwater.flink.realtime.LatenessCheck`` (a ``java`` process, no Flink runtime) over records
 in read order, with restores between them (every subtask's checkpointed entries restored into each new
 subtask, as the job's union state is), and compares each verdict with
-:func:`headwater.pipelines.realtime.testing.late_reference` (nearline's ``_accept``). Issue 16: the
+:func:`headwater.pipelines.events.timing.late_verdicts` (the rule every tier applies). Issue 16: the
 verdict was Flink's ``CURRENT_WATERMARK``, periodic and not checkpointed, so an event far behind read
 in the same burst as newer ones, or right after a restore, was not late.
 """
@@ -13,13 +13,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from headwater.pipelines.realtime.testing import late_reference
+from headwater.pipelines.events.timing import SourceTiming, late_verdicts
 
 from .jvm_check import run_driver
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 NOW = T0 + 86_400_000
 OOO, LATENESS = 5_000, 60_000
+TIMING = SourceTiming(OOO, LATENESS, max_future_ms=300_000)  # max_future is not part of the late rule
 CONFIG = {
     "source": "events",
     "event_time_field": "event_time",
@@ -103,7 +104,7 @@ def test_random_streams_with_restores_give_the_nearline_verdict_of_every_record(
         now = T0 + clock[p] + rnd.randrange(0, 2_000)  # read soon after it was produced
         lines.append({"s": p % subtasks, "p": p, "t": T0 + t, "now": now})
     got = [x is not None for x in run_check(lines, subtasks=2)]
-    want = late_reference([(x["p"], x["t"], x["now"]) for x in lines if "p" in x], OOO, LATENESS)
+    want = late_verdicts([(x["p"], x["t"], x["now"]) for x in lines if "p" in x], TIMING)
     assert sum(want) > 50
     assert sum(not w for w in want) > 5_000
     assert got == want
