@@ -17,7 +17,6 @@ x_l`` runs beside a deep MLP over ``x0``, and a linear head reads both.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,12 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from headwater.serving.accel import ONNXRUNTIME, TORCH, precision, ranker_runtime
-from headwater.serving.onnx_scorer import OnnxRanker
-
-logger = logging.getLogger(__name__)
-
-ONNX_FAILURES_TO_DROP = 3
-"""ORT calls failing in a row before the scorer stays on torch (each failed call is rescored by torch)."""
+from headwater.serving.onnx_scorer import OnnxFallback, OnnxRanker
 
 CLAMP = 8.0
 """Standardised inputs are clamped to +-CLAMP so one outlier cannot dominate a score."""
@@ -289,32 +283,31 @@ class NeuralScorer:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.requested_runtime = runtime or ranker_runtime(str(self.device))
-        self.onnx: OnnxRanker | None = None
-        self.onnx_failures = 0
-        self._failing = 0
+        self.ort: OnnxFallback[OnnxRanker] = OnnxFallback("ranking model", "scoring with torch")
         self.compile()
+
+    @property
+    def onnx(self) -> OnnxRanker | None:
+        """The ONNX Runtime session, or None while torch scores."""
+        return self.ort.session
+
+    @property
+    def onnx_failures(self) -> int:
+        """Failed ONNX Runtime exports and calls (each scored by torch instead)."""
+        return self.ort.failures
 
     @property
     def runtime(self) -> str:
         """What scores the next batch: ``onnxruntime`` or ``torch``."""
-        return ONNXRUNTIME if self.onnx is not None else TORCH
+        return ONNXRUNTIME if self.ort.session is not None else TORCH
 
     def compile(self) -> None:
         """(Re)build the ONNX Runtime session from the model's current weights, when ORT is the runtime.
 
         Call it after changing the weights in place (the session holds a copy of them).
         """
-        self.onnx = None
-        self._failing = 0
-        if self.requested_runtime != ONNXRUNTIME or self.device.type != "cpu":
-            return
-        try:
-            self.onnx = OnnxRanker.export(self.model, threads=torch.get_num_threads())
-        except Exception as exc:  # any exporter or session error: torch still scores
-            self.onnx_failures += 1
-            logger.warning(
-                "ranking model: no ONNX Runtime session (%s: %s); scoring with torch", type(exc).__name__, exc
-            )
+        wanted = self.requested_runtime == ONNXRUNTIME and self.device.type == "cpu"
+        self.ort.build(lambda: OnnxRanker.export(self.model, threads=torch.get_num_threads()), wanted)
 
     def score_batch(
         self, jobs: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]
@@ -324,38 +317,13 @@ class NeuralScorer:
         sizes = [len(items) for _, items in jobs]
         items = np.concatenate([items for _, items in jobs]).astype(np.float32, copy=False)
         index = np.repeat(np.arange(len(jobs), dtype=np.int64), sizes)
-        scores = self._onnx_scores(users, items, index) if self.onnx is not None else None
+        scores = self.ort.call(lambda session: session.scores(users, items, index))
         if scores is None:
             scores = self._torch_scores(users, items, index)
         if not np.isfinite(scores).all():
             msg = f"the ranking model produced {int((~np.isfinite(scores)).sum())} non-finite scores"
             raise FloatingPointError(msg)
         return np.split(scores, np.cumsum(sizes)[:-1])
-
-    def _onnx_scores(
-        self, users: npt.NDArray[np.float32], items: npt.NDArray[np.float32], index: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.float32] | None:
-        session = self.onnx
-        if session is None:
-            return None
-        try:
-            scores = session.scores(users, items, index)
-        except Exception as exc:  # rescored by torch below; dropped after repeated failures
-            self.onnx_failures += 1
-            self._failing += 1
-            logger.warning(
-                "ranking model: ONNX Runtime failed (%s: %s); this batch scored by torch",
-                type(exc).__name__,
-                exc,
-            )
-            if self._failing >= ONNX_FAILURES_TO_DROP:
-                logger.error(
-                    "ranking model: ONNX Runtime failed %d times in a row; staying on torch", self._failing
-                )
-                self.onnx = None
-            return None
-        self._failing = 0
-        return scores
 
     def _torch_scores(
         self, users: npt.NDArray[np.float32], items: npt.NDArray[np.float32], index: npt.NDArray[np.int64]

@@ -19,8 +19,10 @@ apache-beam refuse).
 from __future__ import annotations
 
 import io
+import logging
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +34,66 @@ if TYPE_CHECKING:  # model.py imports this module
 
 INPUTS = ("users", "items", "index")
 OPSET = 17
+ONNX_FAILURES_TO_DROP = 3
+"""After this many failed ONNX Runtime calls in a row, torch runs the module from then on."""
+
+log = logging.getLogger(__name__)
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+class OnnxFallback(Generic[S]):
+    """An ONNX Runtime session with torch behind it: what runs the module, and what a failure costs.
+
+    The ranker (:class:`~headwater.serving.model.NeuralScorer`) and the retrieval user tower
+    (:class:`~headwater.serving.retrieval.retriever.TwoTowerRetriever`) keep one each. A failed export
+    or call is logged and counted in :attr:`failures` (``/health`` shows it) and the caller runs torch,
+    so a failure is never an error answer; after :data:`ONNX_FAILURES_TO_DROP` failed calls in a row the
+    session is dropped and torch runs from then on.
+    """
+
+    def __init__(self, what: str, torch_does: str) -> None:
+        """Name the module (``what``) and what torch does instead (``torch_does``) for the log."""
+        self.what = what
+        self.torch_does = torch_does
+        self.session: S | None = None
+        self.failures = 0
+        self._failing = 0
+
+    def build(self, export: Callable[[], S], wanted: bool) -> None:
+        """Drop the session, then export a new one when ``wanted`` (ONNX Runtime asked for, on a CPU)."""
+        self.session = None
+        self._failing = 0
+        if not wanted:
+            return
+        try:
+            self.session = export()
+        except Exception as exc:  # any exporter or session error: torch runs the module
+            self.failures += 1
+            log.warning("%s: no ONNX Runtime session (%s: %s); %s", self.what, type(exc).__name__, exc,
+                        self.torch_does)  # fmt: skip
+
+    def call(self, run: Callable[[S], T]) -> T | None:
+        """Return ``run(session)``, or None when torch must run it (no session, or this call failed)."""
+        session = self.session
+        if session is None:
+            return None
+        try:
+            out = run(session)
+        except Exception as exc:  # the caller runs torch; dropped after repeated failures
+            self.failures += 1
+            self._failing += 1
+            log.warning(
+                "%s: ONNX Runtime failed (%s: %s); %s", self.what, type(exc).__name__, exc, self.torch_does
+            )
+            if self._failing >= ONNX_FAILURES_TO_DROP:
+                log.error(
+                    "%s: ONNX Runtime failed %d times in a row; staying on torch", self.what, self._failing
+                )
+                self.session = None
+            return None
+        self._failing = 0
+        return out
 
 
 class _Scores(nn.Module):

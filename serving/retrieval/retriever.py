@@ -8,7 +8,6 @@ tower and searches the item index kept fresh by :class:`~headwater.serving.retri
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection
 from typing import Protocol
 
@@ -17,13 +16,9 @@ import numpy.typing as npt
 import torch
 
 from headwater.serving.accel import ONNXRUNTIME, TORCH, ranker_runtime
-from headwater.serving.onnx_scorer import OnnxTower
+from headwater.serving.onnx_scorer import OnnxFallback, OnnxTower
 from headwater.serving.retrieval.index import ItemIndexLike
 from headwater.serving.retrieval.towers import TwoTowerModel
-
-log = logging.getLogger(__name__)
-ONNX_FAILURES_TO_DROP = 3
-"""Failed ORT calls in a row after which the user tower stays on torch (as the DCN's scorer does)."""
 
 
 class Retriever(Protocol):
@@ -59,51 +54,34 @@ class TwoTowerRetriever:
         self.user_columns = user_columns
         self.device = next(model.parameters()).device
         self.requested_runtime = runtime or ranker_runtime(str(self.device))
-        self.onnx: OnnxTower | None = None
-        self.onnx_failures = 0
-        self._failing = 0
+        self.ort: OnnxFallback[OnnxTower] = OnnxFallback("user tower", "embedding with torch")
         self.compile()
+
+    @property
+    def onnx(self) -> OnnxTower | None:
+        """The ONNX Runtime session of the user tower, or None while torch embeds."""
+        return self.ort.session
+
+    @property
+    def onnx_failures(self) -> int:
+        """Failed ONNX Runtime exports and calls (each embedded by torch instead)."""
+        return self.ort.failures
 
     @property
     def runtime(self) -> str:
         """What embeds the next user: ``onnxruntime`` or ``torch``."""
-        return ONNXRUNTIME if self.onnx is not None else TORCH
+        return ONNXRUNTIME if self.ort.session is not None else TORCH
 
     def compile(self) -> None:
         """(Re)build the ONNX Runtime session of the user tower from its current weights, when ORT runs it."""
-        self.onnx = None
-        self._failing = 0
-        if self.requested_runtime != ONNXRUNTIME or self.device.type != "cpu":
-            return
-        try:
-            self.onnx = OnnxTower.export(self.model.user_tower, self.model.user_dim, torch.get_num_threads())
-        except Exception as exc:  # any export or session failure: torch embeds
-            self.onnx_failures += 1
-            log.warning(
-                "user tower: no ONNX Runtime session (%s: %s); embedding with torch", type(exc).__name__, exc
-            )
+        wanted = self.requested_runtime == ONNXRUNTIME and self.device.type == "cpu"
+        tower, dim = self.model.user_tower, self.model.user_dim
+        self.ort.build(lambda: OnnxTower.export(tower, dim, torch.get_num_threads()), wanted)
 
     def embed_user(self, user: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Unit-norm embeddings of raw user vectors (n, user_dim) in the model's column order."""
-        session = self.onnx
-        if session is not None:
-            try:
-                out = session.embed(user)
-            except Exception as exc:  # a failed call is embedded by torch, never an error answer
-                self.onnx_failures += 1
-                self._failing += 1
-                log.warning(
-                    "user tower: ONNX Runtime failed (%s: %s); embedded by torch", type(exc).__name__, exc
-                )
-                if self._failing >= ONNX_FAILURES_TO_DROP:
-                    log.error(
-                        "user tower: ONNX Runtime failed %d times in a row; staying on torch", self._failing
-                    )
-                    self.onnx = None
-            else:
-                self._failing = 0
-                return out
-        return self.model.embed_users(user)
+        out = self.ort.call(lambda session: session.embed(user))
+        return self.model.embed_users(user) if out is None else out
 
     def retrieve(
         self, user_vector: npt.NDArray[np.float32], n: int, exclude: Collection[str] = ()

@@ -23,8 +23,8 @@ from headwater.serving import accel
 from headwater.serving.accel import ONNXRUNTIME, TORCH, plan_for, ranker_runtime
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
-from headwater.serving.model import ONNX_FAILURES_TO_DROP, DCNRanker, NeuralScorer
-from headwater.serving.onnx_scorer import OnnxRanker
+from headwater.serving.model import DCNRanker, NeuralScorer
+from headwater.serving.onnx_scorer import ONNX_FAILURES_TO_DROP, OnnxRanker
 from headwater.serving.runtime import LoadedModels
 
 from .four_items import ITEMS, REGISTRY, four_item_store
