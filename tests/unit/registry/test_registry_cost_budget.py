@@ -37,6 +37,12 @@ def test_estimate_follows_the_formula(repo: ScratchRepo) -> None:
         + sel * (cal.per_agg("agg_us", "count") + cal.scalar("pane_us") * (panes - 1))
     )
     expected = 2000 * SECONDS_PER_DAY * us / 1e6 / 3600 + cal.scalar("fixed_cores") * 24
+    # each boundary writes the entities an event touched since the last one (at most the declared ones)
+    slide = TIERS["realtime"].default_slide_s
+    result = repo.check()
+    entities = result.budget.entities.get("user") if result.budget else None
+    per_boundary = 2000 * slide if entities is None else min(entities, 2000 * slide)
+    expected += per_boundary * SECONDS_PER_DAY / slide * cal.scalar("publish_us") / 1e6 / 3600
     # alone in its job: all of the job's and the group's fixed cost is the view's
     job = (
         cal.scalar("job_fixed_cores")
