@@ -25,8 +25,8 @@ import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
-from headwater.serving.accel import ONNXRUNTIME, TORCH, precision, ranker_runtime
-from headwater.serving.onnx_scorer import OnnxFallback, OnnxRanker
+from headwater.serving.accel import precision, ranker_runtime
+from headwater.serving.onnx_scorer import OnnxBacked, OnnxRanker
 
 CLAMP = 8.0
 """Standardised inputs are clamped to +-CLAMP so one outlier cannot dominate a score."""
@@ -270,7 +270,7 @@ def linear_logits(state: dict[str, Tensor], users: Tensor, items: Tensor) -> Ten
     return users @ state["w_user"] + items @ state["w_item"] + cross + state["bias"]
 
 
-class NeuralScorer:
+class NeuralScorer(OnnxBacked[OnnxRanker]):
     """Runs a :class:`DCNRanker` for batches of (user vector, item matrix) jobs.
 
     On the CPU the forward runs on ONNX Runtime when it is installed (exported at construction from
@@ -279,35 +279,21 @@ class NeuralScorer:
     is logged and counted in ``onnx_failures`` and the job is scored by torch: never an error answer.
     """
 
+    onnx_module = "ranking model"
+    onnx_torch_does = "scoring with torch"
+
     def __init__(self, model: DCNRanker, device: str, runtime: str | None = None) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.requested_runtime = runtime or ranker_runtime(str(self.device))
-        self.ort: OnnxFallback[OnnxRanker] = OnnxFallback("ranking model", "scoring with torch")
+        self._onnx_init(runtime or ranker_runtime(str(self.device)))
         self.compile()
-
-    @property
-    def onnx(self) -> OnnxRanker | None:
-        """The ONNX Runtime session, or None while torch scores."""
-        return self.ort.session
-
-    @property
-    def onnx_failures(self) -> int:
-        """Failed ONNX Runtime exports and calls (each scored by torch instead)."""
-        return self.ort.failures
-
-    @property
-    def runtime(self) -> str:
-        """What scores the next batch: ``onnxruntime`` or ``torch``."""
-        return ONNXRUNTIME if self.ort.session is not None else TORCH
 
     def compile(self) -> None:
         """(Re)build the ONNX Runtime session from the model's current weights, when ORT is the runtime.
 
         Call it after changing the weights in place (the session holds a copy of them).
         """
-        wanted = self.requested_runtime == ONNXRUNTIME and self.device.type == "cpu"
-        self.ort.build(lambda: OnnxRanker.export(self.model, threads=torch.get_num_threads()), wanted)
+        self._onnx_build(lambda: OnnxRanker.export(self.model, threads=torch.get_num_threads()))
 
     def score_batch(
         self, jobs: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]
@@ -317,7 +303,7 @@ class NeuralScorer:
         sizes = [len(items) for _, items in jobs]
         items = np.concatenate([items for _, items in jobs]).astype(np.float32, copy=False)
         index = np.repeat(np.arange(len(jobs), dtype=np.int64), sizes)
-        scores = self.ort.call(lambda session: session.scores(users, items, index))
+        scores = self._onnx_call(lambda session: session.scores(users, items, index))
         if scores is None:
             scores = self._torch_scores(users, items, index)
         if not np.isfinite(scores).all():

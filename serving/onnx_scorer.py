@@ -22,12 +22,14 @@ import io
 import logging
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor, nn
+
+from headwater.serving.accel import ONNXRUNTIME, TORCH
 
 if TYPE_CHECKING:  # model.py imports this module
     from headwater.serving.model import DCNRanker
@@ -42,57 +44,66 @@ S = TypeVar("S")
 T = TypeVar("T")
 
 
-class OnnxFallback(Generic[S]):
-    """An ONNX Runtime session with torch behind it: what runs the module, and what a failure costs.
+class OnnxBacked(Generic[S]):
+    """A module run by ONNX Runtime on the CPU, with torch behind it: what runs it, what a failure costs.
 
     The ranker (:class:`~headwater.serving.model.NeuralScorer`) and the retrieval user tower
-    (:class:`~headwater.serving.retrieval.retriever.TwoTowerRetriever`) keep one each. A failed export
-    or call is logged and counted in :attr:`failures` (``/health`` shows it) and the caller runs torch,
-    so a failure is never an error answer; after :data:`ONNX_FAILURES_TO_DROP` failed calls in a row the
-    session is dropped and torch runs from then on.
+    (:class:`~headwater.serving.retrieval.retriever.TwoTowerRetriever`) are both. ORT runs the module
+    when it is the requested runtime (``HEADWATER_RANKER_RUNTIME``,
+    :func:`~headwater.serving.accel.ranker_runtime`) and the device is a CPU; torch on CUDA. A failed
+    export or call is logged and counted in ``onnx_failures`` (``/health`` shows it) and torch runs
+    instead, so a failure is never an error answer; after :data:`ONNX_FAILURES_TO_DROP` failed calls
+    in a row the session is dropped and torch runs from then on.
     """
 
-    def __init__(self, what: str, torch_does: str) -> None:
-        """Name the module (``what``) and what torch does instead (``torch_does``) for the log."""
-        self.what = what
-        self.torch_does = torch_does
-        self.session: S | None = None
-        self.failures = 0
-        self._failing = 0
+    onnx_module: ClassVar[str]
+    """The module's name in the log."""
+    onnx_torch_does: ClassVar[str]
+    """What torch does instead, for the log."""
+    device: torch.device
 
-    def build(self, export: Callable[[], S], wanted: bool) -> None:
-        """Drop the session, then export a new one when ``wanted`` (ONNX Runtime asked for, on a CPU)."""
-        self.session = None
-        self._failing = 0
-        if not wanted:
+    def _onnx_init(self, requested_runtime: str) -> None:
+        self.requested_runtime = requested_runtime
+        self.onnx: S | None = None
+        self.onnx_failures = 0
+        self._onnx_failing = 0
+
+    @property
+    def runtime(self) -> str:
+        """What runs the next call: ``onnxruntime`` or ``torch``."""
+        return ONNXRUNTIME if self.onnx is not None else TORCH
+
+    def _onnx_build(self, export: Callable[[], S]) -> None:
+        """Drop the session, then export a new one when ORT is the runtime (requested, on a CPU)."""
+        self.onnx = None
+        self._onnx_failing = 0
+        if self.requested_runtime != ONNXRUNTIME or self.device.type != "cpu":
             return
         try:
-            self.session = export()
+            self.onnx = export()
         except Exception as exc:  # any exporter or session error: torch runs the module
-            self.failures += 1
-            log.warning("%s: no ONNX Runtime session (%s: %s); %s", self.what, type(exc).__name__, exc,
-                        self.torch_does)  # fmt: skip
+            self.onnx_failures += 1
+            log.warning("%s: no ONNX Runtime session (%s: %s); %s", self.onnx_module, type(exc).__name__, exc,
+                        self.onnx_torch_does)  # fmt: skip
 
-    def call(self, run: Callable[[S], T]) -> T | None:
+    def _onnx_call(self, run: Callable[[S], T]) -> T | None:
         """Return ``run(session)``, or None when torch must run it (no session, or this call failed)."""
-        session = self.session
+        session = self.onnx
         if session is None:
             return None
         try:
             out = run(session)
         except Exception as exc:  # the caller runs torch; dropped after repeated failures
-            self.failures += 1
-            self._failing += 1
-            log.warning(
-                "%s: ONNX Runtime failed (%s: %s); %s", self.what, type(exc).__name__, exc, self.torch_does
-            )
-            if self._failing >= ONNX_FAILURES_TO_DROP:
-                log.error(
-                    "%s: ONNX Runtime failed %d times in a row; staying on torch", self.what, self._failing
-                )
-                self.session = None
+            self.onnx_failures += 1
+            self._onnx_failing += 1
+            log.warning("%s: ONNX Runtime failed (%s: %s); %s", self.onnx_module, type(exc).__name__, exc,
+                        self.onnx_torch_does)  # fmt: skip
+            if self._onnx_failing >= ONNX_FAILURES_TO_DROP:
+                log.error("%s: ONNX Runtime failed %d times in a row; staying on torch", self.onnx_module,
+                          self._onnx_failing)  # fmt: skip
+                self.onnx = None
             return None
-        self._failing = 0
+        self._onnx_failing = 0
         return out
 
 

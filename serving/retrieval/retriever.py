@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from headwater.serving.accel import ONNXRUNTIME, TORCH, ranker_runtime
-from headwater.serving.onnx_scorer import OnnxFallback, OnnxTower
+from headwater.serving.accel import ranker_runtime
+from headwater.serving.onnx_scorer import OnnxBacked, OnnxTower
 from headwater.serving.retrieval.index import ItemIndexLike
 from headwater.serving.retrieval.towers import TwoTowerModel
 
@@ -31,7 +31,7 @@ class Retriever(Protocol):
         ...
 
 
-class TwoTowerRetriever:
+class TwoTowerRetriever(OnnxBacked[OnnxTower]):
     """User tower, then a maximum-inner-product search of the item index.
 
     On the CPU the user tower runs on ONNX Runtime when it is installed (exported from the loaded
@@ -40,6 +40,9 @@ class TwoTowerRetriever:
     ``HEADWATER_RANKER_RUNTIME=torch`` sets both models). A failed export or ORT call is logged and
     counted in ``onnx_failures`` and torch embeds the user; after 3 failed calls in a row it stays on torch.
     """
+
+    onnx_module = "user tower"
+    onnx_torch_does = "embedding with torch"
 
     def __init__(
         self,
@@ -53,34 +56,17 @@ class TwoTowerRetriever:
         self.index = index
         self.user_columns = user_columns
         self.device = next(model.parameters()).device
-        self.requested_runtime = runtime or ranker_runtime(str(self.device))
-        self.ort: OnnxFallback[OnnxTower] = OnnxFallback("user tower", "embedding with torch")
+        self._onnx_init(runtime or ranker_runtime(str(self.device)))
         self.compile()
-
-    @property
-    def onnx(self) -> OnnxTower | None:
-        """The ONNX Runtime session of the user tower, or None while torch embeds."""
-        return self.ort.session
-
-    @property
-    def onnx_failures(self) -> int:
-        """Failed ONNX Runtime exports and calls (each embedded by torch instead)."""
-        return self.ort.failures
-
-    @property
-    def runtime(self) -> str:
-        """What embeds the next user: ``onnxruntime`` or ``torch``."""
-        return ONNXRUNTIME if self.ort.session is not None else TORCH
 
     def compile(self) -> None:
         """(Re)build the ONNX Runtime session of the user tower from its current weights, when ORT runs it."""
-        wanted = self.requested_runtime == ONNXRUNTIME and self.device.type == "cpu"
         tower, dim = self.model.user_tower, self.model.user_dim
-        self.ort.build(lambda: OnnxTower.export(tower, dim, torch.get_num_threads()), wanted)
+        self._onnx_build(lambda: OnnxTower.export(tower, dim, torch.get_num_threads()))
 
     def embed_user(self, user: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Unit-norm embeddings of raw user vectors (n, user_dim) in the model's column order."""
-        out = self.ort.call(lambda session: session.embed(user))
+        out = self._onnx_call(lambda session: session.embed(user))
         return self.model.embed_users(user) if out is None else out
 
     def retrieve(
