@@ -66,6 +66,10 @@ class RecentItems(Protocol):
         """Return each item's category, None where the catalog has none (blocking)."""
         ...
 
+    def cached_categories(self, ids: Sequence[str]) -> list[str | None] | None:
+        """Return each item's category from an in-process copy (no I/O), or None: call :meth:`categories`."""
+        ...
+
     def served(self, user_id: str, items: Sequence[str], at_ms: int) -> None:
         """Remember that ``items`` were shown to ``user_id`` (never blocks)."""
         ...
@@ -269,6 +273,10 @@ class MemoryRecentItems:
     def categories(self, ids: Sequence[str]) -> list[str | None]:
         """Each item's category."""
         return [self.category.get(i) for i in ids]
+
+    def cached_categories(self, ids: Sequence[str]) -> list[str | None] | None:
+        """None: the funnel calls :meth:`categories` (off the loop, as it does a store)."""
+        return None
 
     def served(self, user_id: str, items: Sequence[str], at_ms: int) -> None:
         """Remember the impressions."""

@@ -320,8 +320,7 @@ class Funnel:
         pins = cfg.pins
         wanted = order + [p for p in pins if p not in scores]
         try:
-            known = getattr(self.recent, "cached_categories", None)  # on the loop, no I/O when cached
-            cats: list[str | None] | None = known(wanted) if known is not None else None
+            cats = self.recent.cached_categories(wanted)  # on the loop: no I/O
             if cats is None:
                 cats = await self._call(self.recent.categories, wanted)
         except Exception as exc:
