@@ -384,7 +384,16 @@ def main() -> None:
         "--nl-views", default="", help="--nl-state: only these example views, no shapes, constants kept"
     )
     ap.add_argument("--nl-state-refit", action="store_true", help="re-estimate the last --nl-state rows")
+    ap.add_argument(
+        "--nl-cpu-views",
+        default="",
+        help="nearline: re-measure only these example views' CPU (comma-separated), the constants kept",
+    )
     args = ap.parse_args()
+    if args.nl_cpu_views:
+        command = "python bench/bench_calibrate.py " + " ".join(sys.argv[1:])
+        nearline_cpu_views(args, command, [v for v in args.nl_cpu_views.split(",") if v])
+        return
     if args.nl_state_refit:
         nearline_state_refit(not args.no_write, args.events, args.sim_rate)
         return
@@ -802,13 +811,27 @@ def result_shapes(tmp: Path, shapes: dict[str, str]) -> dict[str, dict[str, int]
 
 
 def check_examples(
-    stream: Stream, tmp: Path, idle: dict[str, Any], cal: Any, args: argparse.Namespace, ref: Reference
+    stream: Stream,
+    tmp: Path,
+    idle: dict[str, Any],
+    cal: Any,
+    args: argparse.Namespace,
+    ref: Reference,
+    only: list[str] | None = None,
+    quiet_us: float | None = None,
 ) -> dict[str, Any]:
-    """Each example nearline view alone, at the declared rate and the second rate: estimate vs measured."""
+    """Each example nearline view alone, at the declared rate and the second rate: estimate vs measured.
+
+    ``only``: these views (default: every nearline example). ``quiet_us``: the reference's quiet CPU
+    per record the figures are scaled to (default: the least this calibration's reference has seen;
+    a re-measure passes the figure the file's constants were fitted at).
+    """
     example = check_repo(FEATURES)
     out: dict[str, Any] = {}
     tier = TIERS["nearline"]
     for view in sorted((v for v in example.views if v.tier == "nearline"), key=lambda v: v.name):
+        if only is not None and view.name not in only:
+            continue
         source = example.sources[view.source]
         text = Path(ROOT / view.file).read_text(encoding="utf-8")
         rates: list[tuple[str, float]] = (
@@ -829,7 +852,8 @@ def check_examples(
             run = measure(
                 stream, plan, "payments" if view.source == "payments" else key, view.name, idle, ref
             )
-            measured = run["ratio"] * ref.quiet_us  # the quiet figure as of the calibration's constants
+            # the quiet figure as of the calibration's constants
+            measured = run["ratio"] * (quiet_us if quiet_us is not None else ref.quiet_us)
             run["state_bytes"] = run["state_net"]
             rekeyed = view.join_key != source.spec.key
             est = estimate_view(view.features, stream_rate, tier, rekeyed, None, cal)
@@ -849,6 +873,7 @@ def check_examples(
                 "redis_bytes": run["redis_bytes"], "redis_keys": run["redis_keys"],
                 "online_estimate": round(fp.online_bytes * run["redis_keys"] / max(1, fp.entities)),
                 "entities": run["entities"], "load_1m": run["load_1m"],
+                "raw_us": run["raw_us"], "ref_us": run["ref_us"], "ratio": round(run["ratio"], 4),
             })  # fmt: skip
             r = row["rates"][-1]
             r["online_error"] = (
@@ -857,6 +882,59 @@ def check_examples(
             print(f"  {view.name} @ {stream_rate:g}/s: {r}")
         out[view.name] = row
     return out
+
+
+def nearline_cpu_views(args: argparse.Namespace, command: str, views: list[str]) -> None:
+    """Re-measure the CPU of some example nearline views alone; their rows replace the last ones.
+
+    The same stream, idle runs and reference pairing as the full calibration (``--tiers nearline``),
+    without the shapes: the constants (``registry/calibration/nearline.json``) are kept. Each view's
+    figure is its ratio to the reference run just before it, times the reference's quiet CPU per
+    record that the constants were fitted at (``shapes.cal_base`` of the last calibration), so the
+    rows compare with the estimate on one scale; ``raw_us`` and the reference runs of this re-measure
+    are kept beside them. The rows replaced and the new ones go to ``cpu_remeasures`` with this
+    command; ``--no-write`` records them there but leaves the accuracy rows as they were.
+    """
+    out = ROOT / "bench/results/bench_calibrate.json"
+    doc = json.loads(out.read_text())
+    section = doc["tiers"]["nearline"]
+    example = {v.name for v in check_repo(FEATURES).views if v.tier == "nearline"}
+    unknown = sorted(set(views) - example)
+    if unknown:
+        raise SystemExit(f"--nl-cpu-views: {unknown} are not nearline example views ({sorted(example)})")
+    scale = float(section["shapes"]["cal_base"]["us_per_record"])
+    settings = Settings.from_env()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cal-nlcpu-"))
+    started, load0 = time.monotonic(), os.getloadavg()
+    stream = Stream(settings, tmp, args.events, (args.sim_rate, args.second_rate))
+    print(f"stream: {stream.records} records; produced in {time.monotonic() - started:.0f} s", flush=True)
+    try:
+        base = shape_views()["cal_base"]
+        empty = {"events": stream.topics["empty"], "payments": stream.topics["empty"]}
+        plan0, _ = plan_of(make_repo(tmp, {"cal_base": base}), empty)
+        idle = min((run_worker(stream, plan0, "empty", None) for _ in range(2)), key=lambda r: r["cpu_s"])
+        topics = {"events": stream.topics["events"], "payments": stream.topics["empty"]}
+        ref = Reference(stream, plan_of(make_repo(tmp, {"cal_base": base}), topics)[0], idle)
+        path = calibration_path("nearline")
+        cal = parse_calibration("nearline", json.loads(path.read_text(encoding="utf-8")), path)
+        got = check_examples(stream, tmp, idle, cal, args, ref, only=views, quiet_us=scale)
+    finally:
+        stream.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+    section.setdefault("cpu_remeasures", []).append({
+        "command": command, "views": views, "adopted": not args.no_write, "rows": got,
+        "replaced": {v: section["accuracy"].get(v) for v in views},
+        "scale_us": scale, "reference_us": [round(x, 2) for x in ref.seen], "idle_cpu_s": idle["cpu_s"],
+        "load_average_start": [round(x, 2) for x in load0],
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "seconds": round(time.monotonic() - started),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
+    if not args.no_write:  # the rows replace the last ones (kept in cpu_remeasures beside the new)
+        section["accuracy"].update(got)
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print(f"reference cal_base this run: {[round(x, 1) for x in ref.seen]} us/record; scale {scale} us")
+    print_table(got)
 
 
 def nearline_stream(events: int, rate: float) -> dict[str, list[dict[str, Any]]]:
