@@ -256,6 +256,20 @@ def _too_many(exc: Throttled | QueueFullError) -> Response:
     )
 
 
+def runtimes(loaded: LoadedModels, funnel: FunnelParts | None) -> dict[str, str | None]:
+    """Return what runs the DCN and the user tower (``onnxruntime``/``torch``) and searches the index.
+
+    The start-up line of ``headwater serve`` and ``/health`` both show these, from here.
+    """
+    retriever = funnel.retriever if funnel is not None else None
+    runtime = funnel.runtime if funnel is not None else None
+    return {
+        "ranker_runtime": getattr(loaded.neural, "runtime", None),
+        "retrieval_runtime": getattr(retriever, "runtime", None),
+        "retrieval_index": runtime.index.library if runtime is not None else None,
+    }
+
+
 def create_app(
     config: ServingConfig,
     registry: BoundRegistry,
@@ -612,14 +626,13 @@ def create_app(
             registry_version=registry.registry_version,
             view_versions_changed=list(loaded.binding.changed_views),
             device=loaded.device,
-            ranker_runtime=getattr(loaded.neural, "runtime", None),
             ranker_runtime_failures=int(getattr(loaded.neural, "onnx_failures", 0)),
             gpu_memory_used_percent=gpu_memory_used_percent(loaded.device),
             inference_latency_p99_ms=telemetry.inference_p99_ms(),
             feedback=_feedback_stats(feedback),
-            retrieval_runtime=getattr(retriever, "runtime", None),
             retrieval_runtime_failures=int(getattr(retriever, "onnx_failures", 0)),
             item_mirror=_mirror_stats(mirror, registry),
+            **runtimes(loaded, funnel),
         )
 
     @app.get("/metrics", response_class=Response)

@@ -143,7 +143,7 @@ def serve(
 
     from headwater.pipelines.freshness.metrics import FreshnessCollector
     from headwater.pipelines.settings import Settings
-    from headwater.serving.app import create_app
+    from headwater.serving.app import create_app, runtimes
     from headwater.serving.config import load_config
     from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
     from headwater.serving.registry import RegistryBindingError, load_registry
@@ -177,16 +177,6 @@ def serve(
         feedback = FeedbackProducer(
             topic, connect, config.feedback.max_buffer_events, config.feedback.reconnect_s
         )
-    versions = loaded.models()
-    click.echo(
-        f"serving on http://{host}:{port} device={loaded.device} torch_threads={threads}"
-        f" batch_rows={config.batcher.rows_for(loaded.device)} switch_interval_ms={switch_ms:g}"
-        f" registry={registry.registry_version} user_slots={registry.user.dim} item_slots={registry.item.dim}"
-        f" model={versions.neural_version} linear={versions.linear_version}"
-        f" feedback={feedback.topic if feedback else 'off'}"
-        f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
-        f" admission={'on' if config.admission.enabled else 'off'}"
-    )
     predictions = None
     if config.predictions.enabled:
         from headwater.serving.skew import PredictionLog, kafka_connect
@@ -198,6 +188,17 @@ def serve(
     from headwater.serving.funnel.build import build_funnel
 
     funnel = build_funnel(config.funnel, registry, reader.store, model_path, loaded, not no_retrieval)
+    versions = loaded.models()
+    click.echo(
+        f"serving on http://{host}:{port} device={loaded.device} torch_threads={threads}"
+        f" batch_rows={config.batcher.rows_for(loaded.device)} switch_interval_ms={switch_ms:g}"
+        f" registry={registry.registry_version} user_slots={registry.user.dim} item_slots={registry.item.dim}"
+        f" model={versions.neural_version} linear={versions.linear_version}"
+        f" feedback={feedback.topic if feedback else 'off'}"
+        f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
+        f" admission={'on' if config.admission.enabled else 'off'}"
+        + "".join(f" {name}={value or 'none'}" for name, value in runtimes(loaded, funnel).items())
+    )
     app = create_app(
         config,
         registry,

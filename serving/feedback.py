@@ -79,6 +79,10 @@ class EventSink(Protocol):
         """Queue one record; return a future with ``add_callback``/``add_errback``."""
         ...
 
+    def poll(self) -> None:
+        """Run the delivery callbacks of what was acknowledged since the last call (without waiting)."""
+        ...
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait for queued records to be delivered."""
         ...
@@ -212,7 +216,7 @@ def python_kafka_sink_factory(bootstrap: str, linger_ms: int) -> SinkFactory:
     def connect() -> EventSink:
         from kafka import KafkaProducer
 
-        producer: EventSink = KafkaProducer(
+        producer = KafkaProducer(
             bootstrap_servers=bootstrap,
             client_id="headwater-serving-feedback",
             acks=1,
@@ -226,9 +230,31 @@ def python_kafka_sink_factory(bootstrap: str, linger_ms: int) -> SinkFactory:
             allow_auto_create_topics=False,
             metrics_enabled=False,
         )
-        return producer
+        return PythonKafkaSink(producer)
 
     return connect
+
+
+class PythonKafkaSink:
+    """An :class:`EventSink` over kafka-python's ``KafkaProducer`` (its callbacks run on its own thread)."""
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+
+    def send(self, topic: str, *, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
+        """Queue one record; the future has ``add_callback``/``add_errback``."""
+        return self._producer.send(topic, value=value, key=key, headers=headers)
+
+    def poll(self) -> None:
+        """Nothing to do: kafka-python's I/O thread runs the delivery callbacks."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait (at most ``timeout`` s) for every queued record to be acknowledged."""
+        self._producer.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush what is left and close the connections."""
+        self._producer.close(timeout)
 
 
 @dataclass
@@ -318,9 +344,7 @@ class FeedbackProducer:
             batch = self._take(512)
             for event in batch:
                 self._send(sink, codec, event)
-            poll = getattr(sink, "poll", None)
-            if poll is not None:
-                poll()
+            sink.poll()
         if self._sink is not None:
             from kafka.errors import KafkaError
 

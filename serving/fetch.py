@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +32,7 @@ import numpy.typing as npt
 from headwater.pipelines.store import ViewLayout
 from headwater.serving.item_mirror import ItemMirror, MirrorLookup
 from headwater.serving.registry import BoundRegistry, SideViews
+from headwater.serving.slots import SlotMap
 from headwater.serving.store import FeatureReader, FeatureReadError, ViewRows, now_ms
 
 
@@ -122,26 +122,22 @@ class ItemVectorCache:
         self.ttl_s = ttl_s
         self.dim = dim
         self._clock = clock
-        self._slot: dict[str, int] = {}
-        self._ids: list[str | None] = []
+        self._slots = SlotMap()
         self._values = np.empty((0, dim), dtype=np.float32)
         self._event_ms = np.empty(0, dtype=np.int64)
         self._expires = np.empty(0, dtype=np.float64)
         self._used = np.empty(0, dtype=np.float64)
-        self._free: list[int] = []
         self.version: str | None = None
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._slot)
+        return len(self._slots)
 
     def use_version(self, version: str) -> None:
         """Empty the cache when the registry version of the item view changes."""
         if version != self.version:
-            self._slot.clear()
-            self._ids = []
-            self._free = []
+            self._slots.clear()
             self._values = np.empty((0, self.dim), dtype=np.float32)
             self._event_ms = np.empty(0, dtype=np.int64)
             self._expires = np.empty(0, dtype=np.float64)
@@ -151,7 +147,7 @@ class ItemVectorCache:
     def lookup(self, ids: Sequence[str], version: str) -> CacheLookup:
         """Find ``ids``: a hit is a cached, unexpired row of ``version``."""
         self.use_version(version)
-        slots = np.fromiter(map(self._slot.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+        slots = self._slots.find(ids)
         hit = slots >= 0
         if hit.any():
             now = self._clock()
@@ -180,7 +176,7 @@ class ItemVectorCache:
                 rows[-self.max_entries :],
                 event_ms[-self.max_entries :],
             )
-        slots = np.fromiter(map(self._slot.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+        slots = self._slots.find(ids)
         new = np.flatnonzero(slots < 0)
         if len(new):
             slots[new] = self._allocate([ids[j] for j in new.tolist()])
@@ -192,44 +188,33 @@ class ItemVectorCache:
 
     def _allocate(self, new_ids: list[str]) -> npt.NDArray[np.intp]:
         """Give each of ``new_ids`` (not cached yet) a row: free rows, new rows, then evicted rows."""
-        need = len(new_ids) - len(self._free)
+        need = len(new_ids) - len(self._slots.free)
         if need > 0:
-            self._grow(min(need, self.max_entries - len(self._ids)))
-        need = len(new_ids) - len(self._free)
+            self._grow(min(need, self.max_entries - self._slots.capacity))
+        need = len(new_ids) - len(self._slots.free)
         if need > 0:
             self._evict(max(need, self.max_entries // 8))
-        taken = self._free[-len(new_ids) :]
-        del self._free[-len(new_ids) :]
-        for slot, item_id in zip(taken, new_ids, strict=True):
-            self._ids[slot] = item_id
-        self._slot.update(zip(new_ids, taken, strict=True))
-        return np.asarray(taken, dtype=np.intp)
+        return self._slots.take(new_ids)
 
     def _grow(self, extra: int) -> None:
         if extra <= 0:
             return
-        size = len(self._ids)
+        size = self._slots.capacity
         target = min(self.max_entries, max(size + extra, 2 * size, 1024))
         grow = target - size
         self._values = np.concatenate([self._values, np.empty((grow, self.dim), dtype=np.float32)])
         self._event_ms = np.concatenate([self._event_ms, np.zeros(grow, dtype=np.int64)])
         self._expires = np.concatenate([self._expires, np.full(grow, -np.inf)])
         self._used = np.concatenate([self._used, np.full(grow, np.inf)])  # free rows are never victims
-        self._ids.extend([None] * grow)
-        self._free.extend(range(target - 1, size - 1, -1))
+        self._slots.add_rows(grow)
 
     def _evict(self, count: int) -> None:
         """Free the ``count`` least recently used rows (free rows have ``_used`` = +inf)."""
-        count = min(count, len(self._ids) - len(self._free))
+        count = min(count, self._slots.capacity - len(self._slots.free))
         if count <= 0:
             return
         victims = np.argpartition(self._used, count - 1)[:count]
-        for slot in victims.tolist():
-            item_id = self._ids[slot]
-            if item_id is not None and self._slot.get(item_id) == slot:
-                del self._slot[item_id]
-            self._ids[slot] = None
-            self._free.append(slot)
+        self._slots.release(victims.tolist())
         self._used[victims] = np.inf
         self._expires[victims] = -np.inf
 

@@ -36,12 +36,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
 
 from headwater.serving.registry import SideViews
+from headwater.serving.slots import SlotMap
 from headwater.serving.store import ViewRows, now_ms
 
 DEFAULT_SLA_SHARE = 0.1
@@ -78,9 +78,7 @@ class ItemMirror:
         self.bounds_s: tuple[float, ...] = tuple(sla_share * s for s in fresh)
         """Largest mirror age (s) at which each view is served from memory (0: always read)."""
         self._lock = threading.Lock()
-        self._row: dict[str, int] = {}
-        self._ids: list[str | None] = []
-        self._free: list[int] = []
+        self._slots = SlotMap()
         self._values = [np.empty((0, lay.dim), dtype=np.float32) for lay in side.layouts]
         self._found = [np.zeros(0, dtype=bool) for _ in side.layouts]
         self._event = [np.zeros(0, dtype=np.int64) for _ in side.layouts]
@@ -97,7 +95,7 @@ class ItemMirror:
         """Candidates read from the store in every view (unknown, or expiring)."""
 
     def __len__(self) -> int:
-        return len(self._row)
+        return len(self._slots)
 
     def age_s(self, at_ms: int | None = None) -> float:
         """Seconds since the mirror was last confirmed in step with the store (inf: never)."""
@@ -119,7 +117,7 @@ class ItemMirror:
     def changed(self, ids: Sequence[str], write_ms: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.bool_]:
         """Return which of ``ids`` are not held with these per-view write times (0 = no key in that view)."""
         with self._lock:
-            slots = np.fromiter(map(self._row.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+            slots = self._slots.find(ids)
             out = slots < 0
             held = np.flatnonzero(~out)
             for j, times in enumerate(write_ms):
@@ -136,7 +134,7 @@ class ItemMirror:
         the catalog.
         """
         with self._lock:
-            slots = np.fromiter(map(self._row.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+            slots = self._slots.find(ids)
             need = slots < 0
             held = np.flatnonzero(~need)
             at = slots[held]
@@ -165,7 +163,7 @@ class ItemMirror:
         if not len(ids):
             return
         with self._lock:
-            slots = np.fromiter(map(self._row.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+            slots = self._slots.find(ids)
             new = np.flatnonzero(slots < 0)
             if len(new):
                 slots[new] = self._allocate([ids[i] for i in new.tolist()])
@@ -182,11 +180,7 @@ class ItemMirror:
         gone = 0
         with self._lock:
             for item_id in ids:
-                slot = self._row.pop(item_id, None)
-                if slot is not None:
-                    self._ids[slot] = None
-                    self._free.append(slot)
-                    gone += 1
+                gone += self._slots.forget(item_id) is not None
             if gone:
                 self.version += 1
         return gone
@@ -199,7 +193,7 @@ class ItemMirror:
             return None
         horizon = now + self.expiry_margin_ms
         with self._lock:
-            slots = np.fromiter(map(self._row.get, ids, repeat(-1)), dtype=np.intp, count=len(ids))
+            slots = self._slots.find(ids)
             known = slots >= 0
             safe = np.where(known, slots, 0)
             out: list[ViewRows | None] = []
@@ -217,7 +211,6 @@ class ItemMirror:
 
     def _grow(self, grow: int) -> None:
         """Add ``grow`` free rows to every slab (an empty mirror has some: a look-up indexes row 0)."""
-        size = len(self._ids)
         for j, lay in enumerate(self.side.layouts):
             more = np.empty((grow, lay.dim), dtype=np.float32)
             self._values[j] = np.concatenate([self._values[j], more])
@@ -225,19 +218,13 @@ class ItemMirror:
             self._event[j] = np.concatenate([self._event[j], np.zeros(grow, dtype=np.int64)])
             self._write[j] = np.concatenate([self._write[j], np.zeros(grow, dtype=np.int64)])
             self._expire[j] = np.concatenate([self._expire[j], np.zeros(grow, dtype=np.int64)])
-        self._ids.extend([None] * grow)
-        self._free.extend(range(size + grow - 1, size - 1, -1))
+        self._slots.add_rows(grow)
 
     def _allocate(self, new_ids: list[str]) -> npt.NDArray[np.intp]:
-        need = len(new_ids) - len(self._free)
+        need = len(new_ids) - len(self._slots.free)
         if need > 0:
-            self._grow(max(need, len(self._ids) // 2, 1024))
-        taken = self._free[-len(new_ids) :]
-        del self._free[-len(new_ids) :]
-        for slot, item_id in zip(taken, new_ids, strict=True):
-            self._ids[slot] = item_id
-        self._row.update(zip(new_ids, taken, strict=True))
-        return np.asarray(taken, dtype=np.intp)
+            self._grow(max(need, self._slots.capacity // 2, 1024))
+        return self._slots.take(new_ids)
 
 
 __all__ = ["DEFAULT_EXPIRY_MARGIN_MS", "DEFAULT_SLA_SHARE", "ItemMirror", "MirrorLookup"]

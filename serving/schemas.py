@@ -267,6 +267,8 @@ class HealthResponse(BaseModel):
     """What embeds the user for retrieval: ``onnxruntime`` or ``torch``; None without a two-tower model."""
     retrieval_runtime_failures: int = 0
     """Failed ONNX exports or calls of the user tower since start (each such user embedded by torch)."""
+    retrieval_index: str | None = None
+    """What searches the item index: ``usearch <version> ef=<n>``; None without retrieval."""
     item_mirror: ItemMirrorStats | None = None
     """None: every item view is read from Redis per request (no funnel index, or the mirror is off)."""
 

@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, kept optional
 T = TypeVar("T")
 Command = tuple[str | bytes | int, ...]
 _MAX_IN_FLIGHT = 64
+_JOIN_MAX_BYTES = 64 * 1024
+"""Packed commands are sent together up to this many bytes (see :func:`_send`)."""
 _KEYED = frozenset({"MGET", "GET", "SET", "DEL", "UNLINK", "XADD", "XRANGE", "XREVRANGE", "HGET", "HMGET",
                     "HSET", "PEXPIREAT", "PTTL", "EXISTS", "TYPE", "XLEN"})  # fmt: skip
 """Commands whose first argument is their key (the store's own commands; others go through redis-py)."""
@@ -177,8 +179,19 @@ def _send(conn: Any, commands: Sequence[Command]) -> None:
     if pack is None:  # pragma: no cover - the fast paths are off without hiredis
         msg = "hiredis is required for the pipelined paths"
         raise RuntimeError(msg)
+    # Small commands (a request's reads: one MGET per view) go out together in one send, not one
+    # syscall each; a large one (a write's chunk) is sent as soon as it is packed.
+    held: list[bytes] = []
+    size = 0
     for cmd in commands:
-        conn.send_packed_command([pack(cmd)], check_health=False)
+        packed = pack(cmd)
+        if held and size + len(packed) > _JOIN_MAX_BYTES:
+            conn.send_packed_command([b"".join(held)], check_health=False)
+            held, size = [], 0
+        held.append(packed)
+        size += len(packed)
+    if held:
+        conn.send_packed_command([b"".join(held)], check_health=False)
 
 
 def _first_key(cmd: Command) -> str | bytes | None:

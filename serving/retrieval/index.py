@@ -40,6 +40,11 @@ class ItemIndexLike(Protocol):
 
     dim: int
 
+    @property
+    def library(self) -> str:
+        """What searches: the library and its version (the start-up line and /health name it)."""
+        ...
+
     def __len__(self) -> int: ...
 
     def upsert(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> tuple[int, int]:
@@ -80,6 +85,11 @@ class ExactIndex:
 
     def __len__(self) -> int:
         return len(self._row)
+
+    @property
+    def library(self) -> str:
+        """Exact search with numpy (no approximate library)."""
+        return f"exact (numpy {np.__version__})"
 
     def __contains__(self, item_id: object) -> bool:
         return item_id in self._row
@@ -167,6 +177,13 @@ class ItemIndex:
 
     def __contains__(self, item_id: object) -> bool:
         return item_id in self._key
+
+    @property
+    def library(self) -> str:
+        """``usearch <version>`` and its search width."""
+        import usearch
+
+        return f"usearch {usearch.__version__} ef={self.expansion_search}"
 
     @property
     def memory_bytes(self) -> int:

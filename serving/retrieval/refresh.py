@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -68,8 +69,40 @@ class RefreshReport:
     seconds: float
 
 
+class ItemSource(Protocol):
+    """What a refresh reads: the item views' catalog, each key's header, the rows, a change log.
+
+    :class:`StoreItemSource` is the online store's; tests implement it in memory. A source without
+    a change log answers None from :meth:`log_position` (every look then scans).
+    """
+
+    side: SideViews
+
+    def catalog(self) -> set[str]:
+        """Every item id with a key in any of the side's views."""
+        ...
+
+    def headers(
+        self, layout: ViewLayout, ids: list[str]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Write time and absolute expiry (epoch ms, 0 = none) of each id's key; both 0 where it has none."""
+        ...
+
+    def view_rows(self, ids: list[str]) -> Iterator[tuple[list[str], list[ViewRows]]]:
+        """Batches of (ids, each item view's rows of them)."""
+        ...
+
+    def log_position(self) -> tuple[bytes, ...] | None:
+        """Return the change log's position now (taken before a scan), or None without a change log."""
+        ...
+
+    def written_since(self, position: tuple[bytes, ...]) -> bool:
+        """Whether an item view may have written a row after ``position``."""
+        ...
+
+
 class StoreItemSource:
-    """The item views' keys, write times and vectors in the online store, read in batches."""
+    """:class:`ItemSource` of the online store: keys, headers and rows read in batches."""
 
     def __init__(self, store: OnlineStore, side: SideViews, batch: int = 2000) -> None:
         self.store = store
@@ -101,10 +134,6 @@ class StoreItemSource:
             if cut > 1 and key[:cut] in prefixes:
                 out.add(key[cut:].decode("utf-8"))
         return out
-
-    def write_times(self, layout: ViewLayout, ids: list[str]) -> npt.NDArray[np.int64]:
-        """Write time (ms) of each id's key in ``layout``'s view; 0 where it has none (gone since)."""
-        return self.headers(layout, ids)[0]
 
     def headers(
         self, layout: ViewLayout, ids: list[str]
@@ -154,14 +183,6 @@ class StoreItemSource:
                 return True
         return False
 
-    def vectors(
-        self, ids: list[str]
-    ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.bool_]]]:
-        """Batches of (ids, assembled item vectors in registry slot order, found in any view)."""
-        for chunk, rows in self.view_rows(ids):
-            matrix, found, _ = assemble(self.side, rows)
-            yield chunk, matrix, found
-
     def view_rows(self, ids: list[str]) -> Iterator[tuple[list[str], list[ViewRows]]]:
         """Batches of (ids, each item view's rows of them): one ``MGET`` per view and batch."""
         for s in range(0, len(ids), self.batch):
@@ -175,7 +196,7 @@ class IndexRefresher:
 
     def __init__(
         self,
-        source: StoreItemSource,
+        source: ItemSource,
         model: TwoTowerModel,
         index: ItemIndexLike,
         model_version: str,
@@ -192,8 +213,7 @@ class IndexRefresher:
         self.index = index
         self.model_version = model_version
         self.item_columns = item_columns
-        has_headers = hasattr(source, "headers") and hasattr(source, "view_rows")
-        self.mirror = mirror if has_headers else None
+        self.mirror = mirror
         self.refreshes = 0
         self._indexed: dict[str, int] = {}
         """Item id -> the newest write time across the item views when it was last embedded."""
@@ -207,18 +227,16 @@ class IndexRefresher:
 
     def log_position(self) -> tuple[bytes, ...] | None:
         """Return the source's change-log position (each item view's newest freshness-log entry), or None."""
-        position = getattr(self.source, "log_position", None)
-        return position() if position is not None else None
+        return self.source.log_position()
 
     def changed(self) -> bool:
         """Return whether an item view may have written a row since the last refresh began.
 
         True before the first refresh and for a source without a change log (every look scans).
         """
-        written_since = getattr(self.source, "written_since", None)
-        if self._position is None or written_since is None:
+        if self._position is None:
             return True
-        return bool(written_since(self._position))
+        return self.source.written_since(self._position)
 
     def refresh(self) -> RefreshReport:
         """Run the four steps of the module docstring; the first call builds the whole index.
@@ -245,12 +263,9 @@ class IndexRefresher:
         writes: list[npt.NDArray[np.int64]] = []
         expires: list[npt.NDArray[np.int64]] = []
         for layout in layouts:
-            if mirror is not None:
-                written, expiry = self.source.headers(layout, present)
-                writes.append(written)
-                expires.append(expiry)
-            else:
-                written = self.source.write_times(layout, present)
+            written, expiry = self.source.headers(layout, present)
+            writes.append(written)
+            expires.append(expiry)
             np.maximum(newest, written, out=newest)
         recorded = np.fromiter(
             (self._indexed.get(i, -1) for i in present), dtype=np.int64, count=len(present)
@@ -265,7 +280,8 @@ class IndexRefresher:
         todo_ids = [present[j] for j in todo.tolist()]
         write_ms = dict(zip(todo_ids, newest[todo].tolist(), strict=True))
         at = dict(zip(todo_ids, todo.tolist(), strict=True))
-        for ids, matrix, found, rows in self._read(todo_ids):
+        for ids, rows in self.source.view_rows(todo_ids):
+            matrix, found, _ = assemble(self.source.side, rows)
             keep = np.flatnonzero(found)  # deleted between steps 1 and 3: the next refresh removes it
             if not len(keep):
                 continue
@@ -273,7 +289,7 @@ class IndexRefresher:
             kept = [ids[k] for k in keep.tolist()]
             a, u = self.index.upsert(kept, self.model.embed_items(items))
             added, updated = added + a, updated + u
-            if mirror is not None and rows is not None:
+            if mirror is not None:
                 where = np.fromiter((at[i] for i in kept), dtype=np.intp, count=len(kept))
                 mirror.put(
                     kept,
@@ -296,15 +312,3 @@ class IndexRefresher:
             len(present) - len(todo),
             round(time.perf_counter() - started, 3),
         )
-
-    def _read(
-        self, ids: list[str]
-    ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.bool_], list[ViewRows] | None]]:
-        """Batches of (ids, assembled vectors, found, each view's rows or None without a mirror)."""
-        if self.mirror is None:
-            for chunk, matrix, found in self.source.vectors(ids):
-                yield chunk, matrix, found, None
-            return
-        for chunk, rows in self.source.view_rows(ids):
-            matrix, found, _ = assemble(self.source.side, rows)
-            yield chunk, matrix, found, rows

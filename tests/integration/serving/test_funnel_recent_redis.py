@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from headwater.pipelines.store.testing import OwnRedis
+from headwater.pipelines.store.transport import StoreUnavailableError
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import RedisRecentItems
 
@@ -68,6 +69,7 @@ def test_categories_are_kept_in_process_for_the_configured_time(
     recent.put_categories({"p": "hats"})
     assert recent.cached_categories(["zz", "p"]) == [None, "shoes"]  # the copy, no read
     assert recent.cached_categories(["p", "other"]) is None  # one not read yet
+    assert recent.categories(["p", "other"]) == ["shoes", None]  # only "other" is read: p is the copy's
     assert recent.categories(["q", "p"]) == ["books", "shoes"]
     now[0] += 61.0  # the period is over: the change in Redis is seen
     assert recent.cached_categories(["p"]) is None
@@ -88,6 +90,6 @@ def test_writes_to_a_stopped_redis_are_counted_not_raised(own_redis: OwnRedis) -
     recent.flush_now()
     assert recent.counters.failed == 2
     assert recent.counters.written == 0
-    with pytest.raises(redis.ConnectionError):
-        recent.read("u", T0)  # reads raise; the funnel turns that into a stage fallback
+    with pytest.raises(StoreUnavailableError):
+        recent.read("u", T0)  # reads raise (the store's transport); the funnel falls back
     c.close()

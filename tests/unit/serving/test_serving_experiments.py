@@ -146,6 +146,9 @@ class FakeSink:
         self.values.append((value, headers))
         return type("F", (), {"add_callback": lambda s, f: s, "add_errback": lambda s, f: s})()
 
+    def poll(self) -> None:
+        return None
+
     def flush(self, timeout: float | None = None) -> None:
         return None
 

@@ -50,6 +50,9 @@ class FakeSink:
         self.records.append((topic, key, value, headers))
         return Done(self.fail)
 
+    def poll(self) -> None:
+        return None
+
     def flush(self, timeout: float | None = None) -> None:
         return None
 

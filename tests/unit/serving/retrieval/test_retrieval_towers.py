@@ -24,6 +24,7 @@ from headwater.serving.retrieval import (
     train_two_tower,
 )
 from headwater.serving.retrieval.towers import in_batch_loss
+from headwater.serving.store import ViewRows
 from headwater.serving.synthetic import make_world, small_registry, training_set
 from headwater.serving.trainset import TrainingFileError, TrainingSet
 
@@ -132,9 +133,30 @@ class FakeSource:
     def catalog(self) -> set[str]:
         return set().union(*self.rows.values())
 
-    def write_times(self, layout: ViewLayout, ids: list[str]) -> np.ndarray:
+    def headers(self, layout: ViewLayout, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         rows = self.rows[layout.view]
-        return np.array([rows[i][0] if i in rows else 0 for i in ids], dtype=np.int64)
+        written = np.array([rows[i][0] if i in rows else 0 for i in ids], dtype=np.int64)
+        return written, np.zeros(len(ids), dtype=np.int64)
+
+    def view_rows(self, ids: list[str]) -> Iterator[tuple[list[str], list[ViewRows]]]:
+        if not ids:
+            return
+        out = []
+        for lay in self.side.layouts:
+            rows = self.rows[lay.view]
+            found = np.array([i in rows for i in ids])
+            values = np.stack(
+                [rows[i][1] if i in rows else np.full(lay.dim, np.nan, np.float32) for i in ids]
+            ).astype(np.float32)
+            times = np.array([rows[i][0] if i in rows else 0 for i in ids], dtype=np.int64)
+            out.append(ViewRows(values, found, times))
+        yield ids, out
+
+    def log_position(self) -> tuple[bytes, ...] | None:
+        return None  # no change log: every look scans
+
+    def written_since(self, position: tuple[bytes, ...]) -> bool:
+        return True
 
     def vectors(self, ids: list[str]) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
         if not ids:
@@ -175,7 +197,7 @@ class LoggedSource(FakeSource):
         self.scans += 1
         return super().catalog()
 
-    def log_position(self) -> tuple[bytes, ...]:
+    def log_position(self) -> tuple[bytes, ...] | None:
         return (str(len(self.log)).encode(),)
 
     def written_since(self, position: tuple[bytes, ...]) -> bool:
@@ -191,7 +213,7 @@ def test_incremental_refresh_upserts_changed_and_removes_deleted(trained: tuple[
     for j in range(500):
         source.put(f"i{j:04d}", items[j], 1000)
     index = ItemIndex(model.embed_dim, threads=1)
-    refresher = IndexRefresher(source, model, index, "abc123")  # type: ignore[arg-type]
+    refresher = IndexRefresher(source, model, index, "abc123")
     first = refresher.refresh()
     assert (first.added, first.updated, first.removed, first.unchanged, first.catalog) == (500, 0, 0, 0, 500)
     assert first.version == "abc123.1"
@@ -254,7 +276,7 @@ def test_a_refresh_scans_only_after_a_write_or_the_full_scan_period(
     for j in range(50):
         source.put(f"i{j:04d}", items[j], 1000)
     index = ItemIndex(model.embed_dim, threads=1)
-    refresher = IndexRefresher(source, model, index, "abc123")  # type: ignore[arg-type]
+    refresher = IndexRefresher(source, model, index, "abc123")
     runtime = RetrievalRuntime(None, index, refresher, None, refresher.refresh())  # type: ignore[arg-type]
     assert (source.scans, runtime.version) == (1, "abc123.1")
     # Nothing written, or only progress entries: no scan, same version.
@@ -281,7 +303,7 @@ def test_a_source_without_a_change_log_scans_at_every_look(trained: tuple[Traini
     model = trained[1].model  # type: ignore[attr-defined]
     source = FakeSource(REGISTRY.item)
     source.put("a", np.ones(REGISTRY.item.dim, np.float32), 1)
-    refresher = IndexRefresher(source, model, ItemIndex(model.embed_dim, threads=1), "v")  # type: ignore[arg-type]
+    refresher = IndexRefresher(source, model, ItemIndex(model.embed_dim, threads=1), "v")
     assert refresher.changed()
     refresher.refresh()
     assert refresher.changed()
