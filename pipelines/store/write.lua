@@ -10,7 +10,14 @@
 --          greater epoch refuses the whole call (error reply HWFENCED, nothing written): a writer
 --          that lost its partition to a newer owner (nearline zombie, pipelines/nearline/fence.py)
 --          cannot overwrite the new owner's values. Otherwise the fence takes this epoch (7 days).
---          A call with no row and a fence only claims the fence.
+--          A call with no row and a fence only claims the fence. "" (empty): no fence (so ARGV[5] can
+--          be given without one).
+-- ARGV[5]  optional: per row, in KEYS order, a little-endian int64 "valid to" V, concatenated (8 bytes a
+--          row): the row's value holds over [E, V], E its event time (the realtime tier after a
+--          restore, pipelines/realtime: the same value at every boundary from its last change E to V).
+--          When the stored event time D is inside (E, V], the row is written dated D instead of E, so
+--          a value another run wrote at D is compared with this one at D (same time: "unchanged" or
+--          written, below) rather than kept as the newer. V <= E (or no ARGV[5]): the row as it is.
 --
 -- Returns one status character per row: "1" written; "0" stale (the stored event time is
 -- newer, the stored value is kept); "2" unchanged (same event time and the same schema,
@@ -35,7 +42,7 @@ local expire_at_all = ARGV[1]
 local size = tonumber(ARGV[2])
 local blob = ARGV[3]
 local nkeys = #KEYS
-if ARGV[4] then
+if ARGV[4] and ARGV[4] ~= '' then
   nkeys = nkeys - 1
   local fence, mine = KEYS[#KEYS], tonumber(ARGV[4])
   local held = tonumber(redis.call('GET', fence))
@@ -46,6 +53,10 @@ if ARGV[4] then
 end
 if #blob ~= size * nkeys then
   return redis.error_reply('ERR headwater write: ' .. #blob .. ' bytes for ' .. nkeys .. ' keys of ' .. size)
+end
+local valid_to = ARGV[5]
+if valid_to and #valid_to ~= 8 * nkeys then
+  return redis.error_reply('ERR headwater write: ' .. #valid_to .. ' bytes of valid-to for ' .. nkeys .. ' keys')
 end
 local sub, unpack = string.sub, struct.unpack
 local out = {}
@@ -62,17 +73,30 @@ for i = 1, nkeys do
   end
   local code = '1'
   local new_et = unpack('<i8', rec, 9)
+  local old_et, redated
+  if old and #old >= 72 and sub(old, 1, 2) == 'HW' then
+    old_et = unpack('<i8', old, 9)
+    if valid_to and old_et > new_et and old_et <= unpack('<i8', valid_to, 8 * i - 7) then
+      new_et, redated = old_et, true  -- the same value holds at the stored time: compare it there
+    end
+  end
   if hi == nil or new_et > hi then
     hi = new_et
   end
-  if old and #old >= 72 and sub(old, 1, 2) == 'HW' then
-    local old_et = unpack('<i8', old, 9)
+  if old_et then
     if old_et > new_et then
       code = '0'
     elseif old_et == new_et and #old == #rec and sub(old, 33) == sub(rec, 33) then
       code = '2'
     end
-    if code ~= '1' then
+    if code == '1' and redated then  -- another payload at the stored time: written there
+      rec = sub(rec, 1, 8) .. struct.pack('<i8', old_et) .. sub(rec, 17)
+      if expire_at_all == '0' then
+        redis.call('SET', key, rec)
+      else
+        redis.call('SET', key, rec, 'PXAT', expire_at_all)
+      end
+    elseif code ~= '1' then
       local expire_at = unpack('<i8', old, 25)
       if expire_at > 0 then
         redis.call('SET', key, old, 'PXAT', string.format('%.0f', expire_at))

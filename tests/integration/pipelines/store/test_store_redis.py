@@ -213,3 +213,45 @@ def test_unreachable_redis_raises_store_unavailable() -> None:
         down.read_batch(layout(), ["a"])
     with pytest.raises(StoreUnavailableError, match="writing view 'item_profile'"):
         down.write_batch(layout(d=1), ["a"], [[1.0]], [T0])
+
+
+def test_a_value_valid_over_an_interval_is_compared_at_the_stored_time(
+    client: redis.Redis, store: OnlineStore
+) -> None:
+    """write.lua ARGV[5] (the realtime tier after a restore): per row, the last boundary its value holds
+    at. A stored event time inside (event time, valid to] dates the row there: written when its payload
+    differs (another run's value at that time), unchanged when equal; outside, the rule as ever."""
+    from headwater.pipelines.store import codec
+
+    lay = layout(d=2)
+    keys = [f"{store.namespace}:{{{lay.view}}}:{k}" for k in ("a", "b", "c", "d")]
+    store.write_batch(lay, ["a", "b", "c", "d"], [[0, 0], [1, 1], [0, 0], [0, 0]], [T0 + 25] * 4,
+                      write_time_ms=T0 + 1)  # fmt: skip
+
+    expire = int(time.time() * 1000) + 3_600_000
+
+    def write(values: list[list[float]], times: list[int], valid_to: list[int]) -> bytes:
+        vals = np.asarray(values, np.float32)
+        rec = codec.pack(vals, np.array(times), T0 + 2, expire, lay.schema_hash, "reg-1").tobytes()
+        to = np.array(valid_to, dtype="<i8").tobytes()  # ARGV[4] empty: no fence
+        return bytes(
+            client.eval(store_module.WRITE_SCRIPT, 4, *keys, expire, codec.record_size(2), rec, "", to)
+        )
+
+    # a: other payload, 25 inside [5, 25]: written at 25; b: same payload: unchanged; c: 25 outside
+    # [5, 20]: stale; d: valid_to not past the event time: the plain rule (30 is newer: written at 30)
+    status = write([[1, 1], [1, 1], [1, 1], [2, 2]], [T0 + 5, T0 + 5, T0 + 5, T0 + 30],
+                   [T0 + 25, T0 + 40, T0 + 20, T0 + 30])  # fmt: skip
+    assert status == b"1201"
+    read = store.read_batch(lay, ["a", "b", "c", "d"])
+    assert read.values.tolist() == [[1, 1], [1, 1], [0, 0], [2, 2]]
+    assert read.event_time_ms.tolist() == [T0 + 25, T0 + 25, T0 + 25, T0 + 30]
+    assert read.write_time_ms.tolist() == [T0 + 2, T0 + 1, T0 + 1, T0 + 2]
+    assert 3_000_000 < client.pttl(keys[0]) <= 3_600_000  # the rewritten value takes the call's expiry
+    # the freshness log counts the rewritten row at the stored time
+    entry = client.xrevrange(f"{store.namespace}:fresh:{{{lay.view}}}", count=1)[0][1]
+    assert (entry[b"n"], entry[b"s"]) == (b"2", f"{T0 + 25}:1,{T0 + 30}:1".encode())
+    with pytest.raises(redis.ResponseError, match="8 bytes of valid-to for 4 keys"):
+        client.eval(
+            store_module.WRITE_SCRIPT, 4, *keys, 0, codec.record_size(2), b"\0" * 4 * 80, "", b"\0" * 8
+        )
