@@ -14,8 +14,8 @@ job costs ``fixed_s`` (planning, Delta commit, Z-order: paid once a run, whateve
 ``us`` per event; the two rates give both per view. The fit (least squares over the views, negative
 terms pinned at 0): ``event_us`` per event, ``agg_us`` per aggregation (one figure for every kind:
 six views do not separate eight kinds) and ``fixed_cores`` = the median ``fixed_s`` / 86,400 (one run
-a day). State: the feature table's bytes (the Delta folder, Parquet) over the rows written gives
-``table_row_bytes`` per slot and ``state_pane_bytes`` per row.
+a day). State: the feature table's bytes (the Delta table's live Parquet files) on the table model's
+terms (rows, count entropy bits, real values, top_k entries, day files' columns: :func:`state_fit`).
 
 Accuracy: each view at both rates, the estimate (CPU-h/day at the stream's events/day) vs the
 measured CPU per day of events; the table's size vs the state estimate (entities x days written).
@@ -258,9 +258,9 @@ def finish(
     started: float,
 ) -> None:
     """Fit, write offline.json (unless ``--no-write``) and the results, print the table."""
-    shares = stream_shares(example)
-    constants, per_view = fit_offline(runs, example, shares)
-    accuracy = check_accuracy(runs, example, constants, shares)
+    shares, profile = stream_sample(example)
+    constants, per_view = fit_offline(runs, example, shares, profile)
+    accuracy = check_accuracy(runs, example, constants, shares, profile)
     path = calibration_path("offline")
     before = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     # the model's switch is a decision, not a fit: kept as the file has it (reads_window)
@@ -273,12 +273,16 @@ def finish(
         "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
         "command": command,
         "where_shares": shares,
+        "stream_profile": profile,
         "isolation": "CPU seconds (user + system, psutil) of the Python driver and its children (the local "
         "Spark JVM, PySpark workers) over run_view of one view (daily values, Delta write, Z-order), "
         "the session warmed up first; two rates give each view's fixed seconds a run and us/event",
         "derivation": "least squares over every run (negative terms pinned at 0): cpu_s = fixed_cores x "
         "86,400 + run_counter_s x (a counter map) + run_window_s x distinct windows + events read x "
-        "(event_us + share-weighted agg_us, one figure for the number kinds, one for the counter maps)",
+        "(event_us + share-weighted agg_us, one figure for the number kinds, one for the counter maps). "
+        "Table: least squares of each run's Parquet bytes relative to themselves (every row as much) on "
+        "rows, rows x count entropy bits, rows x real values, rows x top_k entries (the model's "
+        "table_row_terms, the stream's profile, the days the lake held) and columns x day files",
         "stream": {
             "days": args.days,
             "events_per_day": rates,
@@ -322,13 +326,22 @@ COUNTER_KINDS = ("distinct_count", "top_k")
 
 def stream_shares(example: Any) -> list[dict[str, Any]]:
     """Return the share of this bench's events each example filter keeps (a day's first chunk of each)."""
+    return stream_sample(example)[0]
+
+
+def stream_sample(example: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Return this bench's filter shares and its per-key profiles (a day's first chunk of each source).
+
+    The profile (each tenth of the entities' share of the events) is what spreads a view's events
+    over its entities in the table model (:func:`headwater.registry.cost.table_row_terms`).
+    """
     import calibrate_realtime as rt
 
     sample = {
         "events": next(iter(behaviour_events(1_000_000, 1))),
         "payments": next(iter(payment_events(250_000, 1))),
     }
-    return rt.where_shares(example, events=sample)[0]
+    return rt.where_shares(example, events=sample)
 
 
 def agg_terms(view: Any, cal: Any) -> list[float]:
@@ -341,7 +354,10 @@ def agg_terms(view: Any, cal: Any) -> list[float]:
 
 
 def fit_offline(
-    runs: dict[str, Any], example: Any, shares: list[dict[str, Any]] | None = None
+    runs: dict[str, Any],
+    example: Any,
+    shares: list[dict[str, Any]] | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Constants from every run: a run's CPU s = its shape's fixed seconds + events read x us/event.
 
@@ -381,7 +397,12 @@ def fit_offline(
             rows.append([1.0, counter, windows, m, m * terms[0], m * terms[1]])
             cpu.append(float(r["cpu_s"]))
     coef = _nonneg_lstsq(np.asarray(rows), np.asarray(cpu))
-    state = state_fit(runs, example)
+    cal_state = parse_calibration(
+        "offline",
+        {"constants": {}, "where_shares": shares or [], "stream_profile": profile, "measured_at": "now"},
+        None,
+    )
+    state = state_fit(runs, example, cal_state)
     constants = {
         "event_us": round(float(coef[3]), 3),
         "agg_us": {k: round(float(coef[5] if k in COUNTER_KINDS else coef[4]), 3) for k in AGG_KINDS},
@@ -397,37 +418,59 @@ def fit_offline(
     return constants, per_view
 
 
-def state_fit(runs: dict[str, Any], example: Any) -> dict[str, float]:
-    """Least squares of each table's Parquet bytes on its rows, rows x slots and its day files' columns.
+def run_age_s(run: dict[str, Any]) -> float:
+    """Return the event time a run's lake held: its computed day's (bronze from day 1), or every day."""
+    return float(run.get("computed_day") or run["days"]) * SECONDS_PER_DAY
 
-    A day's partition is one Z-ordered Parquet file whose footer, headers, statistics and dictionaries
-    cost bytes per column whatever its rows (tables of a few thousand rows are mostly that).
-    Negative terms are pinned at 0.
+
+def state_fit(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, float]:
+    """Least squares of each table's Parquet bytes on the table model's terms; the constants.
+
+    Terms (:func:`headwater.registry.cost.table_row_terms`, each run's rate, rows and the days its
+    lake held): rows (key, time), rows x count entropy bits, rows x real values that are not null,
+    rows x top_k entries, and the day files' columns (footer, headers, statistics, dictionaries).
+    Relative least squares (each run's error counts as much, the target is relative) with negative
+    terms pinned at 0; ``table_row_bytes`` (per slot) is not a term of the fit.
     """
     from calibrate_realtime import _nonneg_lstsq
+
+    from headwater.registry.cost import table_row_terms
 
     a, b = [], []
     for name, row in runs.items():
         view = next(v for v in example.views if v.name == name)
-        slots = view_shape(view.features).slots
         for r in row["runs"]:
-            a.append([r["rows"], r["rows"] * slots, r["days"] * (slots + 2)])
-            b.append(r["table_bytes"])
-    coef = _nonneg_lstsq(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+            rate = r["events_per_day"] / SECONDS_PER_DAY
+            entities = r["rows"] / r["days"]
+            t = table_row_terms(
+                view.features, rate, entities, cal, (view.source, view.join_key), run_age_s(r)
+            )
+            rows = float(r["rows"])
+            a.append([rows, rows * t.count_bits, rows * t.values, rows * t.entries, r["days"] * t.columns])
+            b.append(float(r["table_bytes"]))
+    weight = 1.0 / np.maximum(np.asarray(b), 1.0)
+    coef = _nonneg_lstsq(np.asarray(a) * weight[:, None], np.asarray(b) * weight)
     return {
-        "state_pane_bytes": round(float(coef[0]), 2),
-        "table_row_bytes": round(float(coef[1]), 2),
-        "table_file_column_bytes": round(float(coef[2]), 1),
+        "state_pane_bytes": round(float(coef[0]), 3),
+        "table_row_bytes": 0.0,
+        "table_bit_bytes": round(float(coef[1]), 4),
+        "table_value_bytes": round(float(coef[2]), 3),
+        "table_entry_bytes": round(float(coef[3]), 3),
+        "table_file_column_bytes": round(float(coef[4]), 1),
     }
 
 
 def check_accuracy(
-    runs: dict[str, Any], example: Any, constants: dict[str, Any], shares: list[dict[str, Any]]
+    runs: dict[str, Any],
+    example: Any,
+    constants: dict[str, Any],
+    shares: list[dict[str, Any]],
+    profile: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per view and rate: estimated vs measured CPU a day; estimated vs measured table bytes."""
     cal = parse_calibration(
         "offline",
-        {"constants": constants, "where_shares": shares, "measured_at": "now"},
+        {"constants": constants, "where_shares": shares, "stream_profile": profile, "measured_at": "now"},
         calibration_path("offline"),
     )
     tier = TIERS["offline"]
@@ -445,7 +488,11 @@ def check_accuracy(
             meas_s = r["cpu_s"] / r["days"]
             # the table holds one row per entity and day computed: entities = rows / days written
             entities = r["rows"] / r["days"]
-            fp = estimate_footprint(view.features, rate, tier, entities, 12, cal)
+            # the table of a lake that held fewer days than the window: its counts are smaller
+            fp = estimate_footprint(
+                view.features, rate, tier, entities, 12, cal, stream=(view.source, view.join_key),
+                age_s=run_age_s(r),
+            )  # fmt: skip
             days_kept = max(1, -(-view_shape(view.features).longest_window_s // SECONDS_PER_DAY))
             state_est = fp.state_bytes * r["days"] / days_kept  # the stream wrote `days` days, not the window
             rates.append({

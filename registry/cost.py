@@ -49,10 +49,21 @@ leaves the longest window)::
           + sum over a of slices holding a x (state_slot_bytes[a] - 1)  (a's partials)
           + rate x hit x longest window x state_dedup_id_bytes         (event-id hashes, 8 bytes)
 
-State (offline): the feature table, rows = entities x days kept (the longest window), each
-``state_pane_bytes + slots x table_row_bytes``, plus a file a day of ``(slots + 2) x
-table_file_column_bytes``. Online memory (every tier, one Redis key per entity,
-layout :mod:`headwater.pipelines.store.codec`)::
+State (offline): the feature table (Parquet, dictionary-encoded), rows = entities x days kept (the
+longest window), a file a day::
+
+    row  = state_pane_bytes + slots x table_row_bytes                       (key, time)
+         + sum over counts of entropy bits x table_bit_bytes      (count, distinct_count, a ratio's
+                                                                   operands: bits grow with the events)
+         + sum over real values of P(an event in its window) x table_value_bytes  (empty: a null)
+         + sum over top_k of entries x table_entry_bytes        (entries = k x (1 - exp(-n / k)))
+    file = columns x table_file_column_bytes                    (a column per feature, 2 a top_k, +2)
+
+with ``n`` an entity's events in the feature's window its filter keeps, per tenth of the entities as
+the stream's profile spreads them (:func:`table_row_terms`). A table computed from fewer days than
+the window (a young lake, the calibration's) holds smaller counts, so fewer bytes.
+
+Online memory (every tier, one Redis key per entity, layout :mod:`headwater.pipelines.store.codec`)::
 
     bytes = entities x (72-byte header + 4 x slots + key bytes + REDIS_KEY_OVERHEAD)
 
@@ -438,21 +449,15 @@ def estimate_footprint(
     realtime tier keeps them in their slice: :func:`realtime_state`). ``stream``: the view's
     ``(source, join key)``, whose measured profile the realtime state follows (``None``: even, no
     bursts). ``rekeyed``: the view's join key is not the topic's key (nearline: a repartitioned
-    leg with its own store, :func:`nearline_state`). ``age_s``: nearline, how long the stream has
-    run when younger than the view's window (a calibration run; ``None``: the steady state).
+    leg with its own store, :func:`nearline_state`). ``age_s``: nearline and offline, how long the
+    stream has run when younger than the view's window (a calibration run, a young lake; ``None``:
+    the steady state).
     """
     cal = calibration or load_calibration(tier.name)
     shape = view_shape(features, rekeyed)
     live = live_entities(shape, rate_per_s, entities)
     if tier.name == "offline":
-        days = max(1, math.ceil(shape.longest_window_s / SECONDS_PER_DAY))
-        row = cal.scalar("state_pane_bytes") + shape.slots * cal.scalar("table_row_bytes")
-        # a day's partition is one Parquet file (Z-ordered): its per-column overhead, whatever its rows
-        file = (shape.slots + 2) * cal.scalar("table_file_column_bytes")  # + the key and the time
-        state = live * days * row + days * file
-        state_basis = f"{live:,.0f} entities x {days} days x {row:.0f} bytes/row (feature table)"
-        if file:
-            state_basis += f" + {days} day files x {file:,.0f} bytes"
+        state, state_basis = offline_state(features, shape, rate_per_s, live, cal, stream, age_s)
     elif tier.name == "realtime":
         state, state_basis = realtime_state(shape, rate_per_s, entities, key_bytes, cal, stream)
     else:
@@ -472,6 +477,115 @@ def estimate_footprint(
         state_basis=state_basis,
         online_basis=online_basis,
     )
+
+
+COUNT_KINDS = ("count", "distinct_count")
+"""Aggregations whose table value is a count (a long): its bytes follow the spread of the counts."""
+
+
+def poisson_entropy_bits(mean: float) -> float:
+    """Return the entropy in bits of a Poisson count of ``mean`` (0 for no events)."""
+    if mean <= 0:
+        return 0.0
+    if mean >= 50:  # the normal approximation is within 0.1 % there
+        return 0.5 * math.log2(2 * math.pi * math.e * mean)
+    bits = 0.0
+    for k in range(int(mean + 12 * math.sqrt(mean) + 12) + 1):
+        p = math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
+        if p > 0:
+            bits -= p * math.log2(p)
+    return bits
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """What one offline table row holds, on average over the entities (:func:`table_row_terms`).
+
+    Attributes:
+        count_bits: entropy bits of its counts (count, distinct_count, a ratio's count operands).
+        values: real values (sum, avg, min, max, last) whose window held an event (not null).
+        entries: top_k entries (value, share).
+        columns: Parquet columns of a day's file (one a feature, two a top_k, the key and the time).
+    """
+
+    count_bits: float
+    values: float
+    entries: float
+    columns: int
+
+
+def table_row_terms(
+    features: tuple[CompiledFeature, ...],
+    rate_per_s: float,
+    entities: float,
+    cal: Calibration,
+    stream: tuple[str, str] | None = None,
+    age_s: float | None = None,
+) -> TableRow:
+    """Return what an offline table row holds, from the events of each feature's window.
+
+    An entity of a tenth of ``entities`` (``stream``'s profile: its share of the events) has ``n`` =
+    rate x share(filter) x window x its share / its entities events in a feature's window (``age_s``:
+    the days the lake holds, when fewer than the window). A count costs its entropy (a Poisson of
+    mean ``n``), a real value is there when ``n`` >= 1 (``1 - exp(-n)``), a top_k holds ``k x (1 -
+    exp(-n / k))`` entries (``k`` values, each equally likely: an upper side for skewed fields).
+    """
+    deciles = cal.profile(stream).deciles
+    group = max(float(entities), 1.0) / len(deciles)
+    bits = values = entries = 0.0
+    columns = 2  # the key and the time
+    for f in features:
+        window = f.window.seconds if age_s is None else min(f.window.seconds, max(age_s, 0.0))
+        operands = [op for op in (f.numerator, f.denominator) if op is not None]
+        parts = [(op.agg, op.where) for op in operands] or [(f.agg, f.where)]
+        columns += 2 if f.agg == "top_k" else 1
+        for kind, where in parts:
+            hits = rate_per_s * cal.share(where) * window
+            for share in deciles:
+                n = hits * share / group
+                if kind == "top_k":
+                    k = float(f.k or 1)
+                    entries += k * -math.expm1(-n / k) / len(deciles)
+                elif kind in COUNT_KINDS:
+                    bits += poisson_entropy_bits(n) / len(deciles)
+                else:
+                    values += -math.expm1(-n) / len(deciles)
+    return TableRow(count_bits=bits, values=values, entries=entries, columns=columns)
+
+
+def offline_state(
+    features: tuple[CompiledFeature, ...],
+    shape: Shape,
+    rate_per_s: float,
+    live: float,
+    cal: Calibration,
+    stream: tuple[str, str] | None = None,
+    age_s: float | None = None,
+) -> tuple[float, str]:
+    """Bytes of an offline view's feature table (a row per entity and day kept, a file a day); the basis.
+
+    A row: its key and time, its counts' entropy, its real values where their window held an event
+    and its top_k entries (:func:`table_row_terms`); a day's file: its columns' overhead.
+    """
+    days = max(1, math.ceil(shape.longest_window_s / SECONDS_PER_DAY))
+    terms = table_row_terms(features, rate_per_s, live, cal, stream, age_s)
+    row = (
+        cal.scalar("state_pane_bytes")
+        + shape.slots * cal.scalar("table_row_bytes")
+        + terms.count_bits * cal.scalar("table_bit_bytes")
+        + terms.values * cal.scalar("table_value_bytes")
+        + terms.entries * cal.scalar("table_entry_bytes")
+    )
+    # a day's partition is one Parquet file (Z-ordered): its per-column overhead, whatever its rows
+    file = terms.columns * cal.scalar("table_file_column_bytes")
+    state = live * days * row + days * file
+    basis = (
+        f"{live:,.0f} entities x {days} days x {row:.1f} bytes/row (feature table: "
+        f"{terms.count_bits:.1f} count bits, {terms.values:.1f} values, {terms.entries:.1f} top_k entries)"
+    )
+    if file:
+        basis += f" + {days} day files x {file:,.0f} bytes ({terms.columns} columns)"
+    return state, basis
 
 
 def realtime_state(

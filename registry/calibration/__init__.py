@@ -27,6 +27,11 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     table_row_bytes   offline only: bytes of one row (entity, day) of a feature table per slot
     table_file_column_bytes offline only: bytes per column of a day's Parquet file (footer, column
                       chunk and page headers, statistics, dictionaries), whatever its rows
+    table_bit_bytes   offline only: bytes per bit of a count's entropy in one row (Parquet packs
+                      dictionary indexes: a count spread over more values costs more bits)
+    table_value_bytes offline only: bytes of one real value (sum, avg, min, max, last, a double) in a
+                      row whose window held an event for it (an empty window: a null, nothing)
+    table_entry_bytes offline only: bytes of one top_k entry (value, share) in a row
     run_counter_s     offline only: CPU seconds a run of a view with a counter map (distinct_count,
                       top_k: its own count-per-value pipeline, a shuffle and a join) pays whatever its
                       events, on top of ``fixed_cores`` (a day's run: fixed_cores x 86,400 s)
@@ -102,6 +107,9 @@ SCALARS = (
     "state_text_bytes",
     "reads_window",
     "table_file_column_bytes",
+    "table_bit_bytes",
+    "table_value_bytes",
+    "table_entry_bytes",
     "run_counter_s",
     "run_window_s",
 )
@@ -138,6 +146,9 @@ DEFAULTS: dict[str, Any] = {
     "state_text_bytes": 0.0,
     "reads_window": 0.0,
     "table_file_column_bytes": 0.0,
+    "table_bit_bytes": 0.0,
+    "table_value_bytes": 0.0,
+    "table_entry_bytes": 0.0,
     "run_counter_s": 0.0,
     "run_window_s": 0.0,
     "state_running_bytes": dict.fromkeys(AGG_KINDS, 0.0),

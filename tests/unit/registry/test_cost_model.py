@@ -142,6 +142,61 @@ def test_an_offline_table_is_its_rows_and_a_file_a_day_of_column_overhead() -> N
     assert "7 day files x 16,000 bytes" in fp.state_basis
 
 
+def test_an_offline_row_holds_its_counts_entropy_its_values_and_top_k_entries() -> None:
+    from headwater.registry.cost import offline_state, poisson_entropy_bits, table_row_terms
+
+    # a Poisson count's entropy: 0 without events, 1.88 bits at a mean of 1, the normal law from 50
+    assert poisson_entropy_bits(0) == 0.0
+    assert poisson_entropy_bits(1) == pytest.approx(1.8825, abs=1e-4)
+    assert poisson_entropy_bits(100) == pytest.approx(0.5 * math.log2(2 * math.pi * math.e * 100))
+    assert poisson_entropy_bits(49.99) == pytest.approx(poisson_entropy_bits(50.0), abs=0.01)
+    cal = parse_calibration(
+        "offline",
+        {
+            "constants": {
+                "state_pane_bytes": 2.0,
+                "table_row_bytes": 0.0,
+                "table_bit_bytes": 0.5,
+                "table_value_bytes": 4.0,
+                "table_entry_bytes": 2.0,
+                "table_file_column_bytes": 1000.0,
+            },
+            "measured_at": "2026-12-02",
+        },
+    )
+    day = (
+        feature(window="1d", slide="1d"),
+        feature(name="top", agg="top_k", k=2, window="1d", slide="1d"),
+        feature(name="mean", agg="avg", window="1d", slide="1d"),
+    )
+    rate = 1000 / SECONDS_PER_DAY  # 1,000 events a day over 1,000 entities: 1 each in a day's window
+    full = table_row_terms(day, rate, 1000, cal)
+    assert full.count_bits == pytest.approx(1.8825, abs=1e-4)
+    assert full.entries == pytest.approx(2 * (1 - math.exp(-0.5)))
+    assert full.values == pytest.approx(1 - math.exp(-1))
+    assert full.columns == 2 + 1 + 2 + 1  # key, time; the count; top_k's value and share; the avg
+    # a lake that holds half a day: half the events in each window, smaller counts, fewer bytes
+    young = table_row_terms(day, rate, 1000, cal, age_s=SECONDS_PER_DAY / 2)
+    assert young.count_bits == pytest.approx(poisson_entropy_bits(0.5))
+    assert young.values == pytest.approx(1 - math.exp(-0.5))
+    state, basis = offline_state(day, view_shape(day), rate, 1000, cal)
+    row = 2.0 + 0.5 * full.count_bits + 4.0 * full.values + 2.0 * full.entries
+    assert state == pytest.approx(1000 * row + 6 * 1000.0)  # 1 day kept, one file of 6 columns
+    assert "1 day files x 6,000 bytes (6 columns)" in basis
+    fp = estimate_footprint(day, rate, TIERS["offline"], 1000, 12, cal, age_s=SECONDS_PER_DAY / 2)
+    assert fp.state_bytes < state
+    # a ratio's value costs its two counts' entropy
+    ratio = feature(
+        name="r",
+        agg="ratio",
+        window="1d",
+        slide="1d",
+        numerator=Operand(agg="count", field=None, where=None, where_text=None),
+        denominator=Operand(agg="count", field=None, where=None, where_text=None),
+    )
+    assert table_row_terms((ratio,), rate, 1000, cal).count_bits == pytest.approx(2 * 1.8825, abs=1e-3)
+
+
 def test_missing_constants_take_the_defaults_and_say_so() -> None:
     cal = parse_calibration("realtime", {"constants": {"event_us": 3}, "measured_at": "2026-12-01"})
     assert cal.scalar("event_us") == 3.0
