@@ -103,11 +103,26 @@ class RunOptions:
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    """Return the newest complete checkpoint (``<job id>/chk-N``, with ``_metadata``) in ``folder``."""
+    """Return the newest complete checkpoint (``<job id>/chk-N``, with ``_metadata``) in ``folder``.
+
+    Newest by the time its ``_metadata`` was written (once, when the checkpoint completed), then by N.
+    Not by the folder's time: Flink discards a subsumed checkpoint file by file, and a kill -9 in the
+    middle leaves an old ``chk-N`` with its ``_metadata`` and a fresh folder time but state files gone;
+    restoring it fails at every restart ("FileNotFoundException" in the keyed state backend).
+    """
     if not folder.is_dir():
         return None
-    found = [p.parent for p in folder.glob("*/chk-*/_metadata")]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+    found = [
+        (meta.stat().st_mtime_ns, checkpoint_number(meta.parent), meta.parent)
+        for meta in folder.glob("*/chk-*/_metadata")
+    ]
+    return max(found)[2] if found else None
+
+
+def checkpoint_number(chk: Path) -> int:
+    """Return N of a ``chk-N`` folder (-1 where the name has no number)."""
+    _, _, number = chk.name.partition("-")
+    return int(number) if number.isdigit() else -1
 
 
 def legacy_dir(run: RunOptions, plan: TierPlan) -> Path:
