@@ -56,6 +56,38 @@ return out
 value, codec.py; expiry 0 = none), or ''."""
 
 
+FEED_MAXLEN = 1000
+"""Entries a view's change feed keeps (about: ``MAXLEN ~``); a refresher further behind scans instead."""
+FEED_SCRIPT = """
+local fresh = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local feed = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+return {fresh[1] and fresh[1][1] or '', feed[1] and feed[1][1] or '', first[1] and first[1][1] or ''}
+"""
+"""One view's freshness-log and change-feed positions at the same moment (both keys share its slot),
+and the feed's oldest entry (a feed trimmed past a refresher's position cannot say what it missed)."""
+
+
+def changes_key(view: str, namespace: str) -> str:
+    """Return the key of ``view``'s change feed: ``<namespace>:changes:{<view>}`` (the view's slot).
+
+    A capped stream; each write call that writes rows appends one entry ``k`` = the written entity
+    ids, newline-separated, in the same script call as its freshness-log entry, and only while the
+    feed exists (a refresher creates it: :meth:`StoreItemSource.feed_position`). ``write.lua`` does
+    not write it yet (the writer side is the next step; until then :meth:`StoreItemSource.fed_since`
+    sees the freshness log move without the feed and answers None: the refresher scans as before).
+    """
+    return f"{namespace}:changes:{{{view}}}"
+
+
+@dataclass(frozen=True)
+class FeedPosition:
+    """Per item view, the freshness log's and the change feed's newest entry ids at one moment."""
+
+    fresh: tuple[bytes, ...]
+    feed: tuple[bytes, ...]
+
+
 @dataclass(frozen=True)
 class RefreshReport:
     """What one refresh did."""
@@ -100,6 +132,18 @@ class ItemSource(Protocol):
         """Whether an item view may have written a row after ``position``."""
         ...
 
+    def feed_position(self) -> FeedPosition | None:
+        """Return the change feed's position now (subscribing to it), or None without a change feed."""
+        ...
+
+    def fed_since(self, since: FeedPosition) -> tuple[set[str], FeedPosition] | None:
+        """Return the ids written in any item view after ``since`` and the position now.
+
+        None when the feed cannot say (trimmed past ``since``, gone, or a write the freshness log
+        shows is missing from it: a writer that does not feed it); the caller then scans.
+        """
+        ...
+
 
 class StoreItemSource:
     """:class:`ItemSource` of the online store: keys, headers and rows read in batches."""
@@ -109,6 +153,7 @@ class StoreItemSource:
         self.side = side
         self.batch = batch
         self._script = store.client.register_script(HEADER_SCRIPT)
+        self._feed_script = store.client.register_script(FEED_SCRIPT)
 
     def ids(self, layout: ViewLayout) -> set[str]:
         """Every entity id with a key in ``layout``'s view (``SCAN``, keys only)."""
@@ -183,6 +228,55 @@ class StoreItemSource:
                 return True
         return False
 
+    def feed_position(self) -> FeedPosition | None:
+        """Create each item view's change feed when missing (an empty entry), then return the position."""
+        ns = self.store.namespace
+        for layout in self.side.layouts:
+            key = changes_key(layout.view, ns)
+            if not self.store.client.exists(key):
+                self.store.client.xadd(key, {"k": b""}, maxlen=FEED_MAXLEN, approximate=True)
+        return self._feed_now()[0]
+
+    def _feed_now(self) -> tuple[FeedPosition, tuple[bytes, ...]]:
+        ns = self.store.namespace
+        fresh, feed, first = [], [], []
+        for layout in self.side.layouts:
+            keys = [freshness_key(layout.view, ns), changes_key(layout.view, ns)]
+            f, c, o = self._feed_script(keys=keys)
+            fresh.append(bytes(f))
+            feed.append(bytes(c))
+            first.append(bytes(o))
+        return FeedPosition(tuple(fresh), tuple(feed)), tuple(first)
+
+    def fed_since(
+        self, since: FeedPosition, scan_limit: int = FEED_MAXLEN
+    ) -> tuple[set[str], FeedPosition] | None:
+        """Return the feeds' ids between ``since`` and now, checked against the logs (see the protocol)."""
+        now, oldest = self._feed_now()
+        ns = self.store.namespace
+        ids: set[str] = set()
+        for j, layout in enumerate(self.side.layouts):
+            if not now.feed[j] or not since.feed[j] or oldest[j] > since.feed[j]:
+                return None  # the feed is gone, or trimmed past where this refresher stopped
+            if since.fresh[j] == now.fresh[j] and since.feed[j] == now.feed[j]:
+                continue
+            logged = self._entries(freshness_key(layout.view, ns), since.fresh[j], now.fresh[j], scan_limit)
+            fed = self._entries(changes_key(layout.view, ns), since.feed[j], now.feed[j], scan_limit)
+            if logged is None or fed is None:
+                return None
+            writes = sum(1 for fields in logged if int(fields.get(b"n", b"1")) > 0)
+            named = [fields[b"k"] for fields in fed if fields.get(b"k")]
+            if writes != len(named):  # a write the feed does not name: a writer that does not feed it
+                return None
+            for blob in named:
+                ids.update(blob.decode("utf-8").split("\n"))
+        return ids, now
+
+    def _entries(self, key: str, after: bytes, upto: bytes, limit: int) -> list[dict[bytes, bytes]] | None:
+        """Return the entries of stream ``key`` in (``after``, ``upto``]; None past ``limit`` of them."""
+        got = self.store.client.xrange(key, b"(" + after if after else b"-", upto or b"+", count=limit + 1)
+        return None if len(got) > limit else [fields for _, fields in got]
+
     def view_rows(self, ids: list[str]) -> Iterator[tuple[list[str], list[ViewRows]]]:
         """Batches of (ids, each item view's rows of them): one ``MGET`` per view and batch."""
         for s in range(0, len(ids), self.batch):
@@ -219,6 +313,8 @@ class IndexRefresher:
         """Item id -> the newest write time across the item views when it was last embedded."""
         self._position: tuple[bytes, ...] | None = None
         """Each item view's newest freshness-log entry when the last refresh began (None: never)."""
+        self._feed: FeedPosition | None = None
+        """The change feed's position when the last refresh began (None: never, or no feed)."""
 
     @property
     def version(self) -> str:
@@ -247,17 +343,73 @@ class IndexRefresher:
         change-log position was taken.
         """
         started = time.perf_counter()
-        layouts = self.source.side.layouts
-        mirror = self.mirror
         began_ms = now_ms()
+        feed = self.source.feed_position()  # before the scan, as the log's: what follows is fed next
         position = self.log_position()  # before the scan: a write after this is seen next time
         # Step 1
         present = sorted(self.source.catalog())
         catalog = set(present)
         gone = [i for i in self._indexed if i not in catalog]
+        removed = self._forget(gone)
+        added, updated, unchanged = self._update(present)
+        self.refreshes += 1
+        self._position, self._feed = position, feed
+        if self.mirror is not None:
+            self.mirror.confirm(began_ms)
+        return RefreshReport(
+            self.version, len(self.index), added, updated, removed, unchanged,
+            round(time.perf_counter() - started, 3),
+        )  # fmt: skip
+
+    def refresh_fed(self) -> RefreshReport | None:
+        """Refresh only the items the change feed names since the last refresh; None when it cannot say.
+
+        No scan: each named item's headers are read (an item gone from every view is removed), the
+        changed ones re-read and re-embedded, as :meth:`refresh` does for the whole catalog; the
+        mirror is then confirmed as of this call's start. None (nothing done) before a first
+        :meth:`refresh`, for a source without a feed, or when the feed cannot say what was written
+        (:meth:`ItemSource.fed_since`): the caller runs :meth:`refresh`.
+        """
+        if self._feed is None:
+            return None
+        started = time.perf_counter()
+        began_ms = now_ms()
+        position = self.log_position()
+        got = self.source.fed_since(self._feed)
+        if got is None:
+            return None
+        named, feed = got
+        ids = sorted(named)
+        removed = added = updated = unchanged = 0
+        if ids:
+            written = [self.source.headers(layout, ids)[0] for layout in self.source.side.layouts]
+            anywhere = np.logical_or.reduce([w > 0 for w in written])
+            removed = self._forget([i for i, here in zip(ids, anywhere.tolist(), strict=True) if not here])
+            added, updated, unchanged = self._update(
+                [i for i, here in zip(ids, anywhere.tolist(), strict=True) if here]
+            )
+            self.refreshes += 1
+        self._position, self._feed = position, feed
+        if self.mirror is not None:
+            self.mirror.confirm(began_ms)
+        return RefreshReport(
+            self.version, len(self.index), added, updated, removed, unchanged,
+            round(time.perf_counter() - started, 3),
+        )  # fmt: skip
+
+    def _forget(self, gone: list[str]) -> int:
+        """Remove ``gone`` (in no item view now) from the index and the mirror; return how many were."""
         removed = self.index.remove(gone)
         for item_id in gone:
-            del self._indexed[item_id]
+            self._indexed.pop(item_id, None)
+        if self.mirror is not None:
+            self.mirror.remove(gone)
+        return removed
+
+    def _update(self, present: list[str]) -> tuple[int, int, int]:
+        """Run steps 2-4 for ``present`` (each in some item view); return (added, updated, unchanged)."""
+        layouts = self.source.side.layouts
+        mirror = self.mirror
         # Step 2
         newest = np.zeros(len(present), dtype=np.int64)
         writes: list[npt.NDArray[np.int64]] = []
@@ -272,7 +424,6 @@ class IndexRefresher:
         )
         stale = newest != recorded
         if mirror is not None:
-            mirror.remove(gone)
             stale |= mirror.sync(present, writes)  # rows of expired keys are dropped there, not re-read
         todo = np.flatnonzero(stale)
         # Step 3
@@ -299,16 +450,4 @@ class IndexRefresher:
                 )
             # Step 4
             self._indexed.update((i, write_ms[i]) for i in kept)
-        self.refreshes += 1
-        self._position = position
-        if mirror is not None:
-            mirror.confirm(began_ms)
-        return RefreshReport(
-            self.version,
-            len(self.index),
-            added,
-            updated,
-            removed,
-            len(present) - len(todo),
-            round(time.perf_counter() - started, 3),
-        )
+        return added, updated, len(present) - len(todo)

@@ -64,9 +64,22 @@ class RetrievalRuntime:
     def refresh_if_changed(self, full_scan_s: float) -> RefreshReport | None:
         """Refresh when an item view wrote a row since the last refresh or ``full_scan_s`` passed.
 
-        Returns the report, or None when skipped (nothing written) or failed (logged, counted).
+        Between full scans, a source with a change feed refreshes only the items it names
+        (:meth:`IndexRefresher.refresh_fed`); without one, or when it cannot say, a write found in
+        the freshness log makes a full refresh. Returns the report, or None when skipped (nothing
+        written) or failed (logged, counted).
         """
         if time.monotonic() - self._scanned_at < full_scan_s:
+            try:  # the change feed first: only the items it names, no scan (None: it cannot say)
+                fed = self.refresher.refresh_fed()
+                if fed is not None:
+                    if fed.added or fed.updated or fed.removed or fed.unchanged:
+                        self.last = fed
+                        return fed
+                    self.skipped += 1
+                    return None
+            except (StoreError, RedisError, OSError) as exc:
+                log.debug("change-feed refresh failed (%s); checking the freshness log", exc)
             try:
                 began_ms = now_ms()
                 if not self.refresher.changed():

@@ -15,6 +15,7 @@ from headwater.serving.artifact import ArtifactError
 from headwater.serving.config import ServingConfig
 from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.retrieval import TowerOptions, load_retrieval, save_towers, train_two_tower
+from headwater.serving.retrieval.refresh import changes_key
 from headwater.serving.store import OnlineStoreReader, now_ms
 from headwater.serving.synthetic import make_world, small_registry, training_set, write_world
 
@@ -117,4 +118,45 @@ def test_a_look_without_a_written_row_scans_nothing_and_a_write_refreshes(
     assert report is not None
     assert report.removed == 1
     assert "fresh" not in runtime.index
+    store.close()
+
+
+def test_the_change_feed_applies_what_it_names_without_a_scan(own_redis: OwnRedis, tmp_path: Path) -> None:
+    world = make_world(REGISTRY, users=100, items=300, seed=33)
+    ts = training_set(REGISTRY, world, slates=600, seed=33)
+    save_towers(tmp_path, train_two_tower(ts, TowerOptions(epochs=1, threads=1)), ts)
+    store = OnlineStore.from_url(own_redis.url)
+    write_world(OnlineStoreReader(store), REGISTRY, world, now_ms())
+    runtime = load_retrieval(tmp_path, REGISTRY, store, threads=1, mirror_sla_share=0.1)
+    mirror = runtime.mirror
+    assert mirror is not None
+    for lay in REGISTRY.item.layouts:  # the refresher subscribed: each item view has its feed
+        assert store.client.exists(changes_key(lay.view, store.namespace))
+    layout = REGISTRY.item.layouts[0]
+    lo, hi = REGISTRY.item.offsets[0], REGISTRY.item.offsets[1]
+
+    def fed_write(ids: list[str], values: np.ndarray) -> None:
+        """A write as a feeding writer makes it (write.lua will name the ids in the same call)."""
+        store.write_batch(layout, ids, values, now_ms())
+        store.client.xadd(changes_key(layout.view, store.namespace), {"k": "\n".join(ids)})
+
+    fed_write(["fresh", world.item_ids[0]], world.items[5:7, lo:hi] * 2.0)
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.added, report.updated, report.removed, report.unchanged) == (1, 1, 0, 0)  # no scan
+    assert "fresh" in runtime.index
+    ids = ["fresh", world.item_ids[0], world.item_ids[1]]
+    look = mirror.lookup(ids, mirror.confirmed_ms)
+    assert look is not None
+    assert look.rows[0] is not None
+    stored = store.read_many([(layout, ids)])[0]
+    np.testing.assert_array_equal(look.rows[0].values, stored.values)
+    np.testing.assert_array_equal(look.rows[0].event_time_ms, stored.event_time_ms)
+    # Nothing written since: a look reads the feeds, no scan, same version.
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    # A write the feed does not name (a writer that does not feed it): the next look scans.
+    store.write_batch(layout, [world.item_ids[1]], world.items[8:9, lo:hi] * 3.0, now_ms())
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.updated, report.unchanged) == (1, 300)
     store.close()

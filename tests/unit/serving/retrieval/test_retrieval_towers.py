@@ -11,6 +11,7 @@ import torch
 
 from headwater.pipelines.store import ViewLayout
 from headwater.serving.artifact import ArtifactError
+from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.registry import BoundRegistry, SideViews
 from headwater.serving.retrieval import (
     ExactIndex,
@@ -23,6 +24,7 @@ from headwater.serving.retrieval import (
     save_towers,
     train_two_tower,
 )
+from headwater.serving.retrieval.refresh import FeedPosition
 from headwater.serving.retrieval.towers import in_batch_loss
 from headwater.serving.store import ViewRows
 from headwater.serving.synthetic import make_world, small_registry, training_set
@@ -158,6 +160,12 @@ class FakeSource:
     def written_since(self, position: tuple[bytes, ...]) -> bool:
         return True
 
+    def feed_position(self) -> FeedPosition | None:
+        return None  # no change feed
+
+    def fed_since(self, since: FeedPosition) -> tuple[set[str], FeedPosition] | None:
+        return None
+
     def vectors(self, ids: list[str]) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
         if not ids:
             return
@@ -202,6 +210,82 @@ class LoggedSource(FakeSource):
 
     def written_since(self, position: tuple[bytes, ...]) -> bool:
         return any(self.log[int(position[0]) :])
+
+
+class FedSource(LoggedSource):
+    """A logged source whose writers also name what they wrote in a change feed (``fed=False``: not)."""
+
+    def __init__(self, side: SideViews) -> None:
+        super().__init__(side)
+        self.feed: list[set[str]] = []
+        self.fed = True
+
+    def put(self, item_id: str, vector: np.ndarray, write_ms: int) -> None:
+        super().put(item_id, vector, write_ms)
+        if self.fed:
+            self.feed.append({item_id})
+
+    def delete(self, item_id: str) -> None:  # a delete through the store API: logged and fed
+        super().delete(item_id)
+        self.log.append(1)
+        self.feed.append({item_id})
+
+    def feed_position(self) -> FeedPosition | None:
+        return FeedPosition((str(len(self.log)).encode(),), (str(len(self.feed)).encode(),))
+
+    def fed_since(self, since: FeedPosition) -> tuple[set[str], FeedPosition] | None:
+        writes = sum(self.log[int(since.fresh[0]) :])
+        named = self.feed[int(since.feed[0]) :]
+        if writes != len(named):
+            return None
+        now = self.feed_position()
+        assert now is not None
+        return set().union(*named), now
+
+
+def test_the_change_feed_refreshes_only_what_it_names_and_a_gap_in_it_scans(
+    trained: tuple[TrainingSet, object],
+) -> None:
+    from headwater.serving.retrieval.runtime import RetrievalRuntime
+
+    model = trained[1].model  # type: ignore[attr-defined]
+    source = FedSource(REGISTRY.item)
+    items = np.random.default_rng(4).gamma(2.0, 2.0, size=(40, REGISTRY.item.dim)).astype(np.float32)
+    for j in range(40):
+        source.put(f"i{j:04d}", items[j], 1000)
+    index = ItemIndex(model.embed_dim, threads=1)
+    mirror = ItemMirror(REGISTRY.item)
+    refresher = IndexRefresher(source, model, index, "abc123", mirror=mirror)
+    runtime = RetrievalRuntime(None, index, refresher, None, refresher.refresh())  # type: ignore[arg-type]
+    assert (source.scans, len(index), len(mirror)) == (1, 40, 40)
+    # Nothing written: no scan, no new version.
+    assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
+    # Two writes and a delete, all fed: applied without a scan, the rows in the mirror too.
+    source.put("i0003", items[5], 2000)
+    source.put("new", items[6], 2000)
+    source.delete("i0007")
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.added, report.updated, report.removed, report.unchanged) == (1, 1, 1, 0)
+    assert (source.scans, report.catalog, report.version) == (1, 40, "abc123.2")
+    assert "i0007" not in index
+    assert "new" in index
+    look = mirror.lookup(["i0003", "new", "i0007"], mirror.confirmed_ms)  # age 0: every view from memory
+    assert look is not None
+    assert look.known.tolist() == [True, True, False]
+    np.testing.assert_array_equal(look.rows[0].values[0], items[5][: REGISTRY.item.layouts[0].dim])
+    # A writer that does not feed it: the feed cannot say, the freshness log makes a full refresh.
+    source.fed = False
+    source.put("i0001", items[9], 3000)
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.updated, source.scans) == (1, 2)
+    # From there, fed writes are applied without a scan again.
+    source.fed = True
+    source.put("i0002", items[9], 4000)
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.updated, report.unchanged, source.scans) == (1, 0, 2)
 
 
 def test_incremental_refresh_upserts_changed_and_removes_deleted(trained: tuple[TrainingSet, object]) -> None:
