@@ -35,6 +35,12 @@
 --   v   the view version of the call's values (from the first record's header, offsets 3 and 40).
 -- Readers: headwater.pipelines.freshness.samples. Keep both in sync.
 --
+-- Change feed (only while the capped stream <namespace>:changes:{<view>} exists: a reader creates it,
+-- the serving index refresher for the item views; otherwise one EXISTS per call): when the call wrote
+-- rows, one XADD there with k = the written entity ids (status "1"), newline-separated, in the same
+-- call as the freshness entry, so a reader that finds a freshness entry with n > 0 and no feed entry
+-- knows the feed missed a write. Reader: headwater.serving.retrieval.refresh (FEED_MAXLEN, changes_key).
+--
 -- Common case in one call per key: SET ... PXAT ... GET stores the new value and returns the old one.
 -- When the old one must win, it is put back with its own absolute expiry (expire_at_ms at
 -- offset 24), inside this script, so no reader ever sees the rejected value.
@@ -144,5 +150,16 @@ if ns and nkeys > 0 then
     'w', fmt('%.0f', unpack('<i8', blob, 17)), 'n', written, 'r', nkeys,
     'lo', fmt('%.0f', distinct[1] or 0), 'hi', fmt('%.0f', hi), 's', table.concat(parts, ','),
     'v', string.sub(blob, 41, 40 + string.byte(blob, 4)))
+  -- Change feed: only where a reader created it (the serving index refresher, for item views).
+  local feed = ns .. ':changes:{' .. view .. '}'
+  if written > 0 and redis.call('EXISTS', feed) == 1 then
+    local cut, ids = #ns + #view + 5, {}
+    for i = 1, nkeys do
+      if out[i] == '1' then
+        ids[#ids + 1] = sub(KEYS[i], cut)
+      end
+    end
+    redis.call('XADD', feed, 'MAXLEN', '~', 1000, '*', 'k', table.concat(ids, '\n'))
+  end
 end
 return table.concat(out)

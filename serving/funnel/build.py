@@ -72,4 +72,5 @@ def build_funnel(
             )
     reranker = load_funnel_reranker(model_path, loaded)
     retriever = runtime.retriever if runtime else None
-    return FunnelParts(recent, retriever, reranker, runtime, config.index_refresh_s, config.index_full_scan_s)
+    refresh = (config.index_refresh_s, config.index_full_scan_s, config.index_feed_s)
+    return FunnelParts(recent, retriever, reranker, runtime, *refresh)

@@ -34,6 +34,11 @@ class FunnelConfig(BaseModel):
     index_refresh_s: float = Field(default=30.0, gt=0.0)
     """How often the item index looks for changes: a refresh (a scan of the catalog's write times)
     runs when an item view's freshness log shows a written row since the last one."""
+    index_feed_s: float | None = Field(default=2.0, gt=0.0)
+    """How often the item views' change feeds are read between those looks: the items they name are
+    re-read and re-embedded without a scan (``serving/retrieval/refresh.py``), so a write reaches the
+    index and the in-memory item rows within about this long. When a feed cannot say (a writer that
+    does not feed it), only the ``index_refresh_s`` look refreshes. None: no feed reads."""
     index_full_scan_s: float = Field(default=600.0, gt=0.0)
     """A refresh runs at least this often even without a write: expired items are dropped from the
     index within it (expiry writes nothing to the log). Set it to ``index_refresh_s`` to scan at

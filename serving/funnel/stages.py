@@ -127,6 +127,8 @@ class FunnelParts:
     refresh_s: float = 30.0
     full_scan_s: float | None = None
     """A refresh at least this often, changed or not (None: at every look)."""
+    feed_s: float | None = None
+    """Read the item views' change feeds this often between looks (None: no feed reads)."""
 
     def retrieval_version(self) -> str | None:
         """Return the index version (``<model>.<refresh>``), or None without retrieval."""
@@ -141,7 +143,7 @@ class FunnelParts:
         if start is not None:
             start()
         if self.runtime is not None:
-            self.runtime.start(self.refresh_s, self.full_scan_s)
+            self.runtime.start(self.refresh_s, self.full_scan_s, self.feed_s)
 
     async def stop(self) -> None:
         """Stop them (the writer writes what it holds first)."""

@@ -61,13 +61,14 @@ class RetrievalRuntime:
         """The item views' rows in memory, kept in step by the refresher (None: not kept)."""
         return self.refresher.mirror
 
-    def refresh_if_changed(self, full_scan_s: float) -> RefreshReport | None:
+    def refresh_if_changed(self, full_scan_s: float, look_log: bool = True) -> RefreshReport | None:
         """Refresh when an item view wrote a row since the last refresh or ``full_scan_s`` passed.
 
         Between full scans, a source with a change feed refreshes only the items it names
         (:meth:`IndexRefresher.refresh_fed`); without one, or when it cannot say, a write found in
         the freshness log makes a full refresh. Returns the report, or None when skipped (nothing
-        written) or failed (logged, counted).
+        written) or failed (logged, counted). ``look_log`` False: only the feed is read (a look
+        between the freshness-log looks); when it cannot say, nothing happens until the next one.
         """
         if time.monotonic() - self._scanned_at < full_scan_s:
             try:  # the change feed first: only the items it names, no scan (None: it cannot say)
@@ -80,6 +81,8 @@ class RetrievalRuntime:
                     return None
             except (StoreError, RedisError, OSError) as exc:
                 log.debug("change-feed refresh failed (%s); checking the freshness log", exc)
+            if not look_log:
+                return None
             try:
                 began_ms = now_ms()
                 if not self.refresher.changed():
@@ -107,20 +110,25 @@ class RetrievalRuntime:
             return None
         return self.last
 
-    def start(self, interval_s: float, full_scan_s: float | None = None) -> None:
+    def start(self, interval_s: float, full_scan_s: float | None = None, feed_s: float | None = None) -> None:
         """Every ``interval_s`` seconds on a daemon thread, :meth:`refresh_if_changed` (idempotent).
 
         ``full_scan_s`` (default ``interval_s``: a scan every time) bounds how long an expired item
-        stays in the index.
+        stays in the index; ``feed_s``: read the change feeds this often in between (None: not).
         """
         if self._thread is not None:
             return
         self._stop.clear()
         every = interval_s if full_scan_s is None else max(full_scan_s, interval_s)
+        tick = interval_s if feed_s is None else min(feed_s, interval_s)
 
         def loop() -> None:
-            while not self._stop.wait(interval_s):
-                self.refresh_if_changed(every)
+            looked = time.monotonic()
+            while not self._stop.wait(tick):
+                look_log = time.monotonic() - looked >= interval_s - 1e-3
+                if look_log:
+                    looked = time.monotonic()
+                self.refresh_if_changed(every, look_log)
 
         self._thread = threading.Thread(target=loop, name="headwater-retrieval-refresh", daemon=True)
         self._thread.start()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headwater.pipelines.store import OnlineStore
+from headwater.pipelines.store import OnlineStore, freshness_key
 from headwater.pipelines.store.testing import OwnRedis
 from headwater.serving.artifact import ArtifactError
 from headwater.serving.config import ServingConfig
@@ -107,7 +107,8 @@ def test_a_look_without_a_written_row_scans_nothing_and_a_write_refreshes(
     store.write_batch(layout, ["fresh"], world.items[:1, lo:hi], now_ms())
     report = runtime.refresh_if_changed(full_scan_s=3600.0)
     assert report is not None
-    assert (report.added, report.unchanged, report.version.rsplit(".", 1)[1]) == (1, 300, "2")
+    # write.lua named it in the item view's change feed: embedded without a scan (0 others looked at)
+    assert (report.added, report.unchanged, report.version.rsplit(".", 1)[1]) == (1, 0, "2")
     assert "fresh" in runtime.index
     # A key that goes away writes nothing to the log: only the full-scan period removes it.
     for lay in REGISTRY.item.layouts:
@@ -135,12 +136,8 @@ def test_the_change_feed_applies_what_it_names_without_a_scan(own_redis: OwnRedi
     layout = REGISTRY.item.layouts[0]
     lo, hi = REGISTRY.item.offsets[0], REGISTRY.item.offsets[1]
 
-    def fed_write(ids: list[str], values: np.ndarray) -> None:
-        """A write as a feeding writer makes it (write.lua will name the ids in the same call)."""
-        store.write_batch(layout, ids, values, now_ms())
-        store.client.xadd(changes_key(layout.view, store.namespace), {"k": "\n".join(ids)})
-
-    fed_write(["fresh", world.item_ids[0]], world.items[5:7, lo:hi] * 2.0)
+    # write.lua names the written ids in the feed, in the same call as the freshness entry.
+    store.write_batch(layout, ["fresh", world.item_ids[0]], world.items[5:7, lo:hi] * 2.0, now_ms())
     report = runtime.refresh_if_changed(full_scan_s=3600.0)
     assert report is not None
     assert (report.added, report.updated, report.removed, report.unchanged) == (1, 1, 0, 0)  # no scan
@@ -154,9 +151,21 @@ def test_the_change_feed_applies_what_it_names_without_a_scan(own_redis: OwnRedi
     np.testing.assert_array_equal(look.rows[0].event_time_ms, stored.event_time_ms)
     # Nothing written since: a look reads the feeds, no scan, same version.
     assert runtime.refresh_if_changed(full_scan_s=3600.0) is None
-    # A write the feed does not name (a writer that does not feed it): the next look scans.
+    # The feed gone (deleted): it cannot say what it missed, so the next look scans; the scan
+    # re-creates it, and fed writes apply without a scan again.
+    store.client.delete(changes_key(layout.view, store.namespace))
     store.write_batch(layout, [world.item_ids[1]], world.items[8:9, lo:hi] * 3.0, now_ms())
     report = runtime.refresh_if_changed(full_scan_s=3600.0)
     assert report is not None
     assert (report.updated, report.unchanged) == (1, 300)
+    store.write_batch(layout, [world.item_ids[2]], world.items[9:10, lo:hi] * 3.0, now_ms())
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.updated, report.unchanged) == (1, 0)
+    # A write the feed does not name (a writer of an older write.lua: a freshness entry with rows and
+    # no feed entry): the feed cannot be trusted for it, the look scans.
+    store.client.xadd(freshness_key(layout.view, store.namespace), {"w": now_ms(), "n": 1, "r": 1})
+    report = runtime.refresh_if_changed(full_scan_s=3600.0)
+    assert report is not None
+    assert (report.updated, report.unchanged) == (0, 301)
     store.close()

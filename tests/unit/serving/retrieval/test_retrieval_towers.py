@@ -277,6 +277,8 @@ def test_the_change_feed_refreshes_only_what_it_names_and_a_gap_in_it_scans(
     # A writer that does not feed it: the feed cannot say, the freshness log makes a full refresh.
     source.fed = False
     source.put("i0001", items[9], 3000)
+    assert runtime.refresh_if_changed(full_scan_s=3600.0, look_log=False) is None  # a feed-only look
+    assert source.scans == 1
     report = runtime.refresh_if_changed(full_scan_s=3600.0)
     assert report is not None
     assert (report.updated, source.scans) == (1, 2)
