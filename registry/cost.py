@@ -657,43 +657,65 @@ def nearline_state(
 
     One record per (entity, pane start) of each slide that an event hit (pipelines/windows/panes.py
     folds an event only into the features whose filter keeps it): ``state_pane_bytes`` each, plus
-    ``state_slot_bytes`` per aggregation whose filter an event of that pane passed. A record lives
-    as long as the view's longest window needs it (``PaneAggregator.horizon``: the oldest start any
-    feature's boundary needs), whichever slide made it. Records follow :func:`pane_occupancy` over
-    visits: a session's events come seconds apart, so one visit of an entity brings several events
-    to a pane (``Calibration.pane_burst``, measured per filter set and slide; the run burst where
-    not measured). The slides of a view share one record per pane start (the panes of an entity
-    are one dict): a route's records at starts of a longer route that keeps all its events are
-    counted once. A counter map (distinct_count, top_k: ``[[value, count], ...]``) holds an entry
-    per distinct value of its pane: the first is in ``state_slot_bytes``, each further event of the
-    record adds ``state_running_event_bytes`` (an upper bound: every value new). Every event's id is
-    kept ``dedup_window_s``; a re-keyed view (``shape.rekeyed``) keeps them twice: the source
-    partition's task de-duplicates every event and the repartitioned task
-    (pipelines/nearline/repartition.py, its own store) every forwarded one. ``age_s``: how long the
-    stream has run (a calibration stream shorter than the window; ``None``: the steady state).
+    ``state_slot_bytes`` per aggregation whose filter an event of that pane passed. A record lives as
+    long as a feature whose slide divides its start still needs it (pipelines/nearline/task.py
+    ``_expire``): a route's records live its longest window, those at starts on a longer-lived route's
+    grid (a share ``slide / that slide``) as long as that route's. Records follow :func:`pane_occupancy`
+    over visits: a session's events come seconds apart, so one visit of an entity brings several events
+    to a pane (``Calibration.pane_burst``, measured per filter set and slide; the run burst where not
+    measured). The slides of a view share one record per pane start (the panes of an entity are one
+    dict): a route's records at starts of a longer route that keeps all its events are counted once. A
+    counter map (distinct_count, top_k: ``[[value, count], ...]``) holds an entry per distinct value of
+    its pane: the first is in ``state_slot_bytes``, each further event of the record adds
+    ``state_running_event_bytes`` (an upper bound: every value new). Every event's id is kept
+    ``dedup_window_s``; a re-keyed view (``shape.rekeyed``) keeps them twice: the source partition's
+    task de-duplicates every event and the repartitioned task (pipelines/nearline/repartition.py, its
+    own store) every forwarded one. ``age_s``: how long the stream has run (a calibration stream shorter
+    than the window; ``None``: the steady state).
     """
     profile = cal.profile(stream)
     routes: dict[float, list[tuple[str, Expr | None]]] = {}
-    for (kind, _, _), (_, where, slide) in zip(shape.aggs, shape.agg_filters, strict=True):
+    life: dict[float, float] = {}  # slide -> how long its records live: its longest window
+    for (kind, _, _), (agg_window, where, slide) in zip(shape.aggs, shape.agg_filters, strict=True):
         routes.setdefault(slide, []).append((kind, where))
-    window = max(shape.longest_window_s, 1.0)  # every record lives until the longest window drops it
+        life[slide] = max(life.get(slide, 1.0), agg_window)
     if age_s is not None:  # a stream younger than the window holds its age's events only
-        window = max(min(window, age_s), 1.0)
-    per_route: dict[float, float] = {}
-    partials = entries = 0.0
-    for slide, aggs in routes.items():
+        life = {slide: max(min(w, age_s), 1.0) for slide, w in life.items()}
+
+    def occupancy(slide: float, aggs: list[tuple[str, Expr | None]], window: float) -> tuple[float, ...]:
+        """Return (records, partial bytes, counter-map entry bytes) of one route over ``window``."""
         panes = window / max(slide, 1.0) + 1  # the pane starts a window's events fall in, on average
         wheres = [w for _, w in aggs]
         hits = rate_per_s * hit_share(wheres, cal) * window
         burst = cal.pane_burst(wheres, stream, slide) or hit_burst(wheres, cal, stream)
-        per_route[slide] = pane_occupancy(hits, burst, panes, entities, profile)[1]
+        records = pane_occupancy(hits, burst, panes, entities, profile)[1]
+        partials = entries = 0.0
         for kind, where in aggs:
             own = rate_per_s * cal.share(where) * window
             b = cal.pane_burst([where], stream, slide) or cal.burst(where, stream)
             filled = pane_occupancy(own, b, panes, entities, profile)[1]
             partials += filled * cal.per_agg("state_slot_bytes", kind)
             entries += max(0.0, own - filled) * cal.per_agg("state_running_event_bytes", kind)
-    records = sum(per_route.values()) - shared_records(routes, per_route)
+        return records, partials, entries
+
+    per_route: dict[float, float] = {}
+    at_longer: dict[float, float] = {}  # slide -> its records at the starts of its longest multiple
+    partials = entries = 0.0
+    for slide, aggs in routes.items():
+        multiples = multiples_of(slide, routes)
+        longer = max(multiples, key=lambda s: (life[s], s), default=None)
+        # the starts on the longer-lived route's grid (a share slide / its slide) live as long as it
+        lives = life[longer] if longer is not None else 0.0
+        share = slide / longer if longer is not None and lives > life[slide] else 0.0
+        own = occupancy(slide, aggs, life[slide])
+        kept = occupancy(slide, aggs, lives) if share else own
+        per_route[slide] = own[0] * (1 - share) + kept[0] * share
+        partials += own[1] * (1 - share) + kept[1] * share
+        entries += own[2] * (1 - share) + kept[2] * share
+        if multiples:
+            top = max(multiples)
+            at_longer[slide] = occupancy(slide, aggs, max(life[slide], life[top]))[0] * slide / top
+    records = sum(per_route.values()) - shared_records(routes, at_longer)
     ids = rate_per_s * dedup_window_s * (2 if shape.rekeyed else 1)
     id_bytes = cal.scalar("state_dedup_id_bytes")
     state = records * cal.scalar("state_pane_bytes") + partials + entries + ids * id_bytes
@@ -707,13 +729,21 @@ def nearline_state(
     return state, basis
 
 
-def shared_records(routes: dict[float, list[tuple[str, Expr | None]]], records: dict[float, float]) -> float:
+def multiples_of(slide: float, slides: Iterable[float]) -> list[float]:
+    """Return the longer ``slides`` whose pane starts are all starts of ``slide`` too (multiples)."""
+    return [s for s in slides if s > slide and round(s * 1000) % max(round(slide * 1000), 1) == 0]
+
+
+def shared_records(
+    routes: dict[float, list[tuple[str, Expr | None]]], at_longer: dict[float, float]
+) -> float:
     """Return the records two slides of one view share (one record per entity and pane start).
 
     A route's record at a start that is also a start of a longer route (its slide a multiple)
-    whose filters keep every event this route keeps is that route's record too: the share of the
-    shorter route's starts that fall on the longer one's, ``slide / longer slide``, counted once.
-    Each route is paired with its longest such route only (no start is taken off twice).
+    whose filters keep every event this route keeps is that route's record too, counted once.
+    ``at_longer``: each route's records at the starts of its longest multiple (they live as long as
+    the longer of the two windows); at a shorter multiple's starts, that times the two slides'
+    ratio. Each route is paired with its longest such route only (no start is taken off twice).
     """
 
     def keeps(aggs: list[tuple[str, Expr | None]]) -> set[str] | None:  # None: every event
@@ -724,15 +754,14 @@ def shared_records(routes: dict[float, list[tuple[str, Expr | None]]], records: 
     shared = 0.0
     for slide in sorted(routes):
         mine = keeps(routes[slide])
+        multiples = multiples_of(slide, routes)
         longer = [
             s
-            for s in routes
-            if s > slide
-            and round(s * 1000) % max(round(slide * 1000), 1) == 0
-            and ((theirs := keeps(routes[s])) is None or (mine is not None and mine <= theirs))
+            for s in multiples
+            if (theirs := keeps(routes[s])) is None or (mine is not None and mine <= theirs)
         ]
         if longer:
-            shared += records[slide] * slide / max(longer)
+            shared += at_longer.get(slide, 0.0) * max(multiples) / max(longer)
     return shared
 
 

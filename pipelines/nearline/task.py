@@ -416,11 +416,26 @@ class PartitionTask:
                 out.outbox[name] = {"live": bool(live), "entities": sorted(listed)}
 
     def _expire(self, vs: ViewState, dirty: set[tuple[str, str, int]]) -> tuple[int, set[str]]:
-        """Drop panes no boundary from ``t_pub`` on needs; return (panes dropped, entities left empty)."""
-        cutoff = vs.agg.horizon(vs.t_pub)
+        """Drop panes no boundary from ``t_pub`` on needs; return (panes dropped, entities left empty).
+
+        A record at pane start ``s`` can hold a partial of a feature only when that feature's slide
+        divides ``s`` (an event goes to its pane start of each slide), so it is needed while one
+        such feature's window from ``t_pub`` on still reaches it. A short window's records (on its
+        slide's grid alone) go when that window leaves them, not with the view's longest window; a
+        start that is also on a longer window's grid lives as long as that window.
+        """
+        oldest: dict[int, int] = {}  # slide -> the oldest start a feature of that slide still needs
+        for f in vs.spec.features:
+            start = f.window_start(vs.t_pub)
+            oldest[f.slide_ms] = min(start, oldest.get(f.slide_ms, start))
+        cutoff, last = min(oldest.values()), max(oldest.values())
+
+        def dead(s: int) -> bool:
+            return s < cutoff or (s < last and all(s < o for slide, o in oldest.items() if s % slide == 0))
+
         count = 0
         emptied: set[str] = set()
-        for start in [s for s in vs.index if s < cutoff]:
+        for start in [s for s in vs.index if dead(s)]:
             for entity in vs.index.pop(start):
                 panes = vs.entities.get(entity)
                 if panes is not None and panes.pop(start, None) is not None:

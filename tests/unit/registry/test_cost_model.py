@@ -466,22 +466,26 @@ def occupancy(runs: float, panes: float, entities: float = 100) -> float:
     return entities * panes * -math.expm1(-runs / entities / panes)
 
 
-def test_a_nearline_record_lives_as_long_as_the_views_longest_window_and_slides_share_a_start() -> None:
+def test_a_nearline_record_lives_as_long_as_a_window_on_its_start_needs_it_and_slides_share_a_start() -> None:
     tier = TIERS["nearline"]
     hour = feature("h", window="1h", slide="1m")
     day = feature("d", window="24h", slide="10m")
     fp = estimate_footprint((hour, day), 0.01, tier, 100, 12, CAL)
-    # every record lives until the 24 h window drops it (PaneAggregator.horizon), whichever slide made it:
-    # 864 events a day, as visits of one event; the 1-min route over 1,441 panes, the 10-min one over 145
-    minute, ten = occupancy(864, 1441), occupancy(864, 145)
-    # a tenth of the minute records start on a ten-minute start: one record there, not two
-    records = minute + ten - minute * 60 / 600
+    # a record lives while a feature whose slide divides its start needs it (task._expire): the 1-min
+    # route's records live 1 h (36 events over 61 panes), those of its starts on the 10-min grid (a
+    # tenth) 24 h (864 events over 1,441 panes); the 10-min route's 24 h (145 panes)
+    short, kept, ten = occupancy(36, 61), occupancy(864, 1441), occupancy(864, 145)
+    minute = short * 0.9 + kept * 0.1
+    # the minute records on a ten-minute start are the ten-minute route's: one record there, not two
+    records = minute + ten - kept * 0.1
     assert fp.state_bytes == pytest.approx(records * 40 + (minute + ten) * 4)
     # a longer route that does not keep every event of the shorter one shares nothing
     clicks = feature("d", window="24h", slide="10m", where="event_type = 'click'")
     apart = estimate_footprint((hour, clicks), 0.01, tier, 100, 12, CAL)
     shown = 864 * 0.25  # the click filter keeps CAL's selectivity
     assert apart.state_bytes == pytest.approx((minute + occupancy(shown, 145)) * (40 + 4))
+    # before (every record until the view's longest window dropped it) the 1-min route held 24 h
+    assert fp.state_bytes < (occupancy(864, 1441) + ten - occupancy(864, 1441) * 0.1) * 40 + (kept + ten) * 4
 
 
 def test_a_nearline_stream_younger_than_the_window_holds_its_age() -> None:
