@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality_data
 
 from headwater.serving.model import linear_logits
-from headwater.serving.quality_sets import generator_set
+from headwater.serving.quality_sets import NEIGHBOUR_FEATURES, generator_set
 from headwater.serving.train import (
     TrainOptions,
     _score_dcn,
@@ -83,17 +83,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dcn_pointwise": {"loss": "pointwise"},
     "dcn_joint_position_bias": {"loss": "mixed", "position_bias": "joint"},
     "dcn_no_category": {"loss": "mixed", "pair": False},
+    "dcn_no_neighbour": {"loss": "mixed", "drop": NEIGHBOUR_FEATURES},
     "dcn_raw_counts": {"loss": "mixed", "log_counts": "none"},
     "dcn_pairwise": {"loss": "mixed", "pairwise_weight": 0.5},
     "dcn_early_stopping": {"loss": "mixed", "early_stopping": 0.1, "epochs": 20},
 }
-"""DCN variants: TrainOptions fields and ``pair: False`` to leave out the pair (user x category) inputs.
+"""DCN variants: TrainOptions fields, ``pair: False`` to leave out every pair (user x item) input and
+``drop`` to leave out the named ones (``dcn_no_neighbour``: the collaborative inputs).
 Every variant takes log(1 + x) of its count inputs (``TrainOptions.log_counts="auto"``, the default:
 on these sets the user's and the item's clicks and impressions) unless it says ``log_counts: "none"``
 (``dcn_raw_counts``, the models before; ``linear_raw_counts`` is the fallback on the same inputs).
 ``dcn_pairwise`` adds a within-slate RankNet term (weight 0.5); ``dcn_early_stopping`` trains up to 20
 epochs and keeps the best on the latest 10% of the training slates (not trained on)."""
-DEFAULT_VARIANTS = "dcn,dcn_cold,dcn_pointwise,dcn_listwise,dcn_pairwise,dcn_no_category,dcn_raw_counts"
+DEFAULT_VARIANTS = "dcn,dcn_pairwise,dcn_no_neighbour,dcn_no_category,dcn_raw_counts"
 
 
 def als_scores(train: TrainingSet, test: TrainingSet, seed: int) -> npt.NDArray[np.float64]:
@@ -153,12 +155,15 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
     ``ts`` still holds its pair (on-demand) features apart: each variant takes them as item inputs
     (:meth:`TrainingSet.for_ranker`, what ``headwater model train`` does) unless it says not to.
     """
+    ts = ts.user_at_slate_start()  # what ``model train`` does (a no-op on the Python sets: built so)
     train_rows, test_rows = split_by_time(ts, 0.2)
     scores: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     for name in variants:
         spec = dict(VARIANTS[name])
-        full = (ts if spec.pop("pair", True) else replace(ts, pair={})).for_ranker()
+        drop = set(spec.pop("drop", ()))
+        kept = ts if spec.pop("pair", True) else replace(ts, pair={})
+        full = replace(kept, pair={k: v for k, v in kept.pair.items() if k not in drop}).for_ranker()
         train, test = full.take(train_rows), full.take(test_rows)
         started = time.process_time()
         opts = TrainOptions(seed=seed, device="cpu", **{"epochs": epochs, **spec})

@@ -17,6 +17,15 @@ slate at once (counting the slate's own earlier slots would leak the position in
   (the same over the user's impressions: the slates a user was shown follow their taste, and there
   are ten impressions per click) and ``category_ctr`` (the user's clicks per impression in this
   category);
+- neighbour (collaborative, user x item; ``pair.<f>`` too, with ``collaborative=True``, the
+  default): ``neighbour_ctr`` (the item's click rate among the impressions of it to users who
+  clicked any item this user had clicked, summed over those items and smoothed toward the item's
+  own click rate with :data:`NEIGHBOUR_PRIOR` impressions), ``neighbour_lift`` (that rate over the
+  item's own smoothed rate) and ``neighbour_impressions`` (the impressions it rests on). What other
+  users with this user's taste did with this item: information no count of the user or of the item
+  holds (the inputs above cannot order MovieLens slates better than ``item_coec`` alone). The co-click
+  counts are point-in-time like the rest, the user's clicked items as of the slate's start. The
+  service has no such slot yet: in the product it is what an item-embedding input would carry;
 - ``position`` (the slot the impression was shown at): a training-only input of the ranker's
   position-bias term (:mod:`headwater.serving.train`), never a serving input.
 
@@ -48,6 +57,13 @@ from headwater.serving.trainset import TrainingSet
 USER_FEATURES = ("clicks", "impressions", "ctr")
 ITEM_FEATURES = ("item_impressions", "item_clicks", "item_ctr", "item_coec")
 PAIR_FEATURES = ("category_click_share", "category_impression_share", "category_ctr")
+NEIGHBOUR_FEATURES = ("neighbour_ctr", "neighbour_lift", "neighbour_impressions")
+NEIGHBOUR_PRIOR = 5.0
+"""Impressions at the item's own click rate added to ``neighbour_ctr`` (and to the item's rate, at
+the click rate of all impressions so far): a pair with little co-click evidence scores near the
+item's rate."""
+NEIGHBOUR_MAX_ITEMS = 5_000
+"""Most distinct items of a set with the neighbour features (two dense item x item count matrices)."""
 COEC_PRIOR = 1.0
 """Expected clicks added to both sides of ``item_coec``: an item never shown scores 1 (as expected)."""
 ML_SESSION_GAP_S = 1_800
@@ -68,6 +84,79 @@ class _Own:
     cat_clicks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+class CoClicks:
+    """Point-in-time co-click counts between items, for the neighbour features.
+
+    ``shown[j, i]``: impressions of item ``i`` to users who clicked item ``j`` (whenever they did);
+    ``clicked[j, i]``: clicks of ``i`` by users who clicked ``j`` (``j != i``). Both count the
+    events seen so far.
+    """
+
+    def __init__(self, items: Sequence[str], users: Sequence[str]) -> None:
+        if len(items) > NEIGHBOUR_MAX_ITEMS:
+            msg = (
+                f"neighbour features: {len(items)} items, at most {NEIGHBOUR_MAX_ITEMS} (dense item x item"
+                " counts); build the set with collaborative=False"
+            )
+            raise ValueError(msg)
+        self.item = {name: j for j, name in enumerate(items)}
+        self.user = {name: j for j, name in enumerate(users)}
+        n, m = len(items), len(users)
+        self.shown = np.zeros((n, n), np.float32)
+        self.clicked = np.zeros((n, n), np.float32)
+        self.user_shown = np.zeros((m, n), np.float32)
+        self.user_clicked = np.zeros((m, n), np.float32)
+        self.liked: list[list[int]] = [[] for _ in range(m)]
+        """Items each user clicked, in the order first clicked (append-only: a prefix is a past state)."""
+        self.impressions = 0
+        self.clicks = 0
+        self.item_impressions = np.zeros(n, np.float64)
+        self.item_clicks = np.zeros(n, np.float64)
+
+    def liked_so_far(self, user: str) -> int:
+        """How many items ``user`` has clicked so far (a prefix length of its liked list)."""
+        return len(self.liked[self.user[user]])
+
+    def features(self, user: str, item: str, liked: int) -> tuple[float, float, float]:
+        """``(neighbour_ctr, neighbour_lift, neighbour_impressions)`` of ``item`` for ``user``.
+
+        ``liked``: how many of the user's clicked items count (:meth:`liked_so_far` at the slate's start).
+        """
+        i = self.item[item]
+        rate = (self.clicks + 1.0) / (self.impressions + 2.0)
+        own = (self.item_clicks[i] + NEIGHBOUR_PRIOR * rate) / (self.item_impressions[i] + NEIGHBOUR_PRIOR)
+        mine = self.liked[self.user[user]][:liked]
+        shown = float(self.shown[mine, i].sum()) if mine else 0.0
+        clicked = float(self.clicked[mine, i].sum()) if mine else 0.0
+        ctr = (clicked + NEIGHBOUR_PRIOR * own) / (shown + NEIGHBOUR_PRIOR)
+        return ctr, ctr / own, shown
+
+    def impression(self, user: str, item: str) -> None:
+        """Count an impression of ``item`` to ``user``."""
+        u, i = self.user[user], self.item[item]
+        if self.liked[u]:
+            self.shown[self.liked[u], i] += 1.0
+            self.shown[i, i] = 0.0  # the diagonal stays 0: an item is no neighbour of itself
+        self.user_shown[u, i] += 1.0
+        self.item_impressions[i] += 1.0
+        self.impressions += 1
+
+    def click(self, user: str, item: str) -> None:
+        """Count a click of ``item`` by ``user`` (a first click also credits the user's past to ``item``)."""
+        u, i = self.user[user], self.item[item]
+        others = [j for j in self.liked[u] if j != i]
+        if others:
+            self.clicked[others, i] += 1.0
+        if self.user_clicked[u, i] == 0.0:  # first click: the user's whole past joins item i's row
+            self.shown[i] += self.user_shown[u]
+            self.clicked[i] += self.user_clicked[u]
+            self.shown[i, i] = self.clicked[i, i] = 0.0
+            self.liked[u].append(i)
+        self.user_clicked[u, i] += 1.0
+        self.item_clicks[i] += 1.0
+        self.clicks += 1
+
+
 @dataclass(frozen=True)
 class Truth:
     """What a generator knew about one impression (joined by ``event_id``)."""
@@ -82,14 +171,23 @@ def events_training_set(
     truth: Mapping[str, Truth] | None = None,
     until_ms: int | None = None,
     name: str = "events",
+    collaborative: bool = True,
 ) -> TrainingSet:
     """Return the labelled impressions of ``events`` (time order) with point-in-time features.
 
     ``truth`` (by ``event_id``) adds the ``oracle`` and ``oracle_relevance`` columns; impressions
     without it are left out when it is given. Impressions at or after ``until_ms`` are left out
     (their clicks may not have been emitted yet) but still count in later features.
+    ``collaborative`` adds the neighbour features (:class:`CoClicks`).
     """
     stream = list(events)
+    co = (
+        CoClicks(sorted({e["item_id"] or "" for e in stream}), sorted({e["user_id"] for e in stream}))
+        if collaborative
+        else None
+    )
+    slate_liked: dict[str, int] = {}
+    neighbour: list[tuple[float, float, float]] = []
     clicked = {(e["session_id"], e["item_id"], e["position"]) for e in stream if e["event_type"] == "click"}
     user_clk: dict[str, int] = defaultdict(int)
     user_imp: dict[str, int] = defaultdict(int)
@@ -112,6 +210,8 @@ def events_training_set(
             if position == 1:
                 pages[session] += 1
                 own[session] = _Own()
+                if co is not None:
+                    slate_liked[session] = co.liked_so_far(user)
             mine = own.setdefault(session, _Own())
             known = truth.get(e["event_id"]) if truth is not None else None
             keep = (truth is None or known is not None) and (until_ms is None or e["event_time"] < until_ms)
@@ -130,6 +230,11 @@ def events_training_set(
                     cc / uc if uc else nan, ci / ui if ui else nan, cc / ci if ci else nan,
                     known.p_click if known else nan, known.relevance if known else nan,
                 ))  # fmt: skip
+                if co is not None:
+                    liked = slate_liked.setdefault(session, co.liked_so_far(user))
+                    neighbour.append(co.features(user, item, liked))
+            if co is not None:
+                co.impression(user, item)
             item_exp[item] += (pos_clk[position] + 0.1) / (pos_imp[position] + 1.0)
             user_imp[user] += 1
             item_imp[item] += 1
@@ -138,6 +243,8 @@ def events_training_set(
             mine.impressions += 1
             mine.cat_impressions[cat] += 1
         elif kind == "click":
+            if co is not None:
+                co.click(user, item)
             user_clk[user] += 1
             item_clk[item] += 1
             cat_clk[(user, cat)] += 1
@@ -150,6 +257,10 @@ def events_training_set(
         raise ValueError(msg)
     col = list(zip(*rows, strict=True))
     floats = np.asarray(col[6:16], np.float32).T
+    pair = {f: floats[:, 7 + j].copy() for j, f in enumerate(PAIR_FEATURES)}
+    if co is not None:
+        values = np.asarray(neighbour, np.float32).reshape(-1, len(NEIGHBOUR_FEATURES))
+        pair.update({f: values[:, j].copy() for j, f in enumerate(NEIGHBOUR_FEATURES)})
     return TrainingSet(
         USER_FEATURES,
         ITEM_FEATURES,
@@ -166,7 +277,7 @@ def events_training_set(
             if truth is not None
             else {}
         ),
-        pair={f: floats[:, 7 + j].copy() for j, f in enumerate(PAIR_FEATURES)},
+        pair=pair,
         position=np.asarray(col[5], np.int64),
     )
 
@@ -283,8 +394,10 @@ def events_source(features: Path, name: str = "events") -> Any:
 
 __all__ = [
     "ITEM_FEATURES",
+    "NEIGHBOUR_FEATURES",
     "PAIR_FEATURES",
     "USER_FEATURES",
+    "CoClicks",
     "Imported",
     "Truth",
     "events_source",

@@ -85,6 +85,28 @@ class TrainingSet:
             None if self.position is None else self.position[rows],
         )
 
+    def user_at_slate_start(self) -> TrainingSet:
+        """Return the set with every row's user inputs those of its slate's first row.
+
+        The service reads a user's vector once and scores the whole slate with it, so within a
+        served slate every user input is one value. A training set joined as of each impression's
+        own time instead counts the slate's earlier impressions into its later rows (a 5-minute
+        impressions counter rises by one per slot), so a user input tracks the slot within the
+        slate: the position leaks into it, a model learns that order, and the service can never use
+        it (the ``make demo`` set: ``user.impressions_5m`` alone scored NDCG@10 0.705 within slates
+        against the DCN's 0.582, and it varied inside 99% of the slates). The first row is the
+        earliest (``event_time``, then ``position``, then row order). On-demand (pair) columns are
+        left as they are: they were computed from the rows' own user values.
+        """
+        if len(self) == 0:
+            return self
+        slot = self.position if self.position is not None else np.zeros(len(self), np.int64)
+        order = np.lexsort((np.arange(len(self)), slot, self.event_time_ms, self.group))
+        grouped = self.group[order]
+        first = order[np.r_[True, grouped[1:] != grouped[:-1]]]  # one row per slate, slates ascending
+        _, slate = np.unique(self.group, return_inverse=True)
+        return replace(self, user=self.user[first[slate]])
+
     def for_ranker(self) -> TrainingSet:
         """Return the set with the on-demand (pair) features appended to the item inputs, in order.
 

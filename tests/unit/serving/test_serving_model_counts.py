@@ -177,7 +177,7 @@ def test_onnx_runtime_gives_torchs_scores_with_count_masks() -> None:
 def test_train_and_save_writes_the_masks_and_the_loaders_score_as_training_did(tmp_path: Path) -> None:
     ts = generator_set(6_000, seed=3, users=200, items=100)
     report = train_and_save(ts, tmp_path, TrainOptions(seed=0, epochs=1))
-    counts = {"clicks", "impressions", "item_impressions", "item_clicks"}
+    counts = {"clicks", "impressions", "item_impressions", "item_clicks", "neighbour_impressions"}
     ranked = ts.for_ranker()
     assert report.dcn.metadata["log_inputs"] == {
         "user": [f for f in ranked.user_features if f in counts],

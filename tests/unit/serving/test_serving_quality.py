@@ -20,6 +20,7 @@ from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.serving.evaluation import auc, feature_scores, ndcg_at_k
 from headwater.serving.model import DCNRanker, linear_logits
 from headwater.serving.quality_sets import (
+    NEIGHBOUR_FEATURES,
     PAIR_FEATURES,
     events_source,
     events_training_set,
@@ -303,6 +304,7 @@ def generator_runs() -> dict[str, Any]:
     """One seeded generator stream (seed 5, 30k emissions), the same small DCN (10 epochs) with and
     without the user x category (pair) inputs; position offsets fitted after training (the default)."""
     ts = generator_set(30_000, 5, users=400, items=300)
+    ts = replace(ts, pair={f: ts.pair[f] for f in PAIR_FEATURES})  # the category inputs (not neighbours)
     train_rows, test_rows = split_by_time(ts, 0.25)
     out: dict[str, Any] = {"rows": len(ts), "clicks": int(ts.label.sum())}
     for name, base in (("with", ts), ("without", replace(ts, pair={}))):
@@ -433,4 +435,4 @@ def test_positions_survive_the_parquet_format(tmp_path: Path) -> None:
     assert back.position is not None
     assert ts.position is not None
     assert back.position.tolist() == ts.position.tolist()
-    assert list(back.pair) == list(PAIR_FEATURES)
+    assert list(back.pair) == [*PAIR_FEATURES, *NEIGHBOUR_FEATURES]
