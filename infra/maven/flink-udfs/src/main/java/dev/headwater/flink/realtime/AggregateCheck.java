@@ -46,9 +46,12 @@ import org.apache.flink.types.Row;
  * tombstone, as in the job. {@code {"checkpoint": true}} keeps a copy of every state (through the
  * serializer), and {@code {"kill": true}} stands for a kill -9 and a restore from that checkpoint: the
  * states go back to the copy and the clock restarts (the lines after it are the replay, from the
- * checkpoint's offsets); the values emitted in between stay emitted (the store has them).
- * Output: one JSON object per emitted value: group, view, entity, event_time, slots (as text: NaN),
- * dict; a line {"restored": {group: entities}} per restart; then a last line {"outcomes": {...}}
+ * checkpoint's offsets); the values emitted in between stay emitted (the store has them). The restored
+ * job catches up as {@link ViewOperator} does: a fire across a change boundary up to the killed job's
+ * clock (the job uses the wall clock at the restore, never behind it) emits every view.
+ * Output: one JSON object per emitted value: group, view, entity, event_time, valid_to (the value
+ * holds at every boundary from event_time to it), slots (as text: NaN), dict; a line
+ * {"restored": {group: entities}} per restart; then a last line {"outcomes": {...}}
  * with the count of each {@link Aggregator.Outcome}.
  */
 public final class AggregateCheck {
@@ -68,6 +71,7 @@ public final class AggregateCheck {
         StringBuilder out = new StringBuilder();
         Map<String, Integer> outcomes = new HashMap<>();
         long clock = Long.MIN_VALUE;
+        long catchUpTo = KeyState.NONE;
         java.util.List<Map<String, KeyState>> saved = new java.util.ArrayList<>();
         for (Program.Group g : program.groups) {
             saved.add(new HashMap<>());  // a kill before any checkpoint: the job starts empty
@@ -126,6 +130,7 @@ public final class AggregateCheck {
                 }
                 if (kill) {
                     states = copy;
+                    catchUpTo = Math.max(catchUpTo, clock);
                     clock = Long.MIN_VALUE;  // the restored job's clock comes back with the replayed rows
                 } else {
                     saved = copy;
@@ -171,7 +176,7 @@ public final class AggregateCheck {
                     }
                 }
             }
-            fireAll(json, out, program, aggs, states, clock);
+            fireAll(json, out, program, aggs, states, clock, catchUpTo);
         }
         ObjectNode last = json.createObjectNode();
         ObjectNode counts = last.putObject("outcomes");
@@ -220,7 +225,7 @@ public final class AggregateCheck {
     }
 
     private static void fireAll(ObjectMapper json, StringBuilder out, Program program, Aggregator[] aggs,
-                                java.util.List<Map<String, KeyState>> states, long clock) {
+                                java.util.List<Map<String, KeyState>> states, long clock, long catchUpTo) {
         if (clock == Long.MIN_VALUE) {
             return;
         }
@@ -241,18 +246,19 @@ public final class AggregateCheck {
                 if (due == null) {
                     break;
                 }
-                agg.fire(mine.get(due), upTo, emitter(json, out, g, due));  // drained: a tombstone stays
+                agg.fire(mine.get(due), upTo, catchUpTo, emitter(json, out, g, due));  // drained: a tombstone stays
             }
         }
     }
 
     private static Aggregator.Emitter emitter(ObjectMapper json, StringBuilder out, Program.Group g, String entity) {
-        return (view, eventTime, slots, dict) -> {
+        return (view, eventTime, validTo, slots, dict) -> {
             ObjectNode o = json.createObjectNode();
             o.put("group", g.id);
             o.put("view", g.views.get(view).name);
             o.put("entity", entity);
             o.put("event_time", eventTime);
+            o.put("valid_to", validTo);
             ArrayNode s = o.putArray("slots");
             for (float f : slots) {
                 s.add(Float.toString(f));

@@ -33,9 +33,13 @@ final class Aggregator {
         boolean first(long slice, long idHash);
     }
 
-    /** Receives the values to write: view index in the group, event time (a boundary), slots, text slots. */
+    /**
+     * Receives the values to write: view index in the group, event time (the boundary of the value's last
+     * change), valid to (the entity's boundary: the value holds at every boundary in between), slots,
+     * text slots.
+     */
     interface Emitter {
-        void emit(int view, long eventTimeMs, float[] slots, String[] dict);
+        void emit(int view, long eventTimeMs, long validToMs, float[] slots, String[] dict);
     }
 
     final Program.Group group;
@@ -322,11 +326,37 @@ final class Aggregator {
      * visiting each change boundary on the way, and emit the views whose value changed.
      */
     void fire(KeyState st, long upTo, Emitter out) {
+        fire(st, upTo, KeyState.NONE, out);
+    }
+
+    /**
+     * {@link #fire}, and when it crosses a change boundary at or before {@code catchUpTo}, emit every
+     * view that has a value, changed or not (each with the interval it holds over).
+     *
+     * <p>Why (issue 16): a job killed -9 after its last checkpoint may have written values the restored
+     * job, replaying the same events from the checkpoint's offsets, never computes. The partitions come
+     * in another order: the killed job crossed boundary B of an entity before reading an older event of
+     * another partition and wrote the value without it, dated B; the restored job reads that event
+     * first, so at B its value does not change and it writes nothing, and the store keeps the killed
+     * job's newer B. The killed job could write only at change boundaries up to its own clock, never
+     * ahead of the wall clock at the restore: so where the restored job crosses such a boundary, it
+     * re-emits its value with the interval [last change, boundary] it holds over, and write.lua dates it
+     * at the stored event time when that falls inside (a replay in the same order finds the same value
+     * there: unchanged, nothing written).
+     */
+    void fire(KeyState st, long upTo, long catchUpTo, Emitter out) {
+        boolean caughtUp = false;
         for (long c = nextChange(st); c != KeyState.NONE && c <= upTo; c = nextChange(st)) {
             advance(st, c);
             computeViews(st, c);
+            caughtUp |= c <= catchUpTo;
         }
         st.slices.headMap(st.boundary - group.maxWindowMs, false).clear();  // left every window
+        if (caughtUp) {
+            for (KeyState.ViewValue vv : st.views) {
+                vv.pending |= vv.slots != null;
+            }
+        }
         emitPending(st, out);
     }
 
@@ -381,7 +411,7 @@ final class Aggregator {
             KeyState.ViewValue vv = st.views[v];
             if (vv.pending) {
                 vv.pending = false;
-                out.emit(v, vv.changedAt, vv.slots.clone(), vv.dict.clone());
+                out.emit(v, vv.changedAt, st.boundary, vv.slots.clone(), vv.dict.clone());
             }
         }
     }

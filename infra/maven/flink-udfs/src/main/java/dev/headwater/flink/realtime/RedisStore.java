@@ -59,18 +59,24 @@ final class RedisStore implements AutoCloseable {
     /** The nodes a new cluster client starts from: the URL's, then every node seen (the URL's may be down). */
     private final Set<HostAndPort> seeds = new HashSet<>();
 
-    /** One EVALSHA of write.lua: the keys of one view and their packed records, concatenated. */
+    /**
+     * One EVALSHA of write.lua: the keys of one view and their packed records, concatenated; and when a
+     * record holds over an interval ({@link Update#validToMs}), every record's valid-to, little-endian
+     * int64s (write.lua's ARGV[5]; null: none does, the call is as the Python tiers make it).
+     */
     static final class Chunk {
         final List<byte[]> keys;
         final byte[] blob;
         final long expireAtMs;
         final int recordBytes;
+        final byte[] validTo;
 
-        Chunk(List<byte[]> keys, byte[] blob, long expireAtMs, int recordBytes) {
+        Chunk(List<byte[]> keys, byte[] blob, long expireAtMs, int recordBytes, byte[] validTo) {
             this.keys = keys;
             this.blob = blob;
             this.expireAtMs = expireAtMs;
             this.recordBytes = recordBytes;
+            this.validTo = validTo;
         }
     }
 
@@ -226,8 +232,10 @@ final class RedisStore implements AutoCloseable {
         List<redis.clients.jedis.Response<Object>> replies = new ArrayList<>();
         try (AbstractPipeline p = cluster ? clusterClient().pipelined() : client().pipelined()) {
             for (Chunk c : chunks) {
-                List<byte[]> args = List.of(bytes(Long.toString(c.expireAtMs)),
-                    bytes(Integer.toString(c.recordBytes)), c.blob);
+                List<byte[]> args = c.validTo == null
+                    ? List.of(bytes(Long.toString(c.expireAtMs)), bytes(Integer.toString(c.recordBytes)), c.blob)
+                    : List.of(bytes(Long.toString(c.expireAtMs)), bytes(Integer.toString(c.recordBytes)), c.blob,
+                        new byte[0], c.validTo);  // no fence (ARGV[4] empty)
                 replies.add(p.evalsha(writeSha, c.keys, args));
             }
             p.sync();

@@ -1,6 +1,7 @@
 package dev.headwater.flink.realtime;
 
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
@@ -195,11 +196,21 @@ final class StoreWriter implements SinkWriter<Update>, ProcessingTimeService.Pro
             int end = Math.min(batch.size(), start + step);
             ByteBuffer buf = ByteBuffer.allocate(size * (end - start));
             List<byte[]> keys = new ArrayList<>(end - start);
+            boolean interval = false;
             for (Update u : batch.subList(start, end)) {
                 keys.add(store.key(view.name, u.entity));
                 RedisStore.pack(buf, u.eventTimeMs, now, expireAt, view.schemaHash, version, u.slots);
+                interval |= u.validToMs > u.eventTimeMs;
             }
-            out.add(new RedisStore.Chunk(keys, buf.array(), expireAt, size));
+            byte[] validTo = null;
+            if (interval) {  // a value that holds over an interval: write.lua may date it at the stored time
+                ByteBuffer v = ByteBuffer.allocate(8 * (end - start)).order(ByteOrder.LITTLE_ENDIAN);
+                for (Update u : batch.subList(start, end)) {
+                    v.putLong(Math.max(u.validToMs, u.eventTimeMs));
+                }
+                validTo = v.array();
+            }
+            out.add(new RedisStore.Chunk(keys, buf.array(), expireAt, size, validTo));
         }
         return out;
     }

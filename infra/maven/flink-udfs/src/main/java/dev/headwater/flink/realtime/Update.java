@@ -5,6 +5,11 @@ package dev.headwater.flink.realtime;
  * in the group), the entity, the event time (the window boundary of the value's last change), the
  * float32 slots and, per slot, the text whose dictionary id the slot takes (null for a number).
  *
+ * <p>{@link #validToMs}: the value holds at every boundary from {@link #eventTimeMs} (its last change)
+ * to this one (the entity's boundary when it was emitted); write.lua dates it at the stored event time
+ * when that falls inside, so a value another run wrote there is compared with it at the same time
+ * (issue 16: a job restored after a kill -9 that reads the partitions in another order).
+ *
  * <p>An update with a null {@link #entity} is a progress mark: the operator's clock has passed
  * boundary {@link #eventTimeMs} and every value up to it is published, changed or not.
  *
@@ -14,21 +19,23 @@ public final class Update {
     public int view;
     public String entity;
     public long eventTimeMs;
+    public long validToMs;
     public float[] slots;
     public String[] dict;
 
     public Update() {}
 
-    public Update(int view, String entity, long eventTimeMs, float[] slots, String[] dict) {
+    public Update(int view, String entity, long eventTimeMs, long validToMs, float[] slots, String[] dict) {
         this.view = view;
         this.entity = entity;
         this.eventTimeMs = eventTimeMs;
+        this.validToMs = validToMs;
         this.slots = slots;
         this.dict = dict;
     }
 
     /** A progress mark of view {@code view} up to {@code boundaryMs}. */
     public static Update progress(int view, long boundaryMs) {
-        return new Update(view, null, boundaryMs, null, null);
+        return new Update(view, null, boundaryMs, boundaryMs, null, null);
     }
 }

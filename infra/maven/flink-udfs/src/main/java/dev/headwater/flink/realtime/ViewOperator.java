@@ -12,6 +12,7 @@ import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
 import org.apache.flink.metrics.Counter;
 import org.apache.flink.metrics.MetricGroup;
+import org.apache.flink.runtime.state.StateInitializationContext;
 import org.apache.flink.runtime.state.VoidNamespace;
 import org.apache.flink.streaming.api.operators.AbstractStreamOperator;
 import org.apache.flink.streaming.api.operators.OneInputStreamOperator;
@@ -45,6 +46,13 @@ import org.slf4j.LoggerFactory;
  * value it was given. The tombstone folds it as an out-of-order event, so the value written is dated
  * no earlier than the stored one; a fresh state would date its values before it, and the store, which
  * keeps the newer event time, would keep the empty value (issue 16's "online 0, offline has events").
+ *
+ * <p>After a restore (a kill -9 and a restart from the last checkpoint), the job killed may have
+ * written values after that checkpoint which this one, reading the partitions in another order, never
+ * computes; it could write them only at boundaries up to the wall clock at this restore. So until the
+ * clock is past that wall clock, every entity fired across a change boundary emits all its views,
+ * changed or not, each with the interval it holds over ({@link Aggregator#fire(KeyState, long, long,
+ * Aggregator.Emitter)}); write.lua dates such a value at the stored event time when it falls inside.
  *
  * <p>Each time the clock passes a boundary, a progress mark per view goes to the sink, so the
  * freshness log knows the tier published up to it even when no value changed.
@@ -96,6 +104,10 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     private transient Aggregator.ReplayIds replayDedupe;
     /** The last row was a replayed one: no progress marks for the past boundaries the replay crosses. */
     private transient boolean replaying;
+    /** Restored from a checkpoint (set before {@link #open}). */
+    private transient boolean restored;
+    /** The wall clock at the restore: a fire across a change boundary up to it emits every view (or NONE). */
+    private transient long catchUpTo;
 
     /** An entity's next change boundary in the queue (stale when the entity's state says otherwise). */
     private static final class Due {
@@ -114,6 +126,12 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     }
 
     @Override
+    public void initializeState(StateInitializationContext context) throws Exception {
+        super.initializeState(context);
+        restored = context.isRestored();
+    }
+
+    @Override
     public void open() throws Exception {
         super.open();
         program = Program.parse(programJson);
@@ -127,9 +145,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         clock = Long.MIN_VALUE;
         published = Long.MIN_VALUE;
         record = new StreamRecord<>(null);
-        emitter = (view, eventTime, slots, dict) -> {
+        emitter = (view, eventTime, validTo, slots, dict) -> {
             emitted.inc();
-            output.collect(record.replace(new Update(view, (String) currentKey, eventTime, slots, dict)));
+            output.collect(record.replace(new Update(view, (String) currentKey, eventTime, validTo, slots, dict)));
         };
         MetricGroup m = getMetricGroup().addGroup("source", program.source).addGroup("group", group.id);
         events = m.counter("hw_events");
@@ -147,6 +165,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         m.gauge("hw_queued_entities", () -> (long) queue.size());
         m.gauge("hw_tombstones", () -> (long) tombstones.size());
         restoreQueue();
+        catchUpTo = restored ? now() : KeyState.NONE;
         lastElementAt = now();
         getProcessingTimeService().registerTimer(now() + TICK_MS, this);
     }
@@ -327,7 +346,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             }
             st.scheduled = KeyState.NONE;
             currentKey = due.key;
-            agg.fire(st, upTo, emitter);
+            agg.fire(st, upTo, catchUpTo, emitter);
             if (st.slices.isEmpty()) {
                 // every slice has left every window, its empty value is written: a tombstone until the
                 // watermark says no event older than its boundary can come (Aggregator.disposable)
