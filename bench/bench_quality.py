@@ -64,6 +64,7 @@ from headwater.serving.train import (
     _score_dcn,
     _standardized,
     at_position,
+    choose_linear_l2,
     fit_position_bias,
     holdout_metrics,
     input_norm,
@@ -167,6 +168,7 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
         train, test = full.take(train_rows), full.take(test_rows)
         started = time.process_time()
         opts = TrainOptions(seed=seed, device="cpu", **{"epochs": epochs, **spec})
+        opts, _ = choose_linear_l2(train, opts)  # as ``model train`` does
         norm = input_norm(train, opts.log_counts)
         model, bias = train_ranker(train, opts, "cpu", norm)
         seconds[name] = round(time.process_time() - started, 1)
@@ -181,7 +183,8 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
         train, test = full.take(train_rows), full.take(test_rows)
         norm = input_norm(train, mode)
         started = time.process_time()
-        state = train_linear(train, TrainOptions(seed=seed), norm)
+        chosen, _ = choose_linear_l2(train, TrainOptions(seed=seed, log_counts=mode))
+        state = train_linear(train, chosen, norm)
         seconds[name] = round(time.process_time() - started, 1)
         scores[name] = linear_logits(state, *_standardized(test, norm)).detach().numpy()
         if train.position is not None:  # the same per-slot offsets on the linear model's logits

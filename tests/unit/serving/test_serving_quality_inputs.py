@@ -3,6 +3,7 @@ the quality sets' collaborative (neighbour) inputs, point-in-time and as hand-co
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headwater.serving.quality_sets import NEIGHBOUR_FEATURES, NEIGHBOUR_PRIOR, events_training_set
-from headwater.serving.train import TrainOptions, train_and_save
+from headwater.serving.train import TrainOptions, choose_linear_l2, train_and_save
 from headwater.serving.trainset import TrainingSet
 
 
@@ -162,3 +163,44 @@ def test_neighbour_inputs_reject_a_catalog_too_large_for_dense_counts(
     monkeypatch.setattr(qs, "NEIGHBOUR_MAX_ITEMS", 1)
     with pytest.raises(ValueError, match="collaborative=False"):
         events_training_set(_events(), name="big")
+
+
+def _noisy_set(slates: int, noise: int, seed: int = 0) -> TrainingSet:
+    """One item input carries the click odds; ``noise`` user inputs and their crosses carry none."""
+    rng = np.random.default_rng(seed)
+    n = slates * 5
+    group = np.repeat(np.arange(slates), 5)
+    signal = rng.normal(size=n)
+    label = (rng.random(n) < 1.0 / (1.0 + np.exp(2.5 - 0.8 * signal))).astype(np.float32)
+    user = rng.normal(size=(slates, noise)).repeat(5, axis=0)
+    return TrainingSet(
+        tuple(f"u{j}" for j in range(noise)),
+        ("signal", "noise"),
+        "test",
+        user.astype(np.float32),
+        np.column_stack([signal, rng.normal(size=n)]).astype(np.float32),
+        label,
+        group,
+        group * 60_000,
+        np.asarray([f"u{g}" for g in group]),
+        np.asarray([f"i{j}" for j in range(n)]),
+    )
+
+
+def test_the_fallbacks_l2_is_chosen_on_the_latest_training_slates() -> None:
+    small = _noisy_set(300, 40)
+    chosen, figures = choose_linear_l2(small, TrainOptions())
+    assert list(figures) == ["0.0001", "0.001", "0.01", "0.1"]
+    # the penalty that validates best; 1,500 rows and 120 noise weights want more than 1e-4
+    assert f"{chosen.linear_l2:g}" == max(figures, key=lambda k: figures[k])
+    assert chosen.linear_l2 > 1e-4
+    assert replace(chosen, linear_l2=1e-4) == TrainOptions()  # nothing else changed
+    # one value, or no grid: as given
+    assert choose_linear_l2(small, TrainOptions(linear_l2_grid=(1e-2,))) == (
+        TrainOptions(linear_l2_grid=(1e-2,)),
+        {},
+    )
+    assert choose_linear_l2(small, TrainOptions(linear_l2_grid=())) == (TrainOptions(linear_l2_grid=()), {})
+    # no click among the validation rows: nothing to judge by
+    quiet = replace(small, label=np.where(small.group >= 270, 0.0, small.label).astype(np.float32))
+    assert choose_linear_l2(quiet, TrainOptions()) == (TrainOptions(), {})
