@@ -308,6 +308,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "torch": ([], {}, {"HEADWATER_RANKER_RUNTIME": "torch"}),
     "retrieve200": ([], {"funnel": {"retrieve_n": 200}}, {}),
     "no-mirror": ([], {"funnel": {"item_mirror_sla_share": None}}, {}),
+    "no-feed": ([], {"funnel": {"index_feed_s": None}}, {}),
 }
 """Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
 and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
@@ -318,7 +319,8 @@ catalog's write times every 30 s instead of the change-log test); ``switch5`` th
 thread switch interval (5 ms) instead of the service's 1 ms; ``torch`` the DCN on torch instead of ONNX
 Runtime (the user's share computed once either way); ``retrieve200`` 200 retrieved candidates instead
 of 500 (``--quality-users`` says what that costs in quality); ``no-mirror`` every item view read from
-Redis per request (through the item cache) instead of the index refresher's in-memory rows."""
+Redis per request (through the item cache) instead of the index refresher's in-memory rows; ``no-feed``
+the refresher without its change-feed reads (only the 30-s freshness-log look and the full refresh)."""
 
 
 class PrivateRedis:

@@ -268,7 +268,7 @@ class HealthResponse(BaseModel):
     retrieval_runtime_failures: int = 0
     """Failed ONNX exports or calls of the user tower since start (each such user embedded by torch)."""
     retrieval_index: str | None = None
-    """What searches the item index: ``usearch <version> ef=<n>``; None without retrieval."""
+    """What searches the item index: ``usearch-<version>``; None without retrieval."""
     item_mirror: ItemMirrorStats | None = None
     """None: every item view is read from Redis per request (no funnel index, or the mirror is off)."""
 

@@ -42,7 +42,7 @@ class ItemIndexLike(Protocol):
 
     @property
     def library(self) -> str:
-        """What searches: the library and its version (the start-up line and /health name it)."""
+        """What searches: the library and its version, no spaces (the start-up line and /health name it)."""
         ...
 
     def __len__(self) -> int: ...
@@ -88,8 +88,8 @@ class ExactIndex:
 
     @property
     def library(self) -> str:
-        """Exact search with numpy (no approximate library)."""
-        return f"exact (numpy {np.__version__})"
+        """Exact search with numpy (no approximate library): ``exact-numpy-<version>``."""
+        return f"exact-numpy-{np.__version__}"
 
     def __contains__(self, item_id: object) -> bool:
         return item_id in self._row
@@ -180,10 +180,10 @@ class ItemIndex:
 
     @property
     def library(self) -> str:
-        """``usearch <version>`` and its search width."""
+        """``usearch-<version>`` (no spaces: the start-up line is ``key=value`` pairs)."""
         import usearch
 
-        return f"usearch {usearch.__version__} ef={self.expansion_search}"
+        return f"usearch-{usearch.__version__}"
 
     @property
     def memory_bytes(self) -> int:

@@ -165,3 +165,10 @@ def test_churn_keeps_the_graph_searchable() -> None:
         found += len(set(got) & set(want))
         total += len(want)
     assert found / total >= 0.995
+
+
+def test_each_index_names_its_library_without_spaces() -> None:
+    import usearch
+
+    assert ItemIndex(4, threads=1).library == f"usearch-{usearch.__version__}"
+    assert ExactIndex(4).library == f"exact-numpy-{np.__version__}"
