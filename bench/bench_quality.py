@@ -3,8 +3,10 @@
 Oracle, DCN variants (``--variants``: the default, warm-started from the linear fallback with a mixed
 loss and log(1 + x) of the count inputs; ``dcn_cold``, a random start at 2e-3 with half listwise;
 listwise, pointwise, pairwise, early stopping, without the position offsets, without the user x
-category inputs, without the log of the counts), linear, popularity, ALS and the best single input
-feature.
+category inputs, without the collaborative neighbour inputs, without the log of the counts), linear,
+popularity, ALS and the best single input feature. Every model is trained as ``headwater model
+train`` trains: the user side of each slate as of its first row, the fallback's L2 chosen on the
+latest training slates (``serving.train.choose_linear_l2``).
 
     nice -n 19 .venv/bin/python bench/bench_quality.py --stream-only 80000 --seeds 0,1,2   # Python sets
     .venv/bin/python bench/bench_quality.py                   # offline tier (Spark): synthetic + MovieLens
@@ -13,10 +15,12 @@ Data. ``--stream-only N`` (serving/quality_sets.py, no Spark): the behaviour gen
 emissions (generator seed 11, 2,000 users, 1,000 items) with point-in-time user, item and pair
 (user x the item's category) features, the generator's true click probability per impression as
 the ``oracle`` and ``oracle_relevance`` (the same without the position factor: the ceiling of a
-score that does not see the position); and MovieLens 100k, every rating a row of the ``events``
-source through the import path's reader, ``to-now`` time shift and row checker, the films' first
-genre as their category (the ``recbole`` 1.2.1 wheel ships the files: an installed copy, else
-``pip download --no-deps`` into --cache and the two files are read out of the wheel). Without
+score that does not see the position), and the collaborative neighbour inputs (what users who
+clicked what this user clicked did with the item, point-in-time); and MovieLens 100k, every
+rating a row of the ``events`` source through the import path's reader, ``to-now`` time shift and
+row checker, the films' first genre as their category (the ``recbole`` 1.2.1 wheel ships the
+files: an installed copy, else ``pip download --no-deps`` into --cache and the two files are read
+out of the wheel). Without
 ``--stream-only`` (cached under --cache, see bench/quality_data.py): the same two through the
 offline tier (import into bronze, every view, labels, the training-set join).
 
@@ -26,7 +30,8 @@ rows, NDCG@10 within slates (tied rows get their expected discount). ``dcn`` is 
 (no position); ``dcn_at_position`` adds the per-slot offsets fitted on the training rows (the click
 probability where each row was shown: the figure to hold against the oracle, which knows the
 slot). ``best_feature`` is the input feature with the best holdout NDCG@10 used alone as a score
-(sign from the training rows), an upper bound of the single-feature baselines. ``als`` is implicit's
+(sign from the training rows), an upper bound of the single-feature baselines (its ``training_pick``:
+the input best on the training rows, and its holdout figures). ``als`` is implicit's
 AlternatingLeastSquares on the training rows' clicks (user x item), a user's dot product with each
 item; unseen users or items score 0. ``within_slate_linear_fit_on_holdout`` is no model but a ceiling:
 a slate-softmax regression over the item inputs and every user x item product, fitted on the holdout
