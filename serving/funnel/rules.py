@@ -60,16 +60,17 @@ def pin(items: Sequence[str], pins: Mapping[str, int], k: int) -> tuple[list[str
     rest = [i for i in items if i not in wanted]
     length = min(k, len(rest) + len(wanted))
     out: list[str | None] = [None] * length
-    placed = 0
     for item, pos in wanted.items():
         if pos <= length:
             out[pos - 1] = item
-            placed += 1
     fill = iter(rest)
     for j in range(length):
         if out[j] is None:
             out[j] = next(fill, None)
-    return [i for i in out if i is not None], placed
+    # too few candidates to reach a pin's position: the answer ends at the first hole, so the pins
+    # after it are not shown rather than shown higher than the editors put them
+    shown = out[: out.index(None)] if None in out else out
+    return [i for i in shown if i is not None], sum(1 for i in shown if i in wanted)
 
 
 def apply_rules(

@@ -103,3 +103,12 @@ def out_relaxed_free(
             counts[c] += 1
             fill += 1
     return fill >= k
+
+
+def test_too_few_candidates_to_reach_a_pin_end_the_answer_before_it() -> None:
+    # one organic candidate, pins at 3, 4 and 5: position 2 has nothing to show, so the pins after
+    # it are left out instead of moving up to 2 and 3 (hypothesis found the old answer i0, i1, i2)
+    out = apply_rules(["i0"], ["a"], 5, None, {"i1": 3, "i2": 4, "i3": 5})
+    assert out.items == ["i0"]
+    assert out.pinned == 0
+    assert apply_rules(["i0", "i9"], ["a", "b"], 5, None, {"i1": 3}).items == ["i0", "i9", "i1"]
