@@ -353,13 +353,7 @@ class IndexRefresher:
         removed = self._forget(gone)
         added, updated, unchanged = self._update(present)
         self.refreshes += 1
-        self._position, self._feed = position, feed
-        if self.mirror is not None:
-            self.mirror.confirm(began_ms)
-        return RefreshReport(
-            self.version, len(self.index), added, updated, removed, unchanged,
-            round(time.perf_counter() - started, 3),
-        )  # fmt: skip
+        return self._settle(position, feed, began_ms, started, (added, updated, removed, unchanged))
 
     def refresh_fed(self) -> RefreshReport | None:
         """Refresh only the items the change feed names since the last refresh; None when it cannot say.
@@ -389,9 +383,24 @@ class IndexRefresher:
                 [i for i, here in zip(ids, anywhere.tolist(), strict=True) if here]
             )
             self.refreshes += 1
+        return self._settle(position, feed, began_ms, started, (added, updated, removed, unchanged))
+
+    def _settle(
+        self,
+        position: tuple[bytes, ...] | None,
+        feed: FeedPosition | None,
+        began_ms: int,
+        started: float,
+        counts: tuple[int, int, int, int],
+    ) -> RefreshReport:
+        """End a refresh: keep the positions it started from, confirm the mirror as of its start, report.
+
+        ``counts``: (added, updated, removed, unchanged).
+        """
         self._position, self._feed = position, feed
         if self.mirror is not None:
             self.mirror.confirm(began_ms)
+        added, updated, removed, unchanged = counts
         return RefreshReport(
             self.version, len(self.index), added, updated, removed, unchanged,
             round(time.perf_counter() - started, 3),
