@@ -131,6 +131,17 @@ def freshness_key(view: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     return f"{namespace}:fresh:{{{view}}}"
 
 
+def changes_key(view: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Return the key of ``view``'s change feed, a capped stream ``write.lua`` appends to while it exists.
+
+    ``<namespace>:changes:{<view>}``: the view's hash tag, hence its slot. A reader creates it (the
+    serving index refresher, for item views: ``headwater.serving.retrieval.refresh``); each write
+    call that writes rows then appends one entry ``k`` = the written entity ids, newline-separated.
+    ``write.lua`` derives the same name from the row keys (as it does ``freshness_key``).
+    """
+    return f"{namespace}:changes:{{{view}}}"
+
+
 def view_slot(view: str, namespace: str = DEFAULT_NAMESPACE) -> int:
     """Return the Redis Cluster slot (CRC16 mod 16384 of the hash tag) that holds every key of ``view``."""
     return int(key_slot(entity_key(view, "", namespace).encode("utf-8")))

@@ -33,6 +33,7 @@ from headwater.pipelines.store.layout import (
     DEFAULT_NAMESPACE,
     FRESHNESS_MAXLEN,
     ViewLayout,
+    changes_key,
     freshness_key,
     key_prefix,
 )
@@ -308,7 +309,10 @@ class OnlineStore:
             raise StoreError(msg)
 
     def delete_view(self, view: str, batch: int = 1000) -> int:
-        """Delete every key of ``view`` (SCAN + UNLINK) and its freshness log; returns the keys deleted."""
+        """Delete every key of ``view`` (SCAN + UNLINK), its freshness log and its change feed.
+
+        Returns the value keys deleted (the log and the feed are not counted).
+        """
         pattern = key_prefix(view, self.namespace).replace("{", "\\{").replace("}", "\\}") + "*"
         deleted = 0
         pending: list[bytes] = []
@@ -319,7 +323,7 @@ class OnlineStore:
                 pending = []
         if pending:
             deleted += int(self.client.unlink(*pending))
-        self.client.unlink(freshness_key(view, self.namespace))
+        self.client.unlink(freshness_key(view, self.namespace), changes_key(view, self.namespace))
         return deleted
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.pipelines.store import OnlineStore, ViewLayout, freshness_key
-from headwater.pipelines.store.layout import key_prefix
+from headwater.pipelines.store.layout import changes_key, key_prefix
 from headwater.serving.fetch import assemble
 from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.registry import SideViews
@@ -66,18 +66,6 @@ return {fresh[1] and fresh[1][1] or '', feed[1] and feed[1][1] or '', first[1] a
 """
 """One view's freshness-log and change-feed positions at the same moment (both keys share its slot),
 and the feed's oldest entry (a feed trimmed past a refresher's position cannot say what it missed)."""
-
-
-def changes_key(view: str, namespace: str) -> str:
-    """Return the key of ``view``'s change feed: ``<namespace>:changes:{<view>}`` (the view's slot).
-
-    A capped stream; each write call that writes rows appends one entry ``k`` = the written entity
-    ids, newline-separated, in the same script call as its freshness-log entry, and only while the
-    feed exists (a refresher creates it: :meth:`StoreItemSource.feed_position`). ``write.lua`` does
-    not write it yet (the writer side is the next step; until then :meth:`StoreItemSource.fed_since`
-    sees the freshness log move without the feed and answers None: the refresher scans as before).
-    """
-    return f"{namespace}:changes:{{{view}}}"
 
 
 @dataclass(frozen=True)

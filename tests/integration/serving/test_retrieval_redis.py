@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import redis
 
-from headwater.pipelines.store import OnlineStore
+from headwater.pipelines.store import OnlineStore, freshness_key
+from headwater.pipelines.store.layout import changes_key
 from headwater.serving.config import ServingConfig
 from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.retrieval import (
@@ -120,3 +121,28 @@ def test_index_from_the_store_recall_and_incremental_refresh(store: OnlineStore,
     got, _ = retriever.retrieve(user, 10)
     assert len(set(got) & set(want)) >= 9
     assert ranked_after.index(worst) < ranked.index(worst)
+
+
+def test_the_change_feed_is_named_in_one_place_and_delete_view_removes_it(store: OnlineStore) -> None:
+    """``write.lua`` appends to the feed at ``changes_key`` (the name the refresher creates), and
+    ``OnlineStore.delete_view`` leaves neither the values, the freshness log nor the feed behind."""
+    layout = REGISTRY.item.layouts[0]
+    client = store.client
+    feed, fresh = changes_key(layout.view, store.namespace), freshness_key(layout.view, store.namespace)
+    source = StoreItemSource(store, REGISTRY.item, batch=100)
+    assert source.feed_position() is not None  # the refresher's subscription creates the feed
+    assert client.exists(feed) == 1
+    values = np.ones((2, layout.dim), dtype=np.float32)
+    store.write_batch(layout, ["a1", "a2"], values, now_ms())
+    entries = client.xrange(feed)
+    assert [fields[b"k"] for _, fields in entries] == [b"", b"a1\na2"]  # the subscription, then the write
+
+    assert store.delete_view(layout.view) == 2
+    assert (client.exists(feed), client.exists(fresh)) == (0, 0)
+    assert [store.delete_view(lay.view) for lay in REGISTRY.item.layouts[1:]] == [0] * (
+        len(REGISTRY.item.layouts) - 1
+    )
+    assert list(client.scan_iter(match=f"{store.namespace}:*")) == []  # every item view's feed too
+    # Deleted, the feed stays gone: a write does not re-create it (only a reader does).
+    store.write_batch(layout, ["a3"], values[:1], now_ms())
+    assert client.exists(feed) == 0
