@@ -8,8 +8,10 @@ constants come from (``registry/calibration/<tier>.json``: machine, date, comman
 Measured CPU: the calibration run's, that view run alone in its tier on the calibration stream
 (``bench/bench_calibrate.py``), scaled to the source's declared rate; it says so (``measured.how``).
 Reported CPU: what the running tier says of the view itself. The nearline tasks time each view's
-folds (``fold_s`` in the workers' stats files, :func:`reported_cost`); the realtime job (one process
-group for its views) and the offline job report no per-view figure.
+folds (``fold_s`` in the workers' stats files, :func:`reported_cost`); the realtime job's operator
+subtasks time each event's fold and each run of fires and split it across their group's views by
+feature operations (``ViewCpuStats``, files of the same format in ``<state>/realtime/reported``); the
+offline job records each run's CPU (:func:`offline_reported_cost`).
 """
 
 from __future__ import annotations
@@ -95,21 +97,42 @@ REPORTED_HOW = (
 )
 
 
-def reported_cost(view: str, stats_root: Path) -> dict[str, Any] | None:
-    """Return the nearline tier's own figure for ``view``: its folds' CPU-h/day (None: no task reports it).
+REALTIME_REPORTED_HOW = (
+    "the realtime job's operator subtasks (ViewOperator, ViewCpuStats): the wall time of each event's fold "
+    "and each run of fires, split across the group's views by their feature operations, per second since "
+    "each subtask began; Kafka, decode, the SQL rules and the Redis sink's thread are in no view"
+)
+REALTIME_FRESH_S = 60.0
+"""Realtime stats files older than the newest by more than this are a previous run's (another
+parallelism, a group since renamed): not added. The job rewrites its files every 5 s."""
 
-    ``stats_root``: ``<state>/nearline``; every ``*/stats-*.json`` (one per worker and group) lists its
-    tasks' ``fold_s`` per view since ``fold_since`` (epoch seconds); the file's time is when it was
-    written. Each task's seconds per second are added (a view's partitions run in parallel).
+
+def reported_cost(
+    view: str, stats_root: Path, how: str = REPORTED_HOW, fresh_s: float | None = None
+) -> dict[str, Any] | None:
+    """Return a streaming tier's own figure for ``view``: its folds' CPU-h/day (None: no task reports it).
+
+    ``stats_root``: ``<state>/nearline`` (or ``<state>/realtime``); every ``*/stats-*.json`` (one per
+    worker and group, or per operator subtask) lists its tasks' ``fold_s`` per view since ``fold_since``
+    (epoch seconds); the file's time is when it was written. Each task's seconds per second are added
+    (a view's partitions run in parallel). A task that counts the ``events`` it read gives
+    ``us_per_event``: the view's seconds per event of its source. ``fresh_s``: only the files written
+    within that many seconds of the newest count (None: all).
     """
-    cores = seconds = 0.0
-    tasks = 0
+    docs: list[tuple[float, Any]] = []
     for path in sorted(stats_root.glob("*/stats-*.json")):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
             written = path.stat().st_mtime
         except (OSError, ValueError):  # a worker rewriting its file right now: the next call reads it
             continue
+        docs.append((written, doc))
+    if fresh_s is not None and docs:
+        newest = max(w for w, _ in docs)
+        docs = [(w, d) for w, d in docs if w >= newest - fresh_s]
+    cores = seconds = 0.0
+    tasks = events = 0
+    for written, doc in docs:
         for task in doc.get("tasks", []) if isinstance(doc, dict) else []:
             fold = (task.get("fold_s") or {}).get(view) if isinstance(task, dict) else None
             since = task.get("fold_since") if isinstance(task, dict) else None
@@ -117,14 +140,20 @@ def reported_cost(view: str, stats_root: Path) -> dict[str, Any] | None:
                 cores += fold / (written - since)
                 seconds += fold
                 tasks += 1
+                read = task.get("events")
+                events += read if isinstance(read, int) else 0
     if not tasks:
         return None
-    return {
+    out: dict[str, Any] = {
         "cpu_hours_per_day": round(cores * 24, 4),
         "fold_s": round(seconds, 3),
         "tasks": tasks,
-        "how": REPORTED_HOW,
+        "how": how,
     }
+    if events:
+        out["events"] = events
+        out["us_per_event"] = round(seconds / events * 1e6, 3)
+    return out
 
 
 def view_share(view: CompiledView, result: CheckResult) -> JobShare:
@@ -184,14 +213,18 @@ def offline_reported_cost(view: str, folder: Path) -> dict[str, Any] | None:
 
 
 def tier_reported(view: CompiledView, stats_root: Path | None) -> dict[str, Any] | None:
-    """Return what the running tier reports of ``view`` (nearline workers, offline job runs; None: none).
+    """Return what the running tier reports of ``view`` (nearline workers, realtime operators, offline runs).
 
-    ``stats_root``: ``<state>/nearline``; the offline job's runs are beside it (``<state>/offline/reported``).
+    ``stats_root``: ``<state>/nearline``; the realtime operators' files (``<state>/realtime/reported``)
+    and the offline job's runs (``<state>/offline/reported``) are beside it. None: nothing reported.
     """
     if stats_root is None:
         return None
     if view.tier == "nearline":
         return reported_cost(view.name, stats_root)
+    if view.tier == "realtime":
+        root = stats_root.parent / "realtime"
+        return reported_cost(view.name, root, how=REALTIME_REPORTED_HOW, fresh_s=REALTIME_FRESH_S)
     if view.tier == "offline":
         return offline_reported_cost(view.name, stats_root.parent / "offline" / "reported")
     return None
@@ -203,8 +236,9 @@ def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None
     ``estimate``: the view's charge, its marginal cost plus its share of its job's fixed cost (the
     views of its job and group split it equally); ``estimate_alone``: the view alone in its job (what
     the calibration run of the view alone measures, ``measured``); ``reported``: what the running
-    nearline workers report of its folds (:func:`reported_cost`, from ``stats_root``) or the offline
-    job of its runs (:func:`offline_reported_cost`, beside it).
+    nearline workers report of its folds (:func:`reported_cost`, from ``stats_root``), the realtime
+    job's operators of its share of their work, or the offline job of its runs
+    (:func:`offline_reported_cost`; both beside it).
     """
     source = result.sources[view.source]
     rate = source.spec.expected_rate_per_s
@@ -241,9 +275,10 @@ def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None
 def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | None = None) -> list[str]:
     """Return the cost lines of ``features describe``.
 
-    ``stats_root``: the nearline workers' stats (``None``: ``<state>/nearline`` for a nearline view).
+    ``stats_root``: the nearline workers' stats (``None``: ``<state>/nearline``; the other tiers' reports
+    are beside it).
     """
-    if stats_root is None and view.tier in ("nearline", "offline"):
+    if stats_root is None and view.tier in ("nearline", "realtime", "offline"):
         from headwater.registry.config import state_dir
 
         stats_root = state_dir() / "nearline"
@@ -278,6 +313,13 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
             f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by the offline job "
             f"({told['cpu_s']:g} CPU s over {told['days']} day(s) computed in {told['runs']} run(s); "
             f"{told['how']})"
+        )
+    elif rep["reported"] and view.tier == "realtime":
+        told = rep["reported"]
+        per_event = f", {told['us_per_event']:g} us/event" if "us_per_event" in told else ""
+        lines.append(
+            f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by {told['tasks']} operator "
+            f"subtask(s) ({told['fold_s']:g} s in its folds and fires{per_event}; {told['how']})"
         )
     elif rep["reported"]:
         told = rep["reported"]
@@ -340,7 +382,8 @@ def costs(repo: Path | None, fmt: str) -> None:
     click.echo(
         "CPU in CPU-h/day at each source's declared rate; measured: the calibration run of the view alone"
         "; reported: what the running nearline workers' stats files say of the view's own folds "
-        "(shared work not in it), or the offline job's CPU per day computed (- where none reported)"
+        "(the realtime operators' files: its share of their folds and fires; shared work not in it), "
+        "or the offline job's CPU per day computed (- where none reported)"
         "; state and online memory are estimates "
         "(budget.yaml entities)."
     )

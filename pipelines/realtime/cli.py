@@ -157,6 +157,7 @@ def realtime(
         restore=not no_restore,
         backfill=not no_backfill,
         jvm_heap=jvm_heap,
+        reported_dir=state_dir / "realtime" / "reported",
     )
     try:
         if explain_only:

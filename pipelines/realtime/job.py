@@ -100,6 +100,8 @@ class RunOptions:
     a cap the JVM grows towards a quarter of the machine's memory under a high allocation rate."""
     backfill: bool = True
     """Backfill new and changed views at restore (:mod:`.backfill`); False: they start empty."""
+    reported_dir: Path | None = None
+    """Where the operators write each view's timed work (``<state>/realtime/reported``); None: nowhere."""
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -335,7 +337,9 @@ def build(
     chk = checkpoint_to_restore(run, plan) if run.restore else None
     start_gateway(run.jvm_heap)  # the backfill reads the checkpoint's Kafka offsets in the JVM
     backfill = plan_backfill(chk, plan, [s.name for s in sources], options, enabled=run.backfill)
-    programs = backfill.apply([compile_program(plan, src, store) for src in sources])
+    programs = backfill.apply(
+        [compile_program(plan, src, store, reported_dir=run.reported_dir) for src in sources]
+    )
     options = replace(options, start_offsets={**options.start_offsets, **backfill.start_offsets()})
     compiled = compile_job(plan, options, programs)
     env, t_env = table_environment(configuration(run, plan, chk), run.jvm_heap)

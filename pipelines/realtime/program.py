@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from headwater.pipelines.realtime.decode import TIME_MS, event_columns
@@ -197,8 +198,12 @@ def compile_program(
     source: PlanSource,
     store: StoreTarget,
     idle_advance_ms: int = DEFAULT_IDLE_ADVANCE_MS,
+    reported_dir: Path | None = None,
 ) -> RealtimeProgram:
     """Compile the views of ``plan`` that read ``source`` (checked by :func:`.sql.check_plan`) into a program.
+
+    ``reported_dir``: where each operator subtask writes its views' timed work (``ViewCpuStats``,
+    read by ``headwater costs``); None: not written.
 
     Raises:
         RealtimePlanError: a view of ``source`` reads a field the source lacks, or aggregates one of the
@@ -270,6 +275,8 @@ def compile_program(
         },
         "groups": list(groups.values()),
     }
+    if reported_dir is not None:
+        program["reported_dir"] = str(reported_dir.resolve())
     return RealtimeProgram(
         source=source.name,
         text=json.dumps(program, separators=(",", ":")),

@@ -83,6 +83,11 @@ final class Aggregator {
         hits = new boolean[aggs.length];
     }
 
+    /** Per feature, whether the last event {@link #add} saw passes its filter (ViewCpuStats splits by it). */
+    boolean[] hits() {
+        return hits;
+    }
+
     KeyState newState() {
         KeyState st = new KeyState();
         st.running = new Object[aggs.length];

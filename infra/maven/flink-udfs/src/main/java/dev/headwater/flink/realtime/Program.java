@@ -46,6 +46,8 @@ public final class Program {
     public final String scanUid;
     /** The backfill of this start (pipelines/realtime/backfill.py), or null: no view is replayed. */
     public final Seed seed;
+    /** Where each operator subtask writes its views' timed work ({@link ViewCpuStats}), or null: nowhere. */
+    public final String reportedDir;
 
     /**
      * A backfill at restore: the Kafka source was rewound before the offsets the restored checkpoint
@@ -248,6 +250,7 @@ public final class Program {
         groups = List.copyOf(gs);
         scanUid = n.hasNonNull("scan_uid") ? n.get("scan_uid").asText() : "hw-kafka-" + source;
         seed = n.hasNonNull("seed") ? new Seed(n.get("seed")) : null;
+        reportedDir = n.hasNonNull("reported_dir") ? n.get("reported_dir").asText() : null;
     }
 
     /** Parse the JSON text written by pipelines/realtime/program.py. */

@@ -108,6 +108,8 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     private transient boolean restored;
     /** The wall clock at the restore: a fire across a change boundary up to it emits every view (or NONE). */
     private transient long catchUpTo;
+    /** Each view's share of the timed work, written for `headwater costs` (ViewCpuStats). */
+    private transient ViewCpuStats cpu;
 
     /** An entity's next change boundary in the queue (stale when the entity's state says otherwise). */
     private static final class Due {
@@ -167,7 +169,28 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         restoreQueue();
         catchUpTo = restored ? now() : KeyState.NONE;
         lastElementAt = now();
+        int subtask = getRuntimeContext().getTaskInfo().getIndexOfThisSubtask();
+        cpu = new ViewCpuStats(group, program.source, subtask, program.reportedDir == null ? null
+            : ViewCpuStats.fileFor(program.reportedDir, program.source, group, subtask), lastElementAt);
         getProcessingTimeService().registerTimer(now() + TICK_MS, this);
+    }
+
+    @Override
+    public void close() throws Exception {
+        if (cpu != null) {
+            writeCpu(System.currentTimeMillis());  // the last figures of this run
+        }
+        super.close();
+    }
+
+    /** Write the views' timed work; a failed write is logged, never fails the job (it is a report). */
+    private void writeCpu(long at) {
+        try {
+            cpu.write(at);
+        } catch (java.io.IOException | RuntimeException e) {
+            LOG.warn("source {} group {}: cannot write the views' CPU stats: {}", program.source, group.id,
+                e.toString());
+        }
     }
 
     /** Per feature of the group, whether its view is one the program's seed backfills; null if none is. */
@@ -253,6 +276,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
         if (replay && replayMask == null) {
             return;  // read before the switch, and every view of this group has it in its restored state
         }
+        long started = System.nanoTime();
         long t = (Long) r.getField(program.eventTimeColumn);
         String id = program.eventIdColumn < 0 ? null : (String) r.getField(program.eventIdColumn);
         events.inc();
@@ -287,6 +311,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             default:
                 ignored.inc();
         }
+        cpu.added(System.nanoTime() - started, agg.hits());
         advance();
     }
 
@@ -312,6 +337,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
     @Override
     public void onProcessingTime(long time) throws Exception {
         advance();
+        if (cpu.due(time)) {
+            writeCpu(time);
+        }
         getProcessingTimeService().registerTimer(time + TICK_MS, this);
     }
 
@@ -337,6 +365,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             return;
         }
         long upTo = agg.sliceOf(clock);
+        boolean firing = !queue.isEmpty() && queue.peek().at <= upTo;
+        long started = firing ? System.nanoTime() : 0L;
+        int fired = 0;
         while (!queue.isEmpty() && queue.peek().at <= upTo) {
             Due due = queue.poll();
             setCurrentKey(due.key);
@@ -347,6 +378,7 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             st.scheduled = KeyState.NONE;
             currentKey = due.key;
             agg.fire(st, upTo, catchUpTo, emitter);
+            fired++;
             if (st.slices.isEmpty()) {
                 // every slice has left every window, its empty value is written: a tombstone until the
                 // watermark says no event older than its boundary can come (Aggregator.disposable)
@@ -354,6 +386,9 @@ public final class ViewOperator extends AbstractStreamOperator<Update>
             } else {
                 schedule(st, due.key);
             }
+        }
+        if (firing) {
+            cpu.fired(System.nanoTime() - started, fired);
         }
         if (!replayIds.isEmpty()) {  // a replayed slice this old is outside every entity's windows
             replayIds.headMap(upTo - 2 * (group.maxWindowMs + group.slideMs) - program.outOfOrdernessMs).clear();
