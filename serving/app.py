@@ -28,7 +28,7 @@ from headwater.serving.feedback import (
     FeedbackProducer,
     FeedbackRefused,
     IdempotencyKeys,
-    impression_events,
+    impressions,
     new_request_id,
     receive_feedback,
 )
@@ -474,8 +474,9 @@ def create_app(
                 telemetry.fallbacks.labels("editorial", "internal_error").inc()
         if feedback is not None and body.log_impressions:
             shown = [item for item, _ in ranked.items]
-            shown_events = impression_events(request_id, body.user_id, shown, body.session_id, body.device)
-            feedback.offer(with_arm(shown_events, routed.arm))
+            feedback.offer(  # one unit per answer: built, validated and encoded by the sender thread
+                impressions(request_id, body.user_id, shown, body.session_id, body.device, arm=routed.arm)
+            )
         if funnel is not None and body.log_impressions:  # the seen filter of /v1/recommend
             funnel.recent.served(body.user_id, [item for item, _ in ranked.items], arrived_ms)
         ages = ranked.ages
@@ -564,9 +565,7 @@ def create_app(
         if body.log_impressions and shown:
             funnel.recent.served(body.user_id, shown, arrived_ms)
             if feedback is not None:
-                feedback.offer(
-                    impression_events(request_id, body.user_id, shown, body.session_id, body.device)
-                )
+                feedback.offer(impressions(request_id, body.user_id, shown, body.session_id, body.device))
         return {
             "items": [{"item_id": i, "score": s, "category": c} for i, s, c in got.items],
             "stages": [stage.as_dict() for stage in got.stages],

@@ -1,15 +1,18 @@
 """The loop back to Kafka: served impressions and posted feedback become behaviour events.
 
-A request never waits for Kafka. :meth:`FeedbackProducer.offer` puts events into a bounded
-in-process buffer and returns at once; when the buffer is full the events are dropped and
-counted. One sender thread does the rest:
+A request never waits for Kafka. :meth:`FeedbackProducer.offer` puts events, or one answer's
+:class:`~headwater.serving.impressions.Impressions` as one unit, into a bounded in-process buffer
+and returns at once; when the buffer is full the events are dropped and counted. One sender thread
+does the rest:
 
 1. Connect a ``KafkaProducer`` (retrying every ``reconnect_s`` while Kafka is down; events keep
    buffering, then dropping).
 2. Take the buffered events, encode each with the pipeline's codec (Avro value, ``schema-fp`` and
-   ``produce-ts`` headers, key = user id: exactly what the generator's producer writes).
-3. Hand them to the Kafka client, which batches them (``linger_ms``); its delivery callbacks count
-   ``sent`` and ``failed``.
+   ``produce-ts`` headers, key = user id: exactly what the generator's producer writes). An answer's
+   impressions are built and validated here, off the request path, and encoded from one template
+   (:class:`~headwater.serving.impressions.AnswerEncoder`: the same bytes, one record per item).
+3. Hand them to the Kafka client, which batches them (``linger_ms``); an answer's records go in one
+   ``send_many`` call. The delivery callbacks count ``sent`` and ``failed``.
 
 Counters (``sent``, ``dropped``, ``failed``, ``invalid``, buffered) are read by ``/metrics``.
 
@@ -37,7 +40,6 @@ repeats it on every retry of that post. The contract:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -55,6 +57,7 @@ from typing import Any, Protocol
 
 from headwater.pipelines.events.codec import EncodeError, EventCodec
 from headwater.pipelines.events.schema import BehaviorEvent, Device, EventType
+from headwater.serving.impressions import AnswerEncoder, Impressions
 from headwater.serving.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     MAX_FEEDBACK_AGE_S,
@@ -77,6 +80,23 @@ class EventSink(Protocol):
 
     def send(self, topic: str, *, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
         """Queue one record; return a future with ``add_callback``/``add_errback``."""
+        ...
+
+    def send_many(
+        self,
+        topic: str,
+        *,
+        values: Sequence[bytes],
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_sent: Callable[[Any], None],
+        on_failed: Callable[[BaseException], None],
+    ) -> int:
+        """Queue one record per value, all with ``key`` and ``headers``, in order; return how many queued.
+
+        The rest could not be queued (the client refused them). ``on_sent`` or ``on_failed`` runs
+        once per queued record when its delivery is known.
+        """
         ...
 
     def poll(self) -> None:
@@ -195,6 +215,38 @@ class ConfluentSink:
             self._producer.poll(0)
         return delivery
 
+    def send_many(
+        self,
+        topic: str,
+        *,
+        values: Sequence[bytes],
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_sent: Callable[[Any], None],
+        on_failed: Callable[[BaseException], None],
+    ) -> int:
+        """Queue the records in librdkafka with one delivery handle and one header list (see EventSink)."""
+        delivery = _Delivery()
+        delivery.add_callback(on_sent)
+        delivery.add_errback(on_failed)
+        pairs: list[tuple[str, str | bytes | None]] = list(headers)
+        produce, done = self._producer.produce, delivery.done
+        queued = 0
+        for value in values:
+            try:
+                produce(topic, value, key, on_delivery=done, headers=pairs)
+            except BufferError:  # librdkafka's queue is full: let it send, then try once more
+                self._producer.poll(1.0)
+                try:
+                    produce(topic, value, key, on_delivery=done, headers=pairs)
+                except BufferError:
+                    break
+            queued += 1
+        before, self._sends = self._sends, self._sends + queued
+        if before // 1000 != self._sends // 1000:
+            self._producer.poll(0)
+        return queued
+
     def poll(self) -> None:
         """Run the delivery callbacks of what was acknowledged since the last call."""
         self._producer.poll(0)
@@ -245,6 +297,30 @@ class PythonKafkaSink:
         """Queue one record; the future has ``add_callback``/``add_errback``."""
         return self._producer.send(topic, value=value, key=key, headers=headers)
 
+    def send_many(
+        self,
+        topic: str,
+        *,
+        values: Sequence[bytes],
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_sent: Callable[[Any], None],
+        on_failed: Callable[[BaseException], None],
+    ) -> int:
+        """Queue the records one by one (kafka-python has no batch call); see EventSink."""
+        from kafka.errors import KafkaError
+
+        queued = 0
+        for value in values:
+            try:
+                future = self._producer.send(topic, value=value, key=key, headers=headers)
+            except (KafkaError, OSError):
+                break
+            future.add_callback(on_sent)
+            future.add_errback(on_failed)
+            queued += 1
+        return queued
+
     def poll(self) -> None:
         """Nothing to do: kafka-python's I/O thread runs the delivery callbacks."""
 
@@ -280,7 +356,10 @@ class FeedbackProducer:
         self.topic = topic
         self._connect = connect
         self._reconnect_s = reconnect_s
-        self._buffer: queue.Queue[object] = queue.Queue(maxsize=max_buffer)
+        self.max_buffer = max_buffer
+        # Unbounded queue, bounded by events: an answer's impressions take one slot and count as many.
+        self._buffer: queue.Queue[object] = queue.Queue()
+        self._buffered = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -293,7 +372,7 @@ class FeedbackProducer:
     @property
     def buffered(self) -> int:
         """Events waiting in the buffer."""
-        return self._buffer.qsize()
+        return self._buffered
 
     def start(self) -> None:
         """Start the sender thread (idempotent)."""
@@ -312,26 +391,36 @@ class FeedbackProducer:
             return
         self._flush_s = max(timeout_s / 2.0, 1.0)
         self._stop.set()
-        with contextlib.suppress(queue.Full):  # a full buffer: the thread sees the stop flag anyway
-            self._buffer.put_nowait(_STOP)
+        self._buffer.put_nowait(_STOP)
         self._thread.join(timeout_s)
         self._thread = None
 
-    def offer(self, events: Sequence[BehaviorEvent]) -> int:
-        """Buffer ``events`` without waiting; return how many were accepted (the rest are dropped)."""
-        accepted = 0
-        for event in events:
-            try:
-                self._buffer.put_nowait(event)
-            except queue.Full:
-                with self._lock:
-                    self.counters.dropped += len(events) - accepted
-                break
-            accepted += 1
+    def offer(self, events: Sequence[BehaviorEvent] | Impressions) -> int:
+        """Buffer ``events`` without waiting; return how many were accepted (the rest are dropped).
+
+        An answer's :class:`Impressions` is taken whole or dropped whole (one buffer slot, as many
+        events as items); its events are built and validated by the sender thread.
+        """
+        if isinstance(events, Impressions):
+            n = len(events)
+            with self._lock:
+                if self._buffered + n > self.max_buffer:
+                    self.counters.dropped += n
+                    return 0
+                self._buffered += n
+            self._buffer.put_nowait(events)
+            return n
+        with self._lock:
+            accepted = max(0, min(len(events), self.max_buffer - self._buffered))
+            self._buffered += accepted
+            self.counters.dropped += len(events) - accepted
+        for event in events[:accepted]:
+            self._buffer.put_nowait(event)
         return accepted
 
     def _run(self) -> None:
         codec = EventCodec()
+        encoder = AnswerEncoder(codec)
         while not self._stop.is_set() or not self._buffer.empty():
             # Step 1
             sink = self._sink or self._open()
@@ -342,8 +431,11 @@ class FeedbackProducer:
                 continue
             # Step 2, 3
             batch = self._take(512)
-            for event in batch:
-                self._send(sink, codec, event)
+            for item in batch:
+                if isinstance(item, Impressions):
+                    self._send_answer(sink, encoder, item)
+                else:
+                    self._send(sink, codec, item)
             sink.poll()
         if self._sink is not None:
             from kafka.errors import KafkaError
@@ -378,25 +470,33 @@ class FeedbackProducer:
                 item = self._buffer.get_nowait()
             except queue.Empty:
                 break
-            dropped += item is not _STOP
+            if item is not _STOP:
+                dropped += len(item) if isinstance(item, Impressions) else 1
         with self._lock:
             self.counters.dropped += dropped
+            self._buffered -= dropped
 
-    def _take(self, most: int) -> list[BehaviorEvent]:
-        out: list[BehaviorEvent] = []
+    def _take(self, most: int) -> list[BehaviorEvent | Impressions]:
+        """Take at most ``most`` events (an answer counts its items) buffered, waiting 0.2 s for one."""
+        out: list[BehaviorEvent | Impressions] = []
+        taken = 0
         try:
             item = self._buffer.get(timeout=0.2)
         except queue.Empty:
             return out
         while True:
             if item is not _STOP:
-                out.append(item)  # type: ignore[arg-type]  # only events and the sentinel go in
-            if len(out) >= most:
-                return out
+                out.append(item)  # type: ignore[arg-type]  # only events, answers and the sentinel go in
+                taken += len(item) if isinstance(item, Impressions) else 1
+            if taken >= most:
+                break
             try:
                 item = self._buffer.get_nowait()
             except queue.Empty:
-                return out
+                break
+        with self._lock:
+            self._buffered -= taken
+        return out
 
     def _send(self, sink: EventSink, codec: EventCodec, event: BehaviorEvent) -> None:
         from kafka.errors import KafkaError
@@ -417,6 +517,39 @@ class FeedbackProducer:
             return
         future.add_callback(self._on_sent)
         future.add_errback(self._on_failed)
+
+    def _send_answer(self, sink: EventSink, encoder: AnswerEncoder, answer: Impressions) -> None:
+        """Validate, encode and queue one answer's impressions: one record per item, one call."""
+        from kafka.errors import KafkaError
+
+        codec = encoder.codec
+        events = answer.events()
+        try:
+            for event in events:
+                problem = codec.validate(event)
+                if problem is not None:
+                    msg = f"event {event['event_id']!r} is not a valid behaviour event: {problem}"
+                    raise EncodeError(msg)
+            values = encoder.encode(events)
+        except EncodeError as exc:
+            with self._lock:
+                self.counters.invalid += len(events)
+            logger.error("feedback: the %d impressions of an answer not sent: %s", len(events), exc)
+            return
+        try:
+            queued = sink.send_many(
+                self.topic, values=values, key=codec.key(events[0]), headers=codec.headers(),
+                on_sent=self._on_sent, on_failed=self._on_failed,
+            )  # fmt: skip
+        except (KafkaError, OSError) as exc:
+            queued = 0
+            logger.warning("feedback producer: send failed (%s)", exc)
+        if queued < len(values):
+            with self._lock:
+                self.counters.failed += len(values) - queued
+            logger.warning(
+                "feedback producer: %d of %d records not queued", len(values) - queued, len(values)
+            )
 
     def _on_sent(self, _metadata: object) -> None:
         with self._lock:
@@ -445,14 +578,34 @@ def impression_events(
     """One ``impression`` per served item, ``position`` 1..K, ``event_id`` = ``<request id>:<position>``.
 
     The session is ``session_id`` or, without one, the request id; a click posted with the same
-    session and position joins its impression in a training set's labels.
+    session and position joins its impression in a training set's labels. Validated here (raises
+    ValueError); the service offers :func:`impressions` instead, validated by the sender thread.
+    """
+    events = impressions(request_id, user_id, items, session_id, device, at_ms).events()
+    for event in events:
+        problem = _validator().validate(event)
+        if problem is not None:
+            msg = f"event {event['event_id']!r} is not a valid behaviour event: {problem}"
+            raise ValueError(msg)
+    return events
+
+
+def impressions(
+    request_id: str,
+    user_id: str,
+    items: Sequence[str],
+    session_id: str | None = None,
+    device: Device = "web",
+    at_ms: int | None = None,
+    arm: str | None = None,
+) -> Impressions:
+    """Return one answer's impressions as one unit for :meth:`FeedbackProducer.offer`.
+
+    The same records as :func:`impression_events` (with ``arm`` on each when given); the sender
+    thread builds and validates them.
     """
     at = now_ms() if at_ms is None else at_ms
-    session = session_id or request_id
-    return [
-        feedback_event(f"{request_id}:{pos}", user_id, item, "impression", at, session, device, position=pos)
-        for pos, item in enumerate(items, start=1)
-    ]
+    return Impressions(request_id, user_id, tuple(items), at, session_id, device, arm)
 
 
 def feedback_event(

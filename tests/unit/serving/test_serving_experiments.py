@@ -146,6 +146,12 @@ class FakeSink:
         self.values.append((value, headers))
         return type("F", (), {"add_callback": lambda s, f: s, "add_errback": lambda s, f: s})()
 
+    def send_many(
+        self, topic: str, *, values: Any, key: Any, headers: Any, on_sent: Any, on_failed: Any
+    ) -> int:
+        self.values.extend((value, headers) for value in values)
+        return len(values)
+
     def poll(self) -> None:
         return None
 
