@@ -14,11 +14,17 @@ import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from headwater.pipelines.settings import Settings
 from headwater.registry.options import STATE_HELP, resolved_state_dir
+
+if TYPE_CHECKING:
+    from headwater.pipelines.realtime.job import RunOptions
+    from headwater.pipelines.realtime.sql import JobOptions
+    from headwater.registry.plans import TierPlan
 
 
 @click.command("realtime")
@@ -85,6 +91,13 @@ from headwater.registry.options import STATE_HELP, resolved_state_dir
     show_default=True,
     help="Heap of the local mini-cluster's JVM (-Xmx); JVM_ARGS in the environment wins.",
 )
+@click.option(
+    "--conf",
+    "conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="More Flink configuration, e.g. execution.checkpointing.unaligned.enabled=true (repeatable; wins).",
+)
 @click.option("--explain", "explain_only", is_flag=True, help="Print the Flink plan and exit.")
 def realtime(
     state_dir: Path,
@@ -102,6 +115,7 @@ def realtime(
     no_restore: bool,
     no_backfill: bool,
     jvm_heap: str,
+    conf: tuple[str, ...],
     explain_only: bool,
 ) -> None:
     """Run every realtime view of the applied registry as one PyFlink job (Kafka -> Redis), per source.
@@ -110,14 +124,7 @@ def realtime(
     boundary, and revised when an out-of-order event arrives; events later than the source's allowed
     lateness go to the dead-letter topic.
     """
-    from headwater.pipelines.realtime.job import (
-        RunOptions,
-        checkpoint_to_restore,
-        explain,
-        record_views,
-        state_report,
-        submit,
-    )
+    from headwater.pipelines.realtime.job import RunOptions, explain
     from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError, check_plan
     from headwater.registry.plans import read_plan
 
@@ -157,36 +164,103 @@ def realtime(
         restore=not no_restore,
         backfill=not no_backfill,
         jvm_heap=jvm_heap,
+        extra_conf=_conf_pairs(conf),
         reported_dir=state_dir / "realtime" / "reported",
     )
-    try:
-        if explain_only:
+    if explain_only:
+        try:
             click.echo(explain(plan, options, run))
-            return
-        restoring = checkpoint_to_restore(run, plan) if run.restore else None
-        client, programs = submit(plan, options, run)
-    except (RealtimePlanError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    job_id = str(client.get_job_id())
-    record_views(run, job_id, plan, running, programs)
-    click.echo(f"realtime job {job_id} submitted:")
-    for program in programs:
-        src = next(s for s in plan.sources if s.name == program.source)
-        views = ", ".join(v.name for v in plan.views if v.source == src.name)
-        click.echo(
-            f"  source {src.name}: reading {options.topic(src)}; views {views} "
-            f"(operators {', '.join(program.groups)})"
-        )
-    report = state_report(restoring, plan, running, programs) if restoring is not None else None
-    for line in report.lines() if report is not None else []:
-        click.echo(f"  {line}")
-    if jobmanager:
+        except (RealtimePlanError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
+    _run(plan, options, run, running)
+
+
+class _Submitted:
+    """A submitted job: its id, and a wait that returns its failure as Flink's text."""
+
+    def __init__(self, client: Any, job_id: str) -> None:
+        self.client = client
+        self.job_id = job_id
+
+    def wait(self) -> str | None:
+        from py4j.protocol import Py4JJavaError
+        from pyflink.util.exceptions import JavaException
+
+        try:
+            self.client.get_job_execution_result().result()
+        except (Py4JJavaError, JavaException) as exc:
+            return str(exc)
+        return None
+
+
+def _run(plan: TierPlan, options: JobOptions, run: RunOptions, running: list[str]) -> None:
+    """Choose a checkpoint (each candidate checked), submit, and on a local mini-cluster supervise the job.
+
+    See :mod:`headwater.pipelines.realtime.recovery`: a checkpoint that fails its check or its restore is
+    marked and the previous one restored; any other failure is submitted again from the newest.
+    """
+    from headwater.pipelines.realtime.job import (
+        checkpoint_candidates,
+        lost_state_report,
+        record_views,
+        start_gateway,
+        state_report,
+        submit,
+    )
+    from headwater.pipelines.realtime.recovery import Choice, choose_checkpoint, job_checkpointed, supervise
+    from headwater.pipelines.realtime.sql import RealtimePlanError
+
+    start_gateway(run.jvm_heap)  # the checkpoint check reads _metadata with Flink's loader
+
+    def choose() -> Choice:
+        return choose_checkpoint(checkpoint_candidates(run, plan)) if run.restore else Choice(None)
+
+    def start(choice: Choice) -> _Submitted:
+        try:
+            client, programs = submit(plan, options, run, choice.checkpoint)
+        except (RealtimePlanError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        job_id = str(client.get_job_id())
+        record_views(run, job_id, plan, running, programs)
+        click.echo(f"realtime job {job_id} submitted:")
+        for program in programs:
+            src = next(s for s in plan.sources if s.name == program.source)
+            views = ", ".join(v.name for v in plan.views if v.source == src.name)
+            click.echo(
+                f"  source {src.name}: reading {options.topic(src)}; views {views} "
+                f"(operators {', '.join(program.groups)})"
+            )
+        for chk, why in choice.skipped:
+            click.echo(f"  checkpoint skipped: {chk}: {why}")
+        if choice.checkpoint is not None:
+            report = state_report(choice.checkpoint, plan, running, programs)
+        else:
+            report = lost_state_report(plan, running) if choice.skipped else None
+        for line in report.lines() if report is not None else []:
+            click.echo(f"  {line}")
+        return _Submitted(client, job_id)
+
+    if run.jobmanager:
+        start(choose())  # the cluster runs it; its own restarts apply
         return
     try:
-        client.get_job_execution_result().result()
+        supervise(choose, start, lambda job_id: job_checkpointed(run.checkpoint_dir.resolve(), job_id))
     except KeyboardInterrupt:
         click.echo("stopping the realtime job", err=True)
         sys.exit(130)
+
+
+def _conf_pairs(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Parse ``--conf KEY=VALUE`` values."""
+    out = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            msg = f"--conf {value}: write KEY=VALUE, e.g. execution.checkpointing.unaligned.enabled=true"
+            raise click.UsageError(msg)
+        out.append((key.strip(), val.strip()))
+    return tuple(out)
 
 
 def _topic_overrides(values: tuple[str, ...], running: list[str]) -> dict[str, str]:

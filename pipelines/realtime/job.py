@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING
 from headwater.pipelines import jvm
 from headwater.pipelines.realtime.backfill import SCANS_FILE, SEEDS_FILE, plan_backfill
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
+from headwater.pipelines.realtime.recovery import UNRESTORABLE
 from headwater.pipelines.realtime.sql import JobOptions, check_plan, compile_job
 from headwater.registry.plans import TierPlan, short_version
 
@@ -100,6 +101,8 @@ class RunOptions:
     a cap the JVM grows towards a quarter of the machine's memory under a high allocation rate."""
     backfill: bool = True
     """Backfill new and changed views at restore (:mod:`.backfill`); False: they start empty."""
+    extra_conf: tuple[tuple[str, str], ...] = ()
+    """More Flink configuration (``--conf KEY=VALUE``), applied last: it wins over :func:`configuration`'s."""
     reported_dir: Path | None = None
     """Where the operators write each view's timed work (``<state>/realtime/reported``); None: nowhere."""
 
@@ -110,15 +113,25 @@ def latest_checkpoint(folder: Path) -> Path | None:
     Newest by the time its ``_metadata`` was written (once, when the checkpoint completed), then by N.
     Not by the folder's time: Flink discards a subsumed checkpoint file by file, and a kill -9 in the
     middle leaves an old ``chk-N`` with its ``_metadata`` and a fresh folder time but state files gone;
-    restoring it fails at every restart ("FileNotFoundException" in the keyed state backend).
+    restoring it fails at every restart ("FileNotFoundException" in the keyed state backend). A checkpoint
+    marked unrestorable (:mod:`.recovery`) is passed over.
+    """
+    found = [chk for chk in complete_checkpoints(folder) if not (chk / UNRESTORABLE).is_file()]
+    return found[0] if found else None
+
+
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """Return the complete checkpoints (``<job id>/chk-N`` with ``_metadata``) in ``folder``, newest first.
+
+    Newest as :func:`latest_checkpoint` says (the ``_metadata`` file's time, then N); marked ones included.
     """
     if not folder.is_dir():
-        return None
+        return []
     found = [
         (meta.stat().st_mtime_ns, checkpoint_number(meta.parent), meta.parent)
         for meta in folder.glob("*/chk-*/_metadata")
     ]
-    return max(found)[2] if found else None
+    return [chk for _, _, chk in sorted(found, reverse=True)]
 
 
 def checkpoint_number(chk: Path) -> int:
@@ -132,13 +145,17 @@ def legacy_dir(run: RunOptions, plan: TierPlan) -> Path:
     return run.checkpoint_dir / short_version(plan.registry_hash)
 
 
-def checkpoint_to_restore(run: RunOptions, plan: TierPlan) -> Path | None:
-    """Return the checkpoint to restore: the job folder's newest, else this registry version's legacy one."""
+def checkpoint_candidates(run: RunOptions, plan: TierPlan) -> list[Path]:
+    """Return the checkpoints a start may restore, newest first.
+
+    The job folder's, else this registry version's legacy ones (:func:`legacy_dir`);
+    :func:`.recovery.choose_checkpoint` picks among them.
+    """
     folder = run.checkpoint_dir.resolve()
-    chk = latest_checkpoint(folder)
-    if chk is None:
-        chk = latest_checkpoint(legacy_dir(run, plan).resolve())
-        if chk is not None:
+    found = complete_checkpoints(folder)
+    if not found:
+        found = complete_checkpoints(legacy_dir(run, plan).resolve())
+        if found:
             log.info("no checkpoint in %s; restoring the legacy one of this registry version", folder)
         elif any(folder.glob("*/*/chk-*/_metadata")):
             log.warning(
@@ -147,7 +164,16 @@ def checkpoint_to_restore(run: RunOptions, plan: TierPlan) -> Path | None:
                 "start empty. Remove those folders once this job has checkpointed.",
                 folder,
             )
-    return chk
+    return found
+
+
+def checkpoint_to_restore(run: RunOptions, plan: TierPlan) -> Path | None:
+    """Return the newest candidate (:func:`checkpoint_candidates`) not marked unrestorable, unchecked.
+
+    ``headwater run realtime`` checks each candidate first (:func:`.recovery.choose_checkpoint`).
+    """
+    found = [chk for chk in checkpoint_candidates(run, plan) if not (chk / UNRESTORABLE).is_file()]
+    return found[0] if found else None
 
 
 VIEWS_FILE = "views.json"
@@ -169,11 +195,14 @@ class StateReport:
     that much stream has been read after the restore."""
     backfilled: dict[str, str] = field(default_factory=dict)
     """Per restarted or new view the job backfills: the line of its source's backfill."""
+    lost: bool = False
+    """Checkpoints existed but none could be restored: every view of :attr:`new` lost its windows."""
 
     def lines(self) -> list[str]:
         """Human lines for ``headwater run realtime``."""
         out = [f"state kept (windows go on): {', '.join(self.kept) or '-'}"]
-        for label, names in (("changed", self.restarted), ("new", self.new)):
+        new = "LOST, no restorable checkpoint" if self.lost else "new"
+        for label, names in (("changed", self.restarted), (new, self.new)):
             for name in names:
                 if name in self.backfilled:
                     out.append(f"state backfilled ({label}): {name}: full windows at once")
@@ -238,15 +267,44 @@ def state_report(
     return StateReport(tuple(kept), tuple(restarted), tuple(new), dropped, warm, backfilled_views(programs))
 
 
+def lost_state_report(plan: TierPlan, sources: list[str]) -> StateReport:
+    """Return the report of a start whose checkpoints all failed: every view's windows start empty."""
+    now = {v.name: v for v in plan.views if v.source in sources}
+    warm = {n: max(f.window_s for f in v.features) for n, v in now.items()}
+    return StateReport((), (), tuple(sorted(now)), (), warm, lost=True)
+
+
 def job_jars() -> list[Path]:
     """Return the job's jars: the Kafka connector and headwater's Flink code (decode, operators, sink)."""
     return [*jvm.jars("flink"), *jvm.jars("flink-udfs")]
 
 
-def configuration(run: RunOptions, plan: TierPlan, chk: Path | None = None) -> dict[str, str]:
+RESTART_STRATEGY = {
+    "restart-strategy.type": "exponential-delay",
+    "restart-strategy.exponential-delay.initial-backoff": "1 s",
+    "restart-strategy.exponential-delay.backoff-multiplier": "2.0",
+    "restart-strategy.exponential-delay.max-backoff": "30 s",
+    "restart-strategy.exponential-delay.jitter-factor": "0.1",
+    "restart-strategy.exponential-delay.attempts-before-reset-backoff": "5",
+    "restart-strategy.exponential-delay.reset-backoff-threshold": "2 min",
+}
+"""Flink restarts a failing job 5 times (1, 2, 4, 8, 16 s apart, +/-10%), the count reset after 2 minutes
+without a failure; then the job fails and ``headwater run realtime`` takes over (:mod:`.recovery`): a
+restore that failed falls back to the previous retained checkpoint, any other failure is submitted again
+from the newest one. It was fixed-delay with unlimited attempts: a checkpoint whose files were gone was
+restored again every 5 s, forever, and the tier was down without a word but its freshness."""
+
+
+NEWEST = "newest"
+"""The default checkpoint of :func:`configuration`, :func:`build` and :func:`submit`: the newest one
+not marked unrestorable (:func:`checkpoint_to_restore`)."""
+
+
+def configuration(run: RunOptions, plan: TierPlan, chk: Path | str | None = NEWEST) -> dict[str, str]:
     """Return the Flink configuration of the job (checkpointing, time zone, Python bundles, target).
 
-    ``chk``: the checkpoint to restore (default: :func:`checkpoint_to_restore`, when ``run.restore``).
+    ``chk``: the checkpoint to restore when ``run.restore`` (None: none; default:
+    :func:`checkpoint_to_restore`).
     """
     folder = run.checkpoint_dir.resolve()
     conf = {
@@ -260,9 +318,7 @@ def configuration(run: RunOptions, plan: TierPlan, chk: Path | None = None) -> d
         "execution.checkpointing.dir": folder.as_uri(),
         "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
         "execution.checkpointing.num-retained": "3",
-        "restart-strategy.type": "fixed-delay",
-        "restart-strategy.fixed-delay.attempts": "2147483647",
-        "restart-strategy.fixed-delay.delay": "5 s",
+        **RESTART_STRATEGY,
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
         "pipeline.jars": ";".join(jar.as_uri() for jar in job_jars()),
@@ -270,12 +326,13 @@ def configuration(run: RunOptions, plan: TierPlan, chk: Path | None = None) -> d
         "pipeline.object-reuse": "true",
     }
     if run.restore:
-        chk = chk or checkpoint_to_restore(run, plan)
-        if chk is not None:
+        chk = checkpoint_to_restore(run, plan) if chk == NEWEST else chk
+        if isinstance(chk, Path):
             conf["execution.state-recovery.path"] = chk.as_uri()
             # the state of a group (or source) the new plan no longer has is dropped, not an error
             conf["execution.state-recovery.ignore-unclaimed-state"] = "true"
             log.info("restoring from checkpoint %s", chk)
+    conf.update(dict(run.extra_conf))
     if run.jobmanager:
         host, _, port = run.jobmanager.rpartition(":")
         if not host or not port.isdigit():
@@ -325,16 +382,20 @@ def table_environment(
 
 
 def build(
-    plan: TierPlan, options: JobOptions, run: RunOptions
+    plan: TierPlan, options: JobOptions, run: RunOptions, checkpoint: Path | str | None = NEWEST
 ) -> tuple[StreamExecutionEnvironment, list[RealtimeProgram]]:
-    """Build the whole job in a fresh environment: per source its SQL half and JVM half, the DLQ inserts."""
+    """Build the whole job in a fresh environment: per source its SQL half and JVM half, the DLQ inserts.
+
+    ``checkpoint``: what it restores when ``run.restore`` (None: nothing; default: the newest unmarked one).
+    """
     from pyflink.java_gateway import get_gateway
 
     from headwater.pipelines.realtime import udfs
 
     store = StoreTarget(run.redis_url, run.namespace, run.flush_ms)
     sources = check_plan(plan, options.sources)
-    chk = checkpoint_to_restore(run, plan) if run.restore else None
+    chosen = checkpoint_to_restore(run, plan) if checkpoint == NEWEST else checkpoint
+    chk = chosen if run.restore and isinstance(chosen, Path) else None
     start_gateway(run.jvm_heap)  # the backfill reads the checkpoint's Kafka offsets in the JVM
     backfill = plan_backfill(chk, plan, [s.name for s in sources], options, enabled=run.backfill)
     programs = backfill.apply(
@@ -356,9 +417,14 @@ def build(
     return env, programs
 
 
-def submit(plan: TierPlan, options: JobOptions, run: RunOptions) -> tuple[JobClient, list[RealtimeProgram]]:
-    """Build the job and submit it; returns at once (the job runs on). Returns the client and the programs."""
-    env, programs = build(plan, options, run)
+def submit(
+    plan: TierPlan, options: JobOptions, run: RunOptions, checkpoint: Path | str | None = NEWEST
+) -> tuple[JobClient, list[RealtimeProgram]]:
+    """Build the job and submit it; returns at once (the job runs on). Returns the client and the programs.
+
+    ``checkpoint``: as :func:`build`'s.
+    """
+    env, programs = build(plan, options, run, checkpoint)
     return env.execute_async(f"headwater-realtime-{short_version(plan.registry_hash)}"), programs
 
 
