@@ -96,7 +96,9 @@ if TYPE_CHECKING:
     "conf",
     multiple=True,
     metavar="KEY=VALUE",
-    help="More Flink configuration, e.g. execution.checkpointing.unaligned.enabled=true (repeatable; wins).",
+    envvar="HEADWATER_REALTIME_CONF",
+    help="More Flink configuration, e.g. execution.checkpointing.unaligned.enabled=true (repeatable; wins;"
+    " also from HEADWATER_REALTIME_CONF, whitespace-separated).",
 )
 @click.option("--explain", "explain_only", is_flag=True, help="Print the Flink plan and exit.")
 def realtime(

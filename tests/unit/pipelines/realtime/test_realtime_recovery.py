@@ -233,3 +233,14 @@ def test_the_lost_state_report_names_every_view_and_its_window() -> None:
     assert lines[0] == "state kept (windows go on): -"
     want = "state empty (LOST, no restorable checkpoint): v1: partial values until 300 s of stream after"
     assert lines[1] == want + " the restore (its longest window)"
+
+
+def test_conf_pairs_parse_key_value_and_name_the_form() -> None:
+    import click
+
+    from headwater.pipelines.realtime.cli import _conf_pairs
+
+    pairs = _conf_pairs(("execution.checkpointing.unaligned.enabled=true", "a.b = 2 s"))
+    assert pairs == (("execution.checkpointing.unaligned.enabled", "true"), ("a.b", "2 s"))
+    with pytest.raises(click.UsageError, match="write KEY=VALUE"):
+        _conf_pairs(("no-equals",))
