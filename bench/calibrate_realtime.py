@@ -432,6 +432,7 @@ def run_views(
         for i, rate in enumerate(rates):
             t0 = time.time()
             cpu0 = br.group_cpu_s(job.pid)
+            rep0 = reported_snapshot(state)
             c0 = watch.rows[-1][1]
             n = send(source, settings, topic, rate, phase_s, f"{tag}p{i}", pieces)
             t1 = time.time()
@@ -448,6 +449,8 @@ def run_views(
                 "job_cpu_cores_by_kind": {k: round(v / (t2 - t0), 4) for k, v in cpu_by.items()},
                 "lag_end": watch.rows[-1][2] - watch.rows[-1][1],
                 "load_1m": round(os.getloadavg()[0], 2),
+                # the operators' own figure per view (headwater costs' reported): their timed share only
+                "reported": reported_between(rep0, reported_snapshot(state)),
             })  # fmt: skip
             print(f"    {'+'.join(views)} phase {rate:g}/s: {phases[-1]}", flush=True)
         # the state is read once the job has committed all that was sent (a starved job lags behind)
@@ -493,6 +496,47 @@ def run_views(
         "drained": drained,
         "drain_s": round(drain_s, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+Snapshot = dict[str, tuple[float, dict[str, float], int]]
+"""Per realtime stats file: when written, each view's seconds, events read."""
+
+
+def reported_snapshot(state: Path) -> Snapshot:
+    """Per realtime stats file (``<state>/realtime/reported``): when written, each view's seconds, events.
+
+    The job's operator subtasks rewrite them every 5 s (``ViewCpuStats``, what ``headwater costs``
+    reports); two snapshots give each view's reported cores over the files' own interval.
+    """
+    out = {}
+    for path in sorted((state / "realtime" / "reported").glob("stats-*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            task = doc["tasks"][0]
+            out[path.name] = (float(doc["written"]), dict(task["fold_s"]), int(task["events"]))
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue
+    return out
+
+
+def reported_between(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """Per view: the cores its operators reported between two snapshots and its us per event read."""
+    cores: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    events: dict[str, int] = {}
+    for name, (t1, fold1, n1) in after.items():
+        t0, fold0, n0 = before.get(name, (t1, {}, n1))
+        if t1 <= t0:
+            continue
+        for view, s1 in fold1.items():
+            d = s1 - fold0.get(view, 0.0)
+            cores[view] = cores.get(view, 0.0) + d / (t1 - t0)
+            seconds[view] = seconds.get(view, 0.0) + d
+            events[view] = events.get(view, 0) + n1 - n0
+    return {
+        "cores": {v: round(c, 4) for v, c in cores.items()},
+        "us_per_event": {v: round(seconds[v] / events[v] * 1e6, 2) for v in seconds if events[v] > 0},
     }
 
 
@@ -749,6 +793,7 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
         rows = []
         for p in run["phases"]:
             rate = phase_rate(p)
+            told = p.get("reported")  # the job's own per-view figures (headwater costs' reported)
             est = sum(
                 estimate_view(v.features, rate, tier, False, stream_entities(v.source, v.join_key), cal,
                               job_share(keys, v.tier, v.source, v.entity)).cpu_hours_per_day / 24
@@ -758,6 +803,7 @@ def job_accuracy(runs: dict[str, Any], example: Any, cal: Any) -> dict[str, Any]
                 "rate": p["rate"], "consumed_eps": rate, "estimated_cores": round(est, 4),
                 "measured_cores": p["job_cpu_cores"], "cpu_error": round(est / p["job_cpu_cores"] - 1, 3),
                 "load_1m": p["load_1m"], "holds": holds(p),
+                "reported_cores": round(sum(told["cores"].values()), 4) if told else None,
             })  # fmt: skip
         if "timeline" not in run:  # a prior run: CPU only
             out[name] = {"views": run["views"], "phases": rows, "state_estimate": None}
@@ -804,6 +850,9 @@ def print_job_table(acc: dict[str, Any]) -> None:
                         f"{row['redis_bytes']:>9,} {(row['online_error'] or 0):>+6.0%}")  # fmt: skip
             label = f"{name} ({len(row['views'])})" if i == 0 else ""
             held = ("" if p["holds"] else " (starved)") + f" load {p['load_1m']:g}"
+            told = p.get("reported_cores")
+            if told is not None:  # the views' reported share of the job's cores (their timed work only)
+                held += f"; reported {told:.3f} ({told / p['measured_cores']:.0%})"
             print(f"{label:<44} {p['consumed_eps']:>7.0f} {p['estimated_cores']:>9.3f} "
                   f"{p['measured_cores']:>6.2f} {p['cpu_error']:>+6.0%}{tail}{held}")  # fmt: skip
 
