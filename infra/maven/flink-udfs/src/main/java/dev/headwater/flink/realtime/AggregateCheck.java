@@ -132,6 +132,9 @@ public final class AggregateCheck {
                     states = copy;
                     catchUpTo = Math.max(catchUpTo, clock);
                     clock = Long.MIN_VALUE;  // the restored job's clock comes back with the replayed rows
+                    for (Aggregator a : aggs) {
+                        a.restart();  // a fresh operator: nothing published yet
+                    }
                 } else {
                     saved = copy;
                 }

@@ -35,8 +35,8 @@ final class Aggregator {
 
     /**
      * Receives the values to write: view index in the group, event time (the boundary of the value's last
-     * change), valid to (the entity's boundary: the value holds at every boundary in between), slots,
-     * text slots.
+     * change), valid to (the value holds at every boundary in between: {@link #validTo}), slots, text
+     * slots.
      */
     interface Emitter {
         void emit(int view, long eventTimeMs, long validToMs, float[] slots, String[] dict);
@@ -54,6 +54,11 @@ final class Aggregator {
     private final String[] scratchDict;
     /** Per feature, whether the event being added passes its filter (evaluated once per event). */
     private final boolean[] hits;
+    /**
+     * The greatest {@code upTo} a {@link #fire} was given since the job started: the operator fires
+     * every entity due by it before it folds the next event, so no entity's state is behind it.
+     */
+    private long horizon = KeyState.NONE;
 
     Aggregator(Program.Group group) {
         this.group = group;
@@ -86,6 +91,11 @@ final class Aggregator {
     /** Per feature, whether the last event {@link #add} saw passes its filter (ViewCpuStats splits by it). */
     boolean[] hits() {
         return hits;
+    }
+
+    /** A restart from a checkpoint (a fresh operator): no boundary is published yet. */
+    void restart() {
+        horizon = KeyState.NONE;
     }
 
     KeyState newState() {
@@ -185,7 +195,7 @@ final class Aggregator {
             st.boundary = s;  // the value at s holds nothing yet: the entity's first slice enters at s + S
         } else if (s < st.boundary - group.maxWindowMs) {
             restamp(st, s);  // its windows have all closed, but a view may still be dated inside them
-            emitPending(st, out);
+            emitPending(st, horizon, out);
             return Outcome.OUTSIDE;
         }
         // Step 3
@@ -243,7 +253,7 @@ final class Aggregator {
         if (entered) {
             restamp(st, s);
         }
-        emitPending(st, out);
+        emitPending(st, horizon, out);
         return Outcome.ACCEPTED;
     }
 
@@ -292,6 +302,11 @@ final class Aggregator {
      * out of order) would start a fresh state whose values are dated before the stored one, which the
      * store keeps (it keeps the newer event time): the stored empty value would stay, though offline's
      * value at its boundary holds the event. With it, the event is folded as any out-of-order event.
+     *
+     * <p>The watermark is Flink's, which leaves out a split silent for the idle timeout: after a restore
+     * with a backlog it can run minutes ahead of a partition still to be read, and a tombstone goes too
+     * early. The fresh state's values then hold up to the published boundary ({@link #validTo}), past
+     * the stored empty value's time, and write.lua writes them there (issue 16, the soak's payments).
      */
     static boolean disposable(KeyState st, long watermark, long lateMs) {
         return st.slices.isEmpty() && st.boundary != KeyState.NONE && watermark > Long.MIN_VALUE + lateMs
@@ -305,7 +320,7 @@ final class Aggregator {
     void refresh(KeyState st, Emitter out) {
         if (st.boundary != KeyState.NONE) {
             computeViews(st, st.boundary);
-            emitPending(st, out);
+            emitPending(st, KeyState.NONE, out);
         }
     }
 
@@ -350,6 +365,7 @@ final class Aggregator {
      * there: unchanged, nothing written).
      */
     void fire(KeyState st, long upTo, long catchUpTo, Emitter out) {
+        horizon = Math.max(horizon, upTo);
         boolean caughtUp = false;
         for (long c = nextChange(st); c != KeyState.NONE && c <= upTo; c = nextChange(st)) {
             advance(st, c);
@@ -362,7 +378,7 @@ final class Aggregator {
                 vv.pending |= vv.slots != null;
             }
         }
-        emitPending(st, out);
+        emitPending(st, upTo, out);
     }
 
     /** Move the running accumulators from the entity's boundary to {@code to}: entering slices first. */
@@ -411,12 +427,37 @@ final class Aggregator {
         }
     }
 
-    private void emitPending(KeyState st, Emitter out) {
+    /**
+     * The last boundary at which the entity's values (computed at its boundary) still hold, given the
+     * events folded so far: the boundary before its next change, but no later than {@code upTo} (the
+     * greatest boundary the operator has published; beyond it, events still to come in order change the
+     * values); the entity's boundary when {@code upTo} is not past it.
+     *
+     * <p>Why (issue 16): write.lua dates a value at the stored event time when that falls inside
+     * [event time, valid to]. An entity dropped as a tombstone while one partition was left out of the
+     * source's watermark (Flink's idle timeout: a split silent for 5 s, as after a restore with a
+     * backlog) starts afresh when that partition's older events arrive; its values are dated before the
+     * empty value the store holds, which they would leave in place. They hold up to the published
+     * boundary, past the stored one, so they are written there.
+     */
+    long validTo(KeyState st, long upTo) {
+        if (upTo <= st.boundary) {
+            return st.boundary;
+        }
+        long next = nextChange(st);
+        return next == KeyState.NONE ? upTo : Math.max(st.boundary, Math.min(upTo, next - slide));
+    }
+
+    private void emitPending(KeyState st, long upTo, Emitter out) {
+        long validTo = KeyState.NONE;
         for (int v = 0; v < st.views.length; v++) {
             KeyState.ViewValue vv = st.views[v];
             if (vv.pending) {
                 vv.pending = false;
-                out.emit(v, vv.changedAt, st.boundary, vv.slots.clone(), vv.dict.clone());
+                if (validTo == KeyState.NONE) {
+                    validTo = validTo(st, upTo);
+                }
+                out.emit(v, vv.changedAt, validTo, vv.slots.clone(), vv.dict.clone());
             }
         }
     }

@@ -6,9 +6,11 @@ package dev.headwater.flink.realtime;
  * float32 slots and, per slot, the text whose dictionary id the slot takes (null for a number).
  *
  * <p>{@link #validToMs}: the value holds at every boundary from {@link #eventTimeMs} (its last change)
- * to this one (the entity's boundary when it was emitted); write.lua dates it at the stored event time
- * when that falls inside, so a value another run wrote there is compared with it at the same time
- * (issue 16: a job restored after a kill -9 that reads the partitions in another order).
+ * to this one (the boundary before the entity's next change, no later than the operator's published
+ * boundary: {@code Aggregator.validTo}); write.lua dates it at the stored event time when that falls
+ * inside, so a value another run, or the entity's state before it was dropped, wrote there is compared
+ * with it at the same time (issue 16: a job restored after a kill -9 that reads the partitions in
+ * another order; an entity dropped while a partition behind was left out of the watermark).
  *
  * <p>An update with a null {@link #entity} is a progress mark: the operator's clock has passed
  * boundary {@link #eventTimeMs} and every value up to it is published, changed or not.
