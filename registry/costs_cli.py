@@ -316,7 +316,7 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
         )
     elif rep["reported"] and view.tier == "realtime":
         told = rep["reported"]
-        per_event = f", {told['us_per_event']:g} us/event" if "us_per_event" in told else ""
+        per_event = f", {told['us_per_event']:.1f} us/event" if "us_per_event" in told else ""
         lines.append(
             f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by {told['tasks']} operator "
             f"subtask(s) ({told['fold_s']:g} s in its folds and fires{per_event}; {told['how']})"

@@ -66,7 +66,7 @@ def test_costs_and_describe_show_the_realtime_jobs_report(tmp_path: Path, exampl
     assert (got["cpu_hours_per_day"], got["us_per_event"], got["tasks"]) == (2.4, 100.0, 1)
     assert "ViewOperator" in got["how"]
     lines = describe_lines(view, result, nearline_root)
-    want = "reported 2.40 CPU-h/day by 1 operator subtask(s) (72 s in its folds and fires, 100 us/event"
+    want = "reported 2.40 CPU-h/day by 1 operator subtask(s) (72 s in its folds and fires, 100.0 us/event"
     assert any(want in line for line in lines), lines
     assert cost_report(other, result, nearline_root)["reported"]["cpu_hours_per_day"] == 1.2
     # the nearline tier still reads only its own folder
