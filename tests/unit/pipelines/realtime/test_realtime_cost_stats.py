@@ -121,3 +121,34 @@ def test_measured_folds_add_up_and_the_view_with_more_features_gets_more(
     assert user["fires"] == 50  # the clock an hour past the last event: every user fired once more
     assert user["fold_s"][SESSION] == pytest.approx(2 * user["fold_s"][DWELL])
     assert user["hits"] == {DWELL: 3_000, SESSION: 3_000}
+
+
+def test_random_timings_split_as_the_python_rule_says(plan: TierPlan, tmp_path: Path) -> None:
+    """Many random events and fires in one driver run: each view's seconds as computed here, sum = total."""
+    import random
+
+    program = program_of(plan, tmp_path / "reported")
+    g, group = user_group(program)
+    sizes = [len(v["features"]) for v in group["views"]]
+    rng = random.Random(17)
+    want = [0.0] * len(sizes)
+    lines: list[Any] = []
+    for _ in range(500):
+        ns = rng.randrange(0, 5_000_000)
+        if rng.random() < 0.2:
+            lines.append({"fired": {"group": g, "ns": ns, "count": rng.randrange(1, 9)}})
+            shares = [n / sum(sizes) for n in sizes]
+        else:
+            hits = [rng.random() < 0.3 for _ in range(sum(sizes))]
+            lines.append({"added": {"group": g, "ns": ns, "hits": hits}})
+            mine, start = [], 0
+            for n in sizes:
+                mine.append(sum(hits[start : start + n]))
+                start += n
+            shares = [m / sum(mine) for m in mine] if any(mine) else [n / sum(sizes) for n in sizes]
+        want = [w + ns * s for w, s in zip(want, shares, strict=True)]
+    doc = by_group(run_driver(CHECK, lines, header=program.text))[group["id"]]
+    fold = doc["tasks"][0]["fold_s"]
+    got = [fold[v["name"]] for v in group["views"]]
+    assert got == pytest.approx([w / 1e9 for w in want], rel=1e-9)
+    assert sum(got) == pytest.approx(doc["total_s"], rel=1e-9)
