@@ -268,8 +268,15 @@ def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None
         },
         "footprint": fp.as_dict() if fp else None,
         "measured": measured_cost(view, rate, cal),
-        "reported": tier_reported(view, stats_root),
+        "reported": _at_rate(tier_reported(view, stats_root), rate),
     }
+
+
+def _at_rate(told: dict[str, Any] | None, rate_per_s: float) -> dict[str, Any] | None:
+    """Add the reported us/event at the source's declared rate (CPU-h/day), beside the running rate's."""
+    if told and "us_per_event" in told:
+        told["at_declared_rate_cpu_hours_per_day"] = round(told["us_per_event"] * rate_per_s * 24 / 1e6, 4)
+    return told
 
 
 def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | None = None) -> list[str]:
@@ -316,7 +323,12 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
         )
     elif rep["reported"] and view.tier == "realtime":
         told = rep["reported"]
-        per_event = f", {told['us_per_event']:.1f} us/event" if "us_per_event" in told else ""
+        per_event = ""
+        if "us_per_event" in told:
+            per_event = (
+                f", {told['us_per_event']:.1f} us/event: {told['at_declared_rate_cpu_hours_per_day']:.2f} "
+                f"CPU-h/day at {basis['rate_per_s']:g} events/s"
+            )
         lines.append(
             f"        reported {told['cpu_hours_per_day']:.2f} CPU-h/day by {told['tasks']} operator "
             f"subtask(s) ({told['fold_s']:g} s in its folds and fires{per_event}; {told['how']})"

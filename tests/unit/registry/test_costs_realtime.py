@@ -65,8 +65,14 @@ def test_costs_and_describe_show_the_realtime_jobs_report(tmp_path: Path, exampl
     # 72 s in 720 s: 0.1 cores = 2.4 CPU-h/day; 72 s over 720k events: 100 us an event
     assert (got["cpu_hours_per_day"], got["us_per_event"], got["tasks"]) == (2.4, 100.0, 1)
     assert "ViewOperator" in got["how"]
+    # 100 us an event at the source's declared rate
+    rate = result.sources[view.source].spec.expected_rate_per_s
+    assert got["at_declared_rate_cpu_hours_per_day"] == pytest.approx(100e-6 * rate * 24)
     lines = describe_lines(view, result, nearline_root)
-    want = "reported 2.40 CPU-h/day by 1 operator subtask(s) (72 s in its folds and fires, 100.0 us/event"
+    want = (
+        "reported 2.40 CPU-h/day by 1 operator subtask(s) (72 s in its folds and fires, 100.0 us/event: "
+        f"{100e-6 * rate * 24:.2f} CPU-h/day at {rate:g} events/s;"
+    )
     assert any(want in line for line in lines), lines
     assert cost_report(other, result, nearline_root)["reported"]["cpu_hours_per_day"] == 1.2
     # the nearline tier still reads only its own folder
