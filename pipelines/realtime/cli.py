@@ -235,6 +235,8 @@ def _run(plan: TierPlan, options: JobOptions, run: RunOptions, running: list[str
             )
         for chk, why in choice.skipped:
             click.echo(f"  checkpoint skipped: {chk}: {why}")
+        if choice.checkpoint is not None:  # echoed: PyFlink can raise the log level after the first job
+            click.echo(f"  checkpoint to restore: {choice.checkpoint}")
         if choice.checkpoint is not None:
             report = state_report(choice.checkpoint, plan, running, programs)
         else:

@@ -144,7 +144,7 @@ def check_restored(
     names: Names,
     redis_url: str,
 ) -> None:
-    restored = re.findall(r"restoring from checkpoint (\S+)", text)
+    restored = re.findall(r"checkpoint to restore: (\S+)", text)
     assert restored, text[-3000:]
     assert restored[-1].endswith(f"/{target.parent.name}/{target.name}"), (restored, target)
     for chk in broken:
