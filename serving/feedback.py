@@ -180,6 +180,10 @@ class ConfluentSink:
                 "acks": 1,
                 "enable.idempotence": False,  # acks=1: an impression lost in a broker failover is acceptable
                 "linger.ms": linger_ms,
+                # the partition of a key as Kafka's Java client and kafka-python choose it (murmur2),
+                # not librdkafka's default CRC32: the nearline tier keeps an entity's state in the
+                # task of its key's partition, so the service's clicks must land beside the rest
+                "partitioner": "murmur2_random",
                 "compression.type": "zstd",
                 "message.timeout.ms": 30_000,
                 "request.timeout.ms": 5_000,
