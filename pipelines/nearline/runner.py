@@ -57,6 +57,7 @@ from kafka.errors import KafkaError
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.nearline.backfill import backfill
 from headwater.pipelines.nearline.fence import NearlineFencedError, TaskProducer, transactional_id
+from headwater.pipelines.nearline.partitioning import first_misplaced
 from headwater.pipelines.nearline.plan import NearlinePlan, SourcePlan, changelog_topic
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
@@ -206,7 +207,10 @@ class NearlineWorker:
             "written": 0,
             "batches": 0,
             "restore_s": 0.0,
+            "misplaced_batches": 0,
         }
+        self.misplaced_topics: set[str] = set()
+        """Source topics already logged for a record outside its key's partition (partitioning.py)."""
         self.freshness_ms: list[tuple[int, int]] = []
         """(write time - boundary B in ms, rows written) per online write batch (first 200k)."""
         self.assigned_at = 0.0
@@ -402,6 +406,7 @@ class NearlineWorker:
             self.counters["first_batch_at"] = time.time()
         clock = _PhaseClock(self.counters)
         outputs = {p: self.tasks[p].process(recs, now) for p, recs in polled.items()}
+        self._check_partitioning(polled)
         clock.lap("t_process")
         # Step 1: one transaction per task (dead letters, forwards, markers, changelog, offset).
         metas = self._send(outputs)
@@ -515,6 +520,20 @@ class NearlineWorker:
                 self.counters["written"] += res.written
                 if res.written and len(self.freshness_ms) < 200_000:
                     self.freshness_ms.append((epoch_ms() - boundary, res.written))
+
+    def _check_partitioning(self, polled: dict[TopicPartition, list[Any]]) -> None:
+        """Count (and log once per topic) source batches with a keyed record outside its key's partition."""
+        for tp, recs in polled.items():
+            if tp.topic not in self.sources or not recs:
+                continue
+            partitions = len(self.consumer.partitions_for_topic(tp.topic) or ())
+            found = first_misplaced(tp.topic, tp.partition, recs, partitions) if partitions else None
+            if found is None:
+                continue
+            self.counters["misplaced_batches"] += 1
+            if tp.topic not in self.misplaced_topics:
+                self.misplaced_topics.add(tp.topic)
+                log.warning("%s", found.message())
 
     def _count(self, outputs: dict[TopicPartition, BatchOutput]) -> None:
         c = self.counters
