@@ -562,7 +562,8 @@ def test_payments_read_behind_an_idle_partition_across_a_restore_agree_with_offl
 ) -> None:
     # the soak's shape: sparse accounts (a payment every few minutes), two partitions, a kill -9 and a
     # restore whose replay reads partition 1 three minutes behind partition 0 and in fetches (left out of
-    # the watermark while silent), so accounts go empty, are dropped and then get older payments
+    # the watermark while silent), so accounts go empty, are dropped and then get older payments (seeds 1
+    # and 2 mismatch without the valid-to up to the published boundary; 13 of seeds 1-20 did)
     rnd = random.Random(seed)
     statuses = ["captured", "declined", "authorized", "failed"]
     parts: list[list[dict[str, Any]]] = [[], []]
