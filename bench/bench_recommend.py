@@ -307,6 +307,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "switch5": ([], {"gil_switch_interval_ms": 5.0}, {}),
     "torch": ([], {}, {"HEADWATER_RANKER_RUNTIME": "torch"}),
     "retrieve200": ([], {"funnel": {"retrieve_n": 200}}, {}),
+    "retrieve300": ([], {"funnel": {"retrieve_n": 300}}, {}),
     "no-mirror": ([], {"funnel": {"item_mirror_sla_share": None}}, {}),
     "no-feed": ([], {"funnel": {"index_feed_s": None}}, {}),
 }
@@ -317,10 +318,11 @@ levers' "before"; ``kafka-python`` the impressions producer's previous client; `
 Kafka still costs; ``scan-refresh`` the refresher of the previous round (a SCAN of the whole
 catalog's write times every 30 s instead of the change-log test); ``switch5`` the interpreter's default
 thread switch interval (5 ms) instead of the service's 1 ms; ``torch`` the DCN on torch instead of ONNX
-Runtime (the user's share computed once either way); ``retrieve200`` 200 retrieved candidates instead
-of 500 (``--quality-users`` says what that costs in quality); ``no-mirror`` every item view read from
-Redis per request (through the item cache) instead of the index refresher's in-memory rows; ``no-feed``
-the refresher without its change-feed reads (only the 30-s freshness-log look and the full refresh)."""
+Runtime (the user's share computed once either way); ``retrieve200`` and ``retrieve300`` 200 and 300
+retrieved candidates instead of 500 (``--quality-users`` says what that costs in quality);
+``no-mirror`` every item view read from Redis per request (through the item cache) instead of the
+index refresher's in-memory rows; ``no-feed`` the refresher without its change-feed reads (only the
+30-s freshness-log look and the full refresh)."""
 
 
 class PrivateRedis:

@@ -28,7 +28,14 @@ DEFAULT_EXPANSION_SEARCH = 256
 """ef at query time. On the two-tower model's own item embeddings (100k items) recall@100 is 0.911,
 0.961, 0.986 and 0.995 at ef 100, 160, 256 and 400; on synthetic clusters ef 160 already gives 0.995
 (100k, dim 32), 0.990 (dim 64) and 0.991 (1M, dim 32), 256 gives 0.997 at 1M. 256 keeps a margin
-over 0.95 on the harder real embeddings (bench/results/bench_ann.json)."""
+over 0.95 on the harder real embeddings (bench/results/bench_ann.json).
+
+The funnel asks ``retrieve_n`` + seen ids (about 500), and ef is at least what is asked, so serving
+searches at ef ~500 whatever this default: there recall@100 is 0.998 and the search CPU follows the
+ids asked (100k items, ``bench/bench_retrieval_ef.py``: ~0.4 ms for 100 at ef 256, ~0.65 ms for
+300, ~0.9-1.1 ms for 500). Connectivity 12 or 8 instead of 16 saves nothing measurable there (within
+the run-to-run noise) and loses recall at small ef; 300 candidates instead of 500 costs 2.6% of the
+answers' planted signal (``bench_recommend.py --variants current,retrieve300 --quality-users 300``)."""
 
 
 class ItemIndexError(ValueError):
