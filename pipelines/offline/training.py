@@ -179,10 +179,6 @@ def build_training_set(
     frame = at_start
     for side, targets in (("user_id", at_start), ("item_id", labels)):
         if side == "item_id":  # back to each row's own time; the slate's start stays for on-demand
-            # Cut the lineage here: with the user side's joins and the item side's in one plan,
-            # Spark pipelines them all into the same tasks, and on the demo's 40k labels those
-            # tasks ran out of execution memory (SparkOutOfMemoryError, 4g driver).
-            frame = frame.localCheckpoint()
             frame = frame.withColumn(SLATE_TIME, F.col("event_time")).withColumn(
                 "event_time", F.col(_ROW_TIME)
             )
