@@ -75,8 +75,10 @@ def check(repo: Path | None, fmt: str) -> None:
 
         doc = check_json(result)
         by_name = {v.name: v for v in result.views}
-        for row in doc["views"]:  # the estimate, its basis, the declared and the measured cost
-            row["cost"] = cost_report(by_name[row["name"]], result)
+        # what the running tiers report (their stats files under the state folder; none in a CI checkout)
+        stats_root = default_state_dir() / "nearline"
+        for row in doc["views"]:  # the estimate, its basis, the declared, measured and reported cost
+            row["cost"] = cost_report(by_name[row["name"]], result, stats_root)
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(check_text(result))

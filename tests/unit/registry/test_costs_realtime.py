@@ -78,3 +78,27 @@ def test_costs_and_describe_show_the_realtime_jobs_report(tmp_path: Path, exampl
     # the nearline tier still reads only its own folder
     nearline = next(v for v in result.views if v.tier == "nearline")
     assert tier_reported(nearline, nearline_root) is None
+
+
+def test_check_json_carries_what_the_running_tiers_report(
+    tmp_path: Path, example: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from headwater.registry.commands import check
+
+    monkeypatch.setenv("HEADWATER_STATE_DIR", str(tmp_path))
+    now = 20_000.0
+    write(tmp_path / "realtime" / "reported" / "stats-events-1-0.json", {"user_session_realtime": 60.0},
+          now - 600, 100_000, now)  # fmt: skip
+    write(
+        tmp_path / "nearline" / "w0" / "stats-0.json", {"user_engagement_nearline": 12.0}, now - 600, 0, now
+    )
+    outcome = CliRunner().invoke(check, [str(example), "--format", "json"])
+    assert outcome.exit_code == 0, outcome.output
+    cost = {row["name"]: row["cost"]["reported"] for row in json.loads(outcome.output)["views"]}
+    # 60 s of 600 = 0.1 cores = 2.4 CPU-h/day, 600 us an event; 12 s of 600 = 0.48 CPU-h/day
+    assert cost["user_session_realtime"]["cpu_hours_per_day"] == pytest.approx(2.4)
+    assert cost["user_session_realtime"]["us_per_event"] == pytest.approx(600.0)
+    assert cost["user_engagement_nearline"]["cpu_hours_per_day"] == pytest.approx(0.48)
+    assert cost["user_dwell_realtime"] is None  # no subtask reports it
