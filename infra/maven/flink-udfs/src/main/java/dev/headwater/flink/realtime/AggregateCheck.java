@@ -278,7 +278,8 @@ public final class AggregateCheck {
         };
     }
 
-    private static Row row(Program program, JsonNode values) {
+    /** The event row of the program's columns from a JSON array of values (null: a null field). */
+    static Row row(Program program, JsonNode values) {
         Row r = new Row(program.columns.size());
         for (int i = 0; i < program.columns.size(); i++) {
             JsonNode v = values.get(i);

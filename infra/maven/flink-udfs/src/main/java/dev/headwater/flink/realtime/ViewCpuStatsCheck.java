@@ -87,7 +87,7 @@ public final class ViewCpuStatsCheck {
                 double each = (System.nanoTime() - started) / (double) count;
                 out.append("{\"overhead_ns\":").append(each).append(",\"sink\":").append(sink > -1).append("}\n");
             } else {
-                Row r = row(program, n);
+                Row r = AggregateCheck.row(program, n);
                 long t = (Long) r.getField(program.eventTimeColumn);
                 String id = program.eventIdColumn < 0 ? null : (String) r.getField(program.eventIdColumn);
                 for (Program.Group g : program.groups) {
@@ -111,24 +111,5 @@ public final class ViewCpuStatsCheck {
             out.append(json.writeValueAsString(doc)).append('\n');
         }
         System.out.print(out);
-    }
-
-    /** The event row of the program's columns (as {@link AggregateCheck} reads it). */
-    private static Row row(Program program, JsonNode values) {
-        Row r = new Row(program.columns.size());
-        for (int i = 0; i < program.columns.size(); i++) {
-            JsonNode v = values.get(i);
-            if (v == null || v.isNull()) {
-                continue;
-            }
-            switch (program.columnTypes.get(i)) {
-                case "BIGINT": r.setField(i, v.asLong()); break;
-                case "INT": r.setField(i, v.asInt()); break;
-                case "DOUBLE": r.setField(i, v.asDouble()); break;
-                case "BOOLEAN": r.setField(i, v.asBoolean()); break;
-                default: r.setField(i, v.asText());
-            }
-        }
-        return r;
     }
 }
