@@ -39,8 +39,10 @@ import org.slf4j.LoggerFactory;
  * values (the store keeps the newer event time, and an equal value is a no-op).
  *
  * <p>An entity whose slices have all left its windows keeps its state, empty, as a tombstone (its last
- * value's boundary), until the source's watermark (the slowest partition's) is past that boundary by
- * more than the out-of-orderness and allowed lateness ({@link Aggregator#disposable}). The clock is the
+ * value's boundary), until the source's watermark (Flink's: the slowest partition's, leaving out a
+ * split silent for the idle timeout) is past that boundary by more than the out-of-orderness and
+ * allowed lateness ({@link Aggregator#disposable}, which says what covers a tombstone gone too early).
+ * The clock is the
  * greatest event time of all partitions: after a restore with a backlog, one partition's events come
  * minutes behind another's, and an entity's next event may be older than the boundary of the empty
  * value it was given. The tombstone folds it as an out-of-order event, so the value written is dated
