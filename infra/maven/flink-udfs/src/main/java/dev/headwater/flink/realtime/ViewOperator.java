@@ -42,12 +42,12 @@ import org.slf4j.LoggerFactory;
  * value's boundary), until the source's watermark (Flink's: the slowest partition's, leaving out a
  * split silent for the idle timeout) is past that boundary by more than the out-of-orderness and
  * allowed lateness ({@link Aggregator#disposable}, which says what covers a tombstone gone too early).
- * The clock is the
- * greatest event time of all partitions: after a restore with a backlog, one partition's events come
- * minutes behind another's, and an entity's next event may be older than the boundary of the empty
- * value it was given. The tombstone folds it as an out-of-order event, so the value written is dated
- * no earlier than the stored one; a fresh state would date its values before it, and the store, which
- * keeps the newer event time, would keep the empty value (issue 16's "online 0, offline has events").
+ * The clock is the greatest event time of all partitions: after a restore with a backlog, one
+ * partition's events come minutes behind another's, and an entity's next event may be older than the
+ * boundary of the empty value it was given. The tombstone folds it as an out-of-order event, so the
+ * value written is dated no earlier than the stored one; a fresh state would date its values before
+ * it, and the store, which keeps the newer event time, would keep the empty value (issue 16's
+ * "online 0, offline has events").
  *
  * <p>After a restore (a kill -9 and a restart from the last checkpoint), the job killed may have
  * written values after that checkpoint which this one, reading the partitions in another order, never
