@@ -528,12 +528,10 @@ class FeedbackProducer:
 
         codec = encoder.codec
         events = answer.events()
+        problem = first_invalid(codec, events)
         try:
-            for event in events:
-                problem = codec.validate(event)
-                if problem is not None:
-                    msg = f"event {event['event_id']!r} is not a valid behaviour event: {problem}"
-                    raise EncodeError(msg)
+            if problem is not None:
+                raise EncodeError(problem)
             values = encoder.encode(events)
         except EncodeError as exc:
             with self._lock:
@@ -586,12 +584,19 @@ def impression_events(
     ValueError); the service offers :func:`impressions` instead, validated by the sender thread.
     """
     events = impressions(request_id, user_id, items, session_id, device, at_ms).events()
-    for event in events:
-        problem = _validator().validate(event)
-        if problem is not None:
-            msg = f"event {event['event_id']!r} is not a valid behaviour event: {problem}"
-            raise ValueError(msg)
+    problem = first_invalid(_validator(), events)
+    if problem is not None:
+        raise ValueError(problem)
     return events
+
+
+def first_invalid(codec: EventCodec, events: Sequence[BehaviorEvent]) -> str | None:
+    """Return why the first of ``events`` that ``codec`` rejects is not a valid event (None: all valid)."""
+    for event in events:
+        problem = codec.validate(event)
+        if problem is not None:
+            return f"event {event['event_id']!r} is not a valid behaviour event: {problem}"
+    return None
 
 
 def impressions(

@@ -237,7 +237,6 @@ def _run(plan: TierPlan, options: JobOptions, run: RunOptions, running: list[str
             click.echo(f"  checkpoint skipped: {chk}: {why}")
         if choice.checkpoint is not None:  # echoed: PyFlink can raise the log level after the first job
             click.echo(f"  checkpoint to restore: {choice.checkpoint}")
-        if choice.checkpoint is not None:
             report = state_report(choice.checkpoint, plan, running, programs)
         else:
             report = lost_state_report(plan, running) if choice.skipped else None

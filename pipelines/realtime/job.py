@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING
 from headwater.pipelines import jvm
 from headwater.pipelines.realtime.backfill import SCANS_FILE, SEEDS_FILE, plan_backfill
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
-from headwater.pipelines.realtime.recovery import UNRESTORABLE
+from headwater.pipelines.realtime.recovery import is_marked
 from headwater.pipelines.realtime.sql import JobOptions, check_plan, compile_job
 from headwater.registry.plans import TierPlan, short_version
 
@@ -116,7 +116,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
     restoring it fails at every restart ("FileNotFoundException" in the keyed state backend). A checkpoint
     marked unrestorable (:mod:`.recovery`) is passed over.
     """
-    found = [chk for chk in complete_checkpoints(folder) if not (chk / UNRESTORABLE).is_file()]
+    found = [chk for chk in complete_checkpoints(folder) if not is_marked(chk)]
     return found[0] if found else None
 
 
@@ -172,7 +172,7 @@ def checkpoint_to_restore(run: RunOptions, plan: TierPlan) -> Path | None:
 
     ``headwater run realtime`` checks each candidate first (:func:`.recovery.choose_checkpoint`).
     """
-    found = [chk for chk in checkpoint_candidates(run, plan) if not (chk / UNRESTORABLE).is_file()]
+    found = [chk for chk in checkpoint_candidates(run, plan) if not is_marked(chk)]
     return found[0] if found else None
 
 
