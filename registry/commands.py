@@ -71,12 +71,12 @@ def check(repo: Path | None, fmt: str) -> None:
     """
     result = check_repo(features_dir(repo))
     if fmt == "json":
-        from headwater.registry.costs_cli import cost_report
+        from headwater.registry.costs_cli import cost_report, reported_root
 
         doc = check_json(result)
         by_name = {v.name: v for v in result.views}
         # what the running tiers report (their stats files under the state folder; none in a CI checkout)
-        stats_root = default_state_dir() / "nearline"
+        stats_root = reported_root()
         for row in doc["views"]:  # the estimate, its basis, the declared, measured and reported cost
             row["cost"] = cost_report(by_name[row["name"]], result, stats_root)
         click.echo(json.dumps(doc, indent=2))

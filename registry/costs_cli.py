@@ -212,6 +212,13 @@ def offline_reported_cost(view: str, folder: Path) -> dict[str, Any] | None:
     }
 
 
+def reported_root() -> Path:
+    """Return the default ``stats_root``: ``<state>/nearline`` (the other tiers' reports are beside it)."""
+    from headwater.registry.config import state_dir
+
+    return state_dir() / "nearline"
+
+
 def tier_reported(view: CompiledView, stats_root: Path | None) -> dict[str, Any] | None:
     """Return what the running tier reports of ``view`` (nearline workers, realtime operators, offline runs).
 
@@ -286,9 +293,7 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
     are beside it).
     """
     if stats_root is None and view.tier in ("nearline", "realtime", "offline"):
-        from headwater.registry.config import state_dir
-
-        stats_root = state_dir() / "nearline"
+        stats_root = reported_root()
     rep = cost_report(view, result, stats_root)
     est, basis, fp, meas = rep["estimate"], rep["basis"], rep["footprint"], rep["measured"]
     lines = [
@@ -358,14 +363,14 @@ def _basis(view: CompiledView, result: CheckResult, which: str) -> str:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def costs(repo: Path | None, fmt: str) -> None:
     """Per view: declared vs estimated vs measured CPU-h/day, state and online memory estimates."""
-    from headwater.registry.config import features_dir, state_dir
+    from headwater.registry.config import features_dir
     from headwater.registry.validate import check_repo
 
     result = check_repo(features_dir(repo))
     if not result.views:
         click.echo("no view checked (run `headwater check` for the errors)", err=True)
         sys.exit(1)
-    stats_root = state_dir() / "nearline"
+    stats_root = reported_root()
     views = sorted(result.views, key=lambda v: (v.tier, v.name))
     reports = {v.name: cost_report(v, result, stats_root) for v in views}
     if fmt == "json":
