@@ -85,6 +85,11 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(state_dir() / "spark-warehouse"))
         .config("spark.driver.memory", os.environ.get("HEADWATER_SPARK_DRIVER_MEMORY", "4g"))
+        # The training set's user side chains ~7 sort-merge joins on (user_id, event_time) and
+        # their aggregations into one task; each operator takes a page of the task's ~1.1 GB of
+        # execution memory, and at the 64 MB default the chain cannot get its pages
+        # (SparkOutOfMemoryError UNABLE_TO_ACQUIRE_MEMORY on 40k labels). 2 MB pages fit it.
+        .config("spark.buffer.pageSize", os.environ.get("HEADWATER_SPARK_PAGE_SIZE", "2m"))
     )
     return builder.getOrCreate()
 

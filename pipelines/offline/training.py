@@ -9,6 +9,16 @@ Realtime and nearline views are recomputed from their own source's bronze table 
 feature's ``B_f = floor(t / S_f) * S_f``, :mod:`headwater.pipelines.offline.asof`): what serving reads
 at t.
 
+The user's side is read at the slate's start. A slate (one ``group`` of one user: a page the service
+answered) was scored with ONE user vector read when the request came, so every row of a slate takes
+the user views as of the slate's first impression ``s = min(event_time)`` over the slate, and the
+on-demand features are computed at ``s`` too (the request's time). Joined at each row's own time
+instead, a page's impressions seconds apart count into the later rows (``impressions_5m`` rose by one
+per slot inside 99% of the demo's slates): the slot leaks into a user input, which no served ranker
+can use. ``s <= t``, so the point-in-time rule holds a fortiori. Item views keep each row's own time
+(an item's values do not count the slate's other items). Labels without a ``group`` column make
+every row its own slate.
+
 Output: the Parquet format ``headwater model train --training-set`` reads
 (:mod:`headwater.serving.trainset`): ``group``, ``user_id``, ``item_id``, ``event_time`` (ms),
 ``label``, then ``user.<slot>`` and ``item.<slot>`` float columns (the online vector slots of
@@ -49,6 +59,9 @@ LABEL_COLUMNS = ("group", "user_id", "item_id", "event_time", "label")
 ENTITY_PREFIX = {"user_id": "user", "item_id": "item"}
 LABEL_TIME_TIERS = frozenset({"realtime", "nearline"})
 """Tiers whose views a training row takes as of the label time itself, recomputed from bronze."""
+SLATE_TIME = "__slate_time"
+"""Column of the slate's start (epoch ms): the time of the user views and of the on-demand features."""
+_ROW_TIME = "__row_time"
 
 
 class TrainingSetError(ValueError):
@@ -76,8 +89,8 @@ def read_labels(spark: SparkSession, path: Path) -> DataFrame:
         msg = (f"labels {path}: missing column(s) {missing}; expected user_id, item_id, event_time "
                f"(epoch ms), label and optionally group; found {frame.columns}")  # fmt: skip
         raise TrainingSetError(msg)
-    if "group" not in frame.columns:
-        frame = frame.withColumn("group", F.lit(0).cast("long"))
+    if "group" not in frame.columns:  # no slates known: every label is its own slate
+        frame = frame.withColumn("group", F.monotonically_increasing_id())
     position = [F.col("position").cast("long")] if "position" in frame.columns else []
     return frame.select(
         F.col("group").cast("long"), "user_id", "item_id", F.col("event_time").cast("long"),
@@ -140,35 +153,41 @@ def build_training_set(
     bronze: BronzeTables | None = None,
     on_demand: Sequence[PlanOnDemandView] = (),
 ) -> TrainingSetResult:
-    """Join ``labels`` to the user and item ``views`` as of each label's time; write Parquet to ``out``.
+    """Join ``labels`` to the user and item ``views`` point in time; write Parquet to ``out``.
 
-    Offline views are read from their daily tables (the value as of the label's day boundary is
-    what a daily view serves). Realtime and nearline views are recomputed from their own source's
-    table in ``bronze`` as of the label time itself (:mod:`.asof`), since their daily values would not
-    be what serving reads.
+    User views are joined as of each slate's start and item views as of each label's own time (see
+    the module docstring). Offline views are read from their daily tables (the value as of the
+    day boundary is what a daily view serves). Realtime and nearline views are recomputed from their
+    own source's table in ``bronze`` as of the time itself (:mod:`.asof`), since their daily values
+    would not be what serving reads.
 
     Raises:
         TrainingSetError: a streaming view is asked for without ``bronze``, or a table lacks a day.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     labels = labels.cache()  # read once: every label-time view takes its (entity, time) targets from it
-    frame = labels.withColumn("__boundary", F.floor(F.col("event_time") / F.lit(DAY_MS)) * F.lit(DAY_MS))
-    used: list[PlanView] = []
-    for view in views:
-        prefix = ENTITY_PREFIX.get(view.join_key)
-        if prefix is None:
-            continue
-        if view.tier in LABEL_TIME_TIERS:
-            if bronze is None:
-                msg = f"view {view.name} ({view.tier}): its label-time values need the bronze events"
-                raise TrainingSetError(msg)
-            table, source = bronze.for_view(view)
-            frame = join_at_label_time(frame, table, view, source, targets_from=labels)
-        else:
-            frame = join_view(spark, frame, view, lake, f"{view.name}")
-        used.append(view)
-    frame = frame.drop("__boundary")
+    # The user side at the slate's start: event_time holds the slate's start while the user views join.
+    slate = Window.partitionBy("group", "user_id")
+    at_start = (
+        labels.withColumn(_ROW_TIME, F.col("event_time"))
+        .withColumn("event_time", F.min("event_time").over(slate))
+        .cache()
+    )
+    joins = [v for v in views if v.join_key in ENTITY_PREFIX]
+    frame = at_start
+    for side, targets in (("user_id", at_start), ("item_id", labels)):
+        if side == "item_id":  # back to each row's own time; the slate's start stays for on-demand
+            frame = frame.withColumn(SLATE_TIME, F.col("event_time")).withColumn(
+                "event_time", F.col(_ROW_TIME)
+            )
+            frame = frame.drop(_ROW_TIME)
+        frame = frame.withColumn("__boundary", F.floor(F.col("event_time") / F.lit(DAY_MS)) * F.lit(DAY_MS))
+        for view in (v for v in joins if v.join_key == side):
+            frame = _join(spark, frame, targets, view, lake, bronze)
+        frame = frame.drop("__boundary")
+    used = joins
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = positives = 0
     writer: pq.ParquetWriter | None = None
@@ -189,10 +208,32 @@ def build_training_set(
     return TrainingSetResult(out, rows, positives, columns)
 
 
+def _join(
+    spark: SparkSession,
+    frame: DataFrame,
+    targets: DataFrame,
+    view: PlanView,
+    lake: Path,
+    bronze: BronzeTables | None,
+) -> DataFrame:
+    """Add ``view``'s columns as of ``frame``'s ``event_time`` (``targets``: the same times, plain)."""
+    if view.tier not in LABEL_TIME_TIERS:
+        return join_view(spark, frame, view, lake, f"{view.name}")
+    if bronze is None:
+        msg = f"view {view.name} ({view.tier}): its label-time values need the bronze events"
+        raise TrainingSetError(msg)
+    table, source = bronze.for_view(view)
+    return join_at_label_time(frame, table, view, source, targets_from=targets)
+
+
 def _on_demand_columns(
     columns: dict[str, pa.Array], views: Sequence[PlanView], on_demand: Sequence[PlanOnDemandView]
 ) -> dict[str, pa.Array]:
-    """Compute the ``pair.<feature>`` columns with the service's evaluator, at each label's time."""
+    """Compute the ``pair.<feature>`` columns with the service's evaluator, at each slate's start.
+
+    ``columns[SLATE_TIME]`` is the time the service computed them at (the request's); without it,
+    each label's own time.
+    """
     from headwater.serving.on_demand import PAIR_PREFIX, OnDemandBindingError, OnDemandProgram
 
     by_side: dict[str, list[tuple[str, tuple[str, ...]]]] = {"user": [], "item": []}
@@ -214,7 +255,8 @@ def _on_demand_columns(
         name: np.asarray(columns[slots[name]].to_numpy(zero_copy_only=False), dtype=np.float64)
         for name in (*program.user_columns, *program.item_columns)
     }
-    times = np.asarray(columns["event_time"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    at = SLATE_TIME if SLATE_TIME in columns else "event_time"
+    times = np.asarray(columns[at].to_numpy(zero_copy_only=False), dtype=np.int64)
     computed = program.compute_columns(values, times, len(times))
     return {PAIR_PREFIX + name: pa.array(v.astype(np.float32)) for name, v in computed.items()}
 
@@ -247,7 +289,8 @@ def _flatten(
                 raise TrainingSetError(msg)
             columns[name] = pa.array(matrix[:, j])
     if on_demand:
-        columns.update(_on_demand_columns(columns, views, on_demand))
+        times = {SLATE_TIME: part.column(SLATE_TIME)} if SLATE_TIME in part.column_names else {}
+        columns.update(_on_demand_columns({**columns, **times}, views, on_demand))
     table = pa.table(columns)
     return table.replace_schema_metadata(
         {

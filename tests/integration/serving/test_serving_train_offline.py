@@ -104,9 +104,19 @@ def test_model_trains_from_an_offline_training_set_and_binds_to_its_registry(
     assert ts.item_features == registry.item.slots
     assert registry.on_demand is not None
     assert tuple(ts.pair) == registry.on_demand.names  # pair.<feature> columns, the service's evaluator
+    # The user side is read at each slate's start (the service reads it once a page): every row of a
+    # slate has one user vector, and the pair features are computed at the slate's start too.
+    keys = list(zip(ts.group.tolist(), list(ts.user_ids), strict=True))
+    number = {k: j for j, k in enumerate(dict.fromkeys(keys))}
+    slate = np.array([number[k] for k in keys])
+    start = np.full(slate.max() + 1, np.iinfo(np.int64).max)
+    np.minimum.at(start, slate, ts.event_time_ms)
+    for s in np.unique(slate)[:50]:
+        rows = np.flatnonzero(slate == s)
+        np.testing.assert_array_equal(ts.user[rows], np.repeat(ts.user[rows[:1]], len(rows), axis=0))
     np.testing.assert_allclose(  # the same numbers as the service computes from these slots
         np.column_stack([ts.pair[n] for n in ts.pair]),
-        registry.on_demand.compute(ts.user, ts.item, ts.event_time_ms),
+        registry.on_demand.compute(ts.user, ts.item, start[slate]),
         rtol=1e-6,
         equal_nan=True,
     )
