@@ -10,7 +10,9 @@ missing folder is a clear error that says how to fill it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,8 +104,51 @@ def flink_environment(parallelism: int = 2) -> StreamExecutionEnvironment:
     """
     from pyflink.datastream import StreamExecutionEnvironment
 
+    set_flink_java_args()
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     env.add_jars(*(jar.as_uri() for jar in jars("flink")))
     env.set_python_executable(sys.executable)
     return env
+
+
+def jvm_temp_dir(engine: str) -> Path:
+    """Return this process's temporary folder for an engine's JVM, after removing dead processes' ones.
+
+    A PyFlink gateway JVM extracts the table planner (a ~45 MB ``flink-table-planner_*.jar``) and
+    keeps its blobs and spill files under ``java.io.tmpdir``; it deletes them at a clean exit only,
+    so every ``kill -9`` (a supervisor's restart, a soak's fault) left them in /tmp for good. Each
+    process gets ``<tmp>/headwater-<uid>/<engine>/<pid>``; the folders of processes no longer alive
+    are removed here, so the next start clears up after a killed one. Not under the state folder: a
+    test's state folder is deleted while the process's JVM lives on.
+    """
+    root = Path(tempfile.gettempdir()) / f"headwater-{os.getuid()}" / engine
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in root.iterdir():
+        if folder.name.isdigit() and not _alive(int(folder.name)):
+            shutil.rmtree(folder, ignore_errors=True)
+    mine = root / str(os.getpid())
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
+def set_flink_java_args(jvm_heap: str | None = None) -> None:
+    """Set ``JVM_ARGS`` for the PyFlink gateway JVM this process may start (read when it starts).
+
+    ``jvm_heap`` sets ``-Xmx`` unless the caller's ``JVM_ARGS`` already exists (the caller's wins);
+    the JVM's temporary folder is :func:`jvm_temp_dir` unless the caller set ``java.io.tmpdir``.
+    """
+    args = os.environ.get("JVM_ARGS") or (f"-Xmx{jvm_heap} -XX:+UseG1GC" if jvm_heap else "")
+    if "-Djava.io.tmpdir=" not in args:
+        args = f"{args} -Djava.io.tmpdir={jvm_temp_dir('flink')}".strip()
+    os.environ["JVM_ARGS"] = args
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -354,8 +353,7 @@ def start_gateway(jvm_heap: str | None = None) -> None:
     from pyflink.java_gateway import get_gateway
     from pyflink.util.java_utils import add_jars_to_context_class_loader
 
-    if jvm_heap:  # read when PyFlink starts its gateway JVM
-        os.environ.setdefault("JVM_ARGS", f"-Xmx{jvm_heap} -XX:+UseG1GC")
+    jvm.set_flink_java_args(jvm_heap)  # read when PyFlink starts its gateway JVM
     get_gateway()
     add_jars_to_context_class_loader([jar.as_uri() for jar in job_jars()])
 
