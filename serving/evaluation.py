@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -79,7 +80,9 @@ def feature_scores(
     A missing value (NaN) is the training mean, and the sign is the one whose training AUC is at
     least 0.5 (a feature that predicts no click counts as well as one that predicts a click).
     """
-    with np.errstate(invalid="ignore"):
+    with warnings.catch_warnings():
+        # A column missing in every training row ("Mean of empty slice") scores as the constant 0.
+        warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(np.where(np.isfinite(train_x), train_x, np.nan), axis=0)
     mean = np.where(np.isfinite(mean), mean, 0.0)
     tr = np.where(np.isfinite(train_x), train_x, mean).astype(np.float64)

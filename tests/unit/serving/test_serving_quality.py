@@ -5,6 +5,7 @@ offsets, the MovieLens loader."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -277,6 +278,15 @@ def test_feature_scores_flip_a_feature_that_predicts_no_click() -> None:
     y = np.asarray([0.0, 1.0, 1.0], np.float32)
     scored = feature_scores(x, y, x)
     np.testing.assert_allclose(scored, [[0.0, -1.0], [1.0, 0.0], [2.0, -0.5]])
+
+
+def test_feature_scores_score_a_column_missing_in_training_as_zero_without_a_warning() -> None:
+    train = np.asarray([[1.0, np.nan], [2.0, np.nan]], np.float32)
+    test = np.asarray([[3.0, np.nan], [4.0, 5.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scored = feature_scores(train, np.asarray([0.0, 1.0], np.float32), test)
+    np.testing.assert_allclose(scored, [[3.0, 0.0], [4.0, 5.0]])
 
 
 FEATURES = Path(__file__).resolve().parents[3] / "features"
