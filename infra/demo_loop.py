@@ -21,7 +21,8 @@ def show(title: str, answer: dict[str, Any], top: int = 5) -> None:
     """Print the top of a ranking answer."""
     items = ", ".join(f"{i['item_id']} {i['score']:.3f}" for i in answer["items"][:top])
     fallback = answer.get("fallback") or "none"
-    print(f"{title}: model {answer.get('model_version')} fallback {fallback}: {items}")
+    why = f" ({answer['fallback_reason']})" if answer.get("fallback_reason") else ""
+    print(f"{title}: model {answer.get('model_version')} fallback {fallback}{why}: {items}")
 
 
 def main() -> None:
