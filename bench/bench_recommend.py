@@ -310,6 +310,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "retrieve300": ([], {"funnel": {"retrieve_n": 300}}, {}),
     "no-mirror": ([], {"funnel": {"item_mirror_sla_share": None}}, {}),
     "no-feed": ([], {"funnel": {"index_feed_s": None}}, {}),
+    "io1": ([], {"io_threads": 1}, {}),
+    "io2": ([], {"io_threads": 2}, {}),
 }
 """Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
 and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
@@ -322,7 +324,8 @@ Runtime (the user's share computed once either way); ``retrieve200`` and ``retri
 retrieved candidates instead of 500 (``--quality-users`` says what that costs in quality);
 ``no-mirror`` every item view read from Redis per request (through the item cache) instead of the
 index refresher's in-memory rows; ``no-feed`` the refresher without its change-feed reads (only the
-30-s freshness-log look and the full refresh)."""
+30-s freshness-log look and the full refresh); ``io1`` and ``io2`` one and two I/O threads instead of 4
+(what the hops to the pool cost in hand-offs)."""
 
 
 class PrivateRedis:
