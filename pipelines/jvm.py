@@ -116,13 +116,14 @@ def jvm_temp_dir(engine: str) -> Path:
     """Return this process's temporary folder for an engine's JVM, after removing dead processes' ones.
 
     A PyFlink gateway JVM extracts the table planner (a ~45 MB ``flink-table-planner_*.jar``) and
-    keeps its blobs and spill files under ``java.io.tmpdir``; it deletes them at a clean exit only,
-    so every ``kill -9`` (a supervisor's restart, a soak's fault) left them in /tmp for good. Each
-    process gets ``<tmp>/headwater-<uid>/<engine>/<pid>``; the folders of processes no longer alive
-    are removed here, so the next start clears up after a killed one. Not under the state folder: a
-    test's state folder is deleted while the process's JVM lives on.
+    keeps its blobs and spill files under ``java.io.tmpdir``, and deletes them at a clean JVM exit
+    only; PyFlink kills its JVM when the interpreter exits, so every run (and every ``kill -9`` of a
+    supervised restart) left ~89 MB in /tmp for good. Each process gets
+    ``<tmp>/headwater-<uid>/<engine>/<pid>``; the folders of processes no longer alive are removed
+    here, so the next start clears up after an ended one. Not under the state folder: a test's state
+    folder is deleted while the process's JVM lives on.
     """
-    root = Path(tempfile.gettempdir()) / f"headwater-{os.getuid()}" / engine
+    root = _temp_root(engine)
     root.mkdir(parents=True, exist_ok=True)
     for folder in root.iterdir():
         if folder.name.isdigit() and not _alive(int(folder.name)):
@@ -137,11 +138,19 @@ def set_flink_java_args(jvm_heap: str | None = None) -> None:
 
     ``jvm_heap`` sets ``-Xmx`` unless the caller's ``JVM_ARGS`` already exists (the caller's wins);
     the JVM's temporary folder is :func:`jvm_temp_dir` unless the caller set ``java.io.tmpdir``.
+    A folder of ours inherited from a parent process's ``JVM_ARGS`` is replaced by this process's
+    own: the parent's is removed once the parent ends, even while this process's JVM still uses it.
     """
-    args = os.environ.get("JVM_ARGS") or (f"-Xmx{jvm_heap} -XX:+UseG1GC" if jvm_heap else "")
-    if "-Djava.io.tmpdir=" not in args:
-        args = f"{args} -Djava.io.tmpdir={jvm_temp_dir('flink')}".strip()
-    os.environ["JVM_ARGS"] = args
+    ours = f"-Djava.io.tmpdir={_temp_root('flink')}{os.sep}"
+    given = os.environ.get("JVM_ARGS") or (f"-Xmx{jvm_heap} -XX:+UseG1GC" if jvm_heap else "")
+    args = [a for a in given.split() if not a.startswith(ours)]
+    if not any(a.startswith("-Djava.io.tmpdir=") for a in args):
+        args.append(f"-Djava.io.tmpdir={jvm_temp_dir('flink')}")
+    os.environ["JVM_ARGS"] = " ".join(args)
+
+
+def _temp_root(engine: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"headwater-{os.getuid()}" / engine
 
 
 def _alive(pid: int) -> bool:

@@ -59,3 +59,14 @@ def test_the_callers_jvm_args_win_and_get_the_folder(tmp_root: Path, monkeypatch
     monkeypatch.setenv("JVM_ARGS", "-Djava.io.tmpdir=/elsewhere")
     jvm.set_flink_java_args(None)
     assert os.environ["JVM_ARGS"] == "-Djava.io.tmpdir=/elsewhere"
+
+
+def test_a_folder_inherited_from_a_parent_process_is_replaced_by_our_own(
+    tmp_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JVM_ARGS", f"-Xmx1g -Djava.io.tmpdir={tmp_root / '99999999'}")
+    jvm.set_flink_java_args("2g")
+    assert os.environ["JVM_ARGS"] == f"-Xmx1g -Djava.io.tmpdir={tmp_root / str(os.getpid())}"
+
+    jvm.set_flink_java_args("2g")  # a second start: unchanged
+    assert os.environ["JVM_ARGS"] == f"-Xmx1g -Djava.io.tmpdir={tmp_root / str(os.getpid())}"
