@@ -141,10 +141,11 @@ def set_flink_java_args(jvm_heap: str | None = None) -> None:
     A folder of ours inherited from a parent process's ``JVM_ARGS`` is replaced by this process's
     own: the parent's is removed once the parent ends, even while this process's JVM still uses it.
     """
-    ours = f"-Djava.io.tmpdir={_temp_root('flink')}{os.sep}"
+    root = _temp_root("flink")
+    ours, mine = f"-Djava.io.tmpdir={root}{os.sep}", f"-Djava.io.tmpdir={root / str(os.getpid())}"
     given = os.environ.get("JVM_ARGS") or (f"-Xmx{jvm_heap} -XX:+UseG1GC" if jvm_heap else "")
-    args = [a for a in given.split() if not a.startswith(ours)]
-    if not any(a.startswith("-Djava.io.tmpdir=") for a in args):
+    args = [a for a in given.split() if a == mine or not a.startswith(ours)]
+    if not any(a.startswith("-Djava.io.tmpdir=") for a in args):  # the sweep once, not at every call
         args.append(f"-Djava.io.tmpdir={jvm_temp_dir('flink')}")
     os.environ["JVM_ARGS"] = " ".join(args)
 

@@ -68,5 +68,8 @@ def test_a_folder_inherited_from_a_parent_process_is_replaced_by_our_own(
     jvm.set_flink_java_args("2g")
     assert os.environ["JVM_ARGS"] == f"-Xmx1g -Djava.io.tmpdir={tmp_root / str(os.getpid())}"
 
-    jvm.set_flink_java_args("2g")  # a second start: unchanged
+    dead = tmp_root / str(dead_pid())  # a second start keeps its folder and sweeps nothing again
+    dead.mkdir()
+    jvm.set_flink_java_args("2g")
     assert os.environ["JVM_ARGS"] == f"-Xmx1g -Djava.io.tmpdir={tmp_root / str(os.getpid())}"
+    assert dead.is_dir()
