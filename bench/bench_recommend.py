@@ -312,6 +312,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "no-feed": ([], {"funnel": {"index_feed_s": None}}, {}),
     "io1": ([], {"io_threads": 1}, {}),
     "io2": ([], {"io_threads": 2}, {}),
+    "restart": ([], {}, {}),
 }
 """Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
 and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
@@ -325,7 +326,9 @@ retrieved candidates instead of 500 (``--quality-users`` says what that costs in
 ``no-mirror`` every item view read from Redis per request (through the item cache) instead of the
 index refresher's in-memory rows; ``no-feed`` the refresher without its change-feed reads (only the
 30-s freshness-log look and the full refresh); ``io1`` and ``io2`` one and two I/O threads instead of 4
-(what the hops to the pool cost in hand-offs)."""
+(what the hops to the pool cost in hand-offs); ``restart`` the current service started again after
+another variant: it loads the item index that one saved at stop (``serving/retrieval/snapshot.py``)
+instead of building it from Redis, so its ``service_start_s`` is a restart's."""
 
 
 class PrivateRedis:
@@ -356,6 +359,17 @@ class PrivateRedis:
         self.proc.terminate()
         self.proc.wait(30)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def wait_saved(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 600.0) -> dict[str, Any]:
+    """Wait until the service saved its index snapshot (not measured: it holds the index lock a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = wait_healthy(port, proc).get("index_snapshot") or {}
+        if snap.get("saved_version") or snap.get("save_failures"):
+            return dict(snap)
+        time.sleep(1.0)
+    return {}
 
 
 def hold_until(hhmm: str, pids: list[int]) -> None:
@@ -522,7 +536,16 @@ def run_variant(
     try:
         health = wait_healthy(port, proc, timeout=7200.0)
         start_s = round(time.perf_counter() - t0, 1)
-        print(f"[{name}] service up in {start_s} s (index built from Redis)", flush=True)
+        snap = health.get("index_snapshot") or {}
+        how = (
+            f"index {snap['loaded_version']} loaded from its snapshot in {snap['load_s']} s, then refreshed"
+            if snap.get("loaded_version")
+            else "index built from Redis"
+        )
+        print(f"[{name}] service up in {start_s} s ({how})", flush=True)
+        if snap and not snap.get("loaded_version"):  # a build is saved at the refresh thread's first look
+            saved = wait_saved(port, proc)
+            print(f"[{name}] index saved in {saved.get('save_s')} s ({saved.get('save_bytes')} bytes)", flush=True)
         if args.hold_until:
             hold_until(args.hold_until, [os.getpid(), proc.pid, *getattr(args, "extra_pids", [])])
             args.hold_until = None  # the next variants run at once
@@ -579,6 +602,7 @@ def run_variant(
         "retrieval_runtime": health.get("retrieval_runtime"),
         "retrieval_runtime_failures": health.get("retrieval_runtime_failures"),
         "item_mirror": health.get("item_mirror"),
+        "index_snapshot": health.get("index_snapshot"),
         "model_version": health["model_version"],
         "feedback": health["feedback"],
         "recommend": levels,

@@ -45,6 +45,7 @@ from headwater.serving.schemas import (
     FeedbackResponse,
     FeedbackStats,
     HealthResponse,
+    IndexSnapshotStats,
     ItemMirrorStats,
     RankRequest,
     RankResponse,
@@ -631,6 +632,7 @@ def create_app(
             feedback=_feedback_stats(feedback),
             retrieval_runtime_failures=int(getattr(retriever, "onnx_failures", 0)),
             item_mirror=_mirror_stats(mirror, registry),
+            index_snapshot=_snapshot_stats(funnel.runtime if funnel is not None else None),
             **runtimes(loaded, funnel),
         )
 
@@ -668,6 +670,25 @@ def _mirror_stats(mirror: ItemMirror | None, registry: BoundRegistry) -> ItemMir
         views_from_memory=[lay.view for lay, yes in zip(registry.item.layouts, served, strict=True) if yes],
         candidates_from_memory=mirror.served,
         candidates_from_store=mirror.read,
+    )
+
+
+def _snapshot_stats(runtime: Any) -> IndexSnapshotStats | None:
+    """Return the retrieval runtime's snapshot plan as /health shows it (None: no runtime or no snapshot)."""
+    plan = getattr(runtime, "snapshot", None)
+    if plan is None:
+        return None
+    loaded, saved = plan.restored, plan.saved
+    return IndexSnapshotStats(
+        folder=str(plan.folder),
+        loaded_version=loaded.version if loaded else None,
+        loaded_items=loaded.items if loaded else None,
+        load_s=loaded.seconds if loaded else None,
+        saved_version=saved.version if saved else None,
+        saved_at_ms=saved.saved_at_ms if saved else None,
+        save_s=saved.seconds if saved else None,
+        save_bytes=saved.bytes if saved else None,
+        save_failures=plan.failures,
     )
 
 

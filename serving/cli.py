@@ -186,8 +186,11 @@ def serve(
             kafka_connect(bootstrap or settings.kafka_bootstrap, config.predictions.topic),
         )
     from headwater.serving.funnel.build import build_funnel
+    from headwater.serving.retrieval.snapshot import SNAPSHOT_FOLDER
 
-    funnel = build_funnel(config.funnel, registry, reader.store, model_path, loaded, not no_retrieval)
+    funnel = build_funnel(
+        config.funnel, registry, reader.store, model_path, loaded, not no_retrieval, plans / SNAPSHOT_FOLDER
+    )
     versions = loaded.models()
     click.echo(
         f"serving on http://{host}:{port} device={loaded.device} torch_threads={threads}"

@@ -209,6 +209,76 @@ class ItemMirror:
         self.read += len(ids) - n_known
         return MirrorLookup(tuple(out), known)
 
+    def export(self) -> dict[str, npt.NDArray[np.generic]]:
+        """Return the rows and their ids as arrays; :meth:`restore` takes them back.
+
+        ``ids``, ``held``, then per view j ``values.j``, ``found.j``, ``event.j``, ``write.j``,
+        ``expire.j``. Not the confirmation time: a restored mirror serves nothing until a refresh confirms it.
+        """
+        with self._lock:
+            slots = self._slots
+            out: dict[str, npt.NDArray[np.generic]] = {
+                "ids": np.asarray([i if i is not None else "" for i in slots.ids], dtype=np.str_),
+                "held": np.fromiter((i is not None for i in slots.ids), dtype=bool, count=slots.capacity),
+            }
+            for j in range(len(self.side.layouts)):
+                out[f"values.{j}"] = self._values[j].copy()
+                out[f"found.{j}"] = self._found[j].copy()
+                out[f"event.{j}"] = self._event[j].copy()
+                out[f"write.{j}"] = self._write[j].copy()
+                out[f"expire.{j}"] = self._expire[j].copy()
+        return out
+
+    def restore(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
+        """Hold what :meth:`export` returned (into an empty mirror of the same views); not confirmed.
+
+        Raises:
+            ValueError: arrays of other shapes or types than this mirror's views (named), an id twice.
+        """
+        ids, held = arrays["ids"], arrays["held"]
+        rows = len(ids)
+        if (
+            not rows
+            or ids.ndim != 1
+            or ids.dtype.kind != "U"
+            or held.shape != (rows,)
+            or held.dtype != np.bool_
+        ):
+            msg = f"item mirror snapshot: a malformed id map (ids {ids.dtype}{ids.shape}, held {held.shape})"
+            raise ValueError(msg)
+        want = {
+            "values": np.float32,
+            "found": np.bool_,
+            "event": np.int64,
+            "write": np.int64,
+            "expire": np.int64,
+        }
+        for j, lay in enumerate(self.side.layouts):
+            for name, dtype in want.items():
+                got = arrays[f"{name}.{j}"]
+                shape = (rows, lay.dim) if name == "values" else (rows,)
+                if got.shape != shape or got.dtype != dtype:
+                    msg = (
+                        f"item mirror snapshot: view {lay.view} {name} is {got.dtype}{got.shape},"
+                        f" expected {np.dtype(dtype)}{shape}"
+                    )
+                    raise ValueError(msg)
+        names: list[str] = ids.tolist()
+        slot_ids = [n if h else None for n, h in zip(names, held.tolist(), strict=True)]
+        with self._lock:
+            if len(self._slots):
+                msg = "item mirror: restore into an empty mirror only"
+                raise ValueError(msg)
+            self._slots.load(slot_ids)  # raises on an id held twice, before anything changed
+            for j in range(len(self.side.layouts)):
+                self._values[j] = np.array(arrays[f"values.{j}"])
+                self._found[j] = np.array(arrays[f"found.{j}"])
+                self._event[j] = np.array(arrays[f"event.{j}"])
+                self._write[j] = np.array(arrays[f"write.{j}"])
+                self._expire[j] = np.array(arrays[f"expire.{j}"])
+            self.confirmed_ms = None
+            self.version += 1
+
     def _grow(self, grow: int) -> None:
         """Add ``grow`` free rows to every slab (an empty mirror has some: a look-up indexes row 0)."""
         for j, lay in enumerate(self.side.layouts):

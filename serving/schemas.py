@@ -246,6 +246,22 @@ class ItemMirrorStats(BaseModel):
     """Candidates read from Redis in every item view: not held, or their key expires soon."""
 
 
+class IndexSnapshotStats(BaseModel):
+    """The item index's snapshot on disk (serving/retrieval/snapshot.py)."""
+
+    folder: str
+    loaded_version: str | None
+    """The index version this process started from (None: built from the store)."""
+    loaded_items: int | None
+    load_s: float | None
+    saved_version: str | None
+    """The last index version this process saved (None: none yet)."""
+    saved_at_ms: int | None
+    save_s: float | None
+    save_bytes: int | None
+    save_failures: int
+
+
 class HealthResponse(BaseModel):
     """Service state."""
 
@@ -271,6 +287,8 @@ class HealthResponse(BaseModel):
     """What searches the item index: ``usearch-<version>``; None without retrieval."""
     item_mirror: ItemMirrorStats | None = None
     """None: every item view is read from Redis per request (no funnel index, or the mirror is off)."""
+    index_snapshot: IndexSnapshotStats | None = None
+    """None: the index is neither saved nor loaded (no funnel index, or ``index_snapshot_s`` None)."""
 
 
 class ErrorResponse(BaseModel):

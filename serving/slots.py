@@ -71,6 +71,20 @@ class SlotMap:
             self.ids[slot] = None
             self.free.append(slot)
 
+    def load(self, ids: Sequence[str | None]) -> None:
+        """Replace everything with rows held as ``ids`` says (None: free), e.g. from a snapshot.
+
+        Raises:
+            ValueError: an id holds two rows.
+        """
+        row = {item_id: k for k, item_id in enumerate(ids) if item_id is not None}
+        if len(row) != sum(1 for i in ids if i is not None):
+            msg = "slot map: an id holds two rows"
+            raise ValueError(msg)
+        self.row = row
+        self.ids = list(ids)
+        self.free = [k for k in range(len(ids) - 1, -1, -1) if ids[k] is None]  # the lowest taken first
+
     def clear(self) -> None:
         """Forget every id and every row (the owner drops its slabs too)."""
         self.row.clear()

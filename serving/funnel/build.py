@@ -51,8 +51,13 @@ def build_funnel(
     model_path: Path | None,
     loaded: LoadedModels,
     retrieval: bool = True,
+    snapshot_dir: Path | None = None,
 ) -> FunnelParts:
-    """Load what exists under ``model_path`` (a models folder) and the store's recent-items memory."""
+    """Load what exists under ``model_path`` (a models folder) and the store's recent-items memory.
+
+    ``snapshot_dir``: where the item index is saved and loaded from (None, or ``index_snapshot_s``
+    None: always built from the store).
+    """
     recent = RedisRecentItems(store.client, store.namespace, config)
     if model_path is None or not model_path.is_dir():
         log.warning("no models folder: /v1/recommend answers from popularity candidates, DCN order")
@@ -63,7 +68,11 @@ def build_funnel(
 
         try:
             share = config.item_mirror_sla_share
-            runtime = load_retrieval(model_path, registry, store, mirror_sla_share=share)
+            every = config.index_snapshot_s
+            runtime = load_retrieval(
+                model_path, registry, store, mirror_sla_share=share,
+                snapshot_dir=snapshot_dir if every is not None else None, snapshot_every_s=every or 0.0,
+            )  # fmt: skip
         except ArtifactError as exc:
             log.warning("retrieval not used (popularity candidates instead): %s", exc)
         except Exception as exc:  # the store is down at start-up: serve without the index

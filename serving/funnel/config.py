@@ -43,6 +43,11 @@ class FunnelConfig(BaseModel):
     """A refresh runs at least this often even without a write: expired items are dropped from the
     index within it (expiry writes nothing to the log). Set it to ``index_refresh_s`` to scan at
     every look."""
+    index_snapshot_s: float | None = Field(default=600.0, gt=0.0)
+    """``headwater serve`` saves the item index (graph, ids, write times, item rows) under the state
+    directory at most this often while it changes, and at stop; a restart loads it and re-embeds
+    only the items written since instead of rebuilding from Redis (serving/retrieval/snapshot.py).
+    None: neither saved nor loaded."""
     item_mirror_sla_share: float | None = Field(default=0.1, gt=0.0, le=1.0)
     """The index refresher also keeps every item's rows in memory, and the ranker reads an item view
     from there while the last confirmation that memory and store agree is at most this share of the

@@ -309,6 +309,39 @@ class IndexRefresher:
         """``<two-tower model version>.<refresh number>``: which model and which pass over the store."""
         return f"{self.model_version}.{self.refreshes}"
 
+    def export(self) -> dict[str, npt.NDArray[np.generic]]:
+        """Return the write time each indexed item was embedded at (``indexed.ids``, ``indexed.write_ms``).
+
+        With :meth:`restore`, a restart re-embeds only what changed since. Not the change-log
+        positions: the first refresh after a restore scans the whole catalog.
+        """
+        ids = np.asarray(list(self._indexed), dtype=np.str_)
+        times = np.fromiter(self._indexed.values(), dtype=np.int64, count=len(self._indexed))
+        return {"indexed.ids": ids, "indexed.write_ms": times}
+
+    def restore(self, arrays: dict[str, npt.NDArray[np.generic]], refreshes: int) -> None:
+        """Take back :meth:`export`'s arrays and the refresh count (versions go on from the snapshot's).
+
+        The index and the mirror are restored alongside, first.
+
+        Raises:
+            ValueError: malformed arrays, or ids the index does not hold.
+        """
+        ids, times = arrays["indexed.ids"], arrays["indexed.write_ms"]
+        if ids.ndim != 1 or ids.dtype.kind != "U" or times.shape != ids.shape or times.dtype != np.int64:
+            msg = f"index snapshot: malformed write times (ids {ids.dtype}{ids.shape}, times {times.shape})"
+            raise ValueError(msg)
+        indexed = dict(zip(ids.tolist(), times.tolist(), strict=True))
+        if (
+            len(indexed) != len(ids)
+            or len(indexed) != len(self.index)
+            or not all(i in self.index for i in indexed)
+        ):
+            msg = f"index snapshot: {len(indexed)} write times for an index of {len(self.index)} items"
+            raise ValueError(msg)
+        self._indexed = indexed
+        self.refreshes = max(0, int(refreshes))
+
     def log_position(self) -> tuple[bytes, ...] | None:
         """Return the source's change-log position (each item view's newest freshness-log entry), or None."""
         return self.source.log_position()

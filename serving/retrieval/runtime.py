@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -28,11 +29,34 @@ from headwater.serving.retrieval.artifact import TowerArtifact, load_towers
 from headwater.serving.retrieval.index import ItemIndex
 from headwater.serving.retrieval.refresh import IndexRefresher, RefreshReport, StoreItemSource
 from headwater.serving.retrieval.retriever import TwoTowerRetriever
+from headwater.serving.retrieval.snapshot import (
+    NoSnapshot,
+    SnapshotError,
+    SnapshotInfo,
+    load_snapshot,
+    save_snapshot,
+    snapshot_key,
+)
 from headwater.serving.store import now_ms
 
 log = logging.getLogger(__name__)
 BUILD_ATTEMPTS = 3
 """Tries of the first refresh at start-up; a retry re-reads only what the failed one had not embedded."""
+
+
+@dataclass
+class SnapshotPlan:
+    """Where the index is saved, what with, and how often (serving/retrieval/snapshot.py)."""
+
+    folder: Path
+    key: dict[str, Any]
+    every_s: float
+    """At most this often while the index changes (and at stop)."""
+    restored: SnapshotInfo | None = None
+    """The snapshot the index started from (None: built from the store)."""
+    saved: SnapshotInfo | None = None
+    """The last snapshot saved by this process."""
+    failures: int = 0
 
 
 @dataclass
@@ -47,6 +71,11 @@ class RetrievalRuntime:
     failures: int = 0
     skipped: int = 0
     """Looks that found no item view written since the last refresh (no scan)."""
+    snapshot: SnapshotPlan | None = None
+    _changes: int = field(default=0, repr=False)
+    """Items added, updated or removed (and mirror changes) since the last snapshot."""
+    _saved_mono: float = field(default=float("-inf"), repr=False)
+    _mirror_version: int = field(default=-1, repr=False)
     _scanned_at: float = field(default_factory=time.monotonic, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -94,6 +123,44 @@ class RetrievalRuntime:
                 log.debug("freshness-log check failed (%s); refreshing", exc)
         return self.refresh_once()
 
+    def save_snapshot(self, force: bool = False) -> SnapshotInfo | None:
+        """Save a snapshot when the index changed since the last one and ``every_s`` passed (or ``force``).
+
+        Call it from the refresh thread, or once it stopped (the index's only writer). A failure
+        (the disk is full) is logged and counted; serving goes on. Returns what was saved, or None.
+        """
+        plan = self.snapshot
+        if plan is None:
+            return None
+        mirror_version = self.mirror.version if self.mirror is not None else 0
+        changed = self._changes > 0 or mirror_version != self._mirror_version
+        if not changed or (not force and time.monotonic() - self._saved_mono < plan.every_s):
+            return None
+        try:
+            plan.saved = save_snapshot(plan.folder, plan.key, self.index, self.refresher)
+        except OSError as exc:
+            plan.failures += 1
+            log.warning("retrieval index snapshot not saved to %s (%s); serving goes on", plan.folder, exc)
+            return None
+        self._changes, self._mirror_version, self._saved_mono = 0, mirror_version, time.monotonic()
+        log.info(
+            "retrieval index %s saved to %s: %d items, %.0f MB in %.1f s", plan.saved.version, plan.folder,
+            plan.saved.items, plan.saved.bytes / 1e6, plan.saved.seconds,
+        )  # fmt: skip
+        return plan.saved
+
+    def note_saved(self, mirror_version: int) -> None:
+        """Record that the snapshot on disk holds the index as it was at mirror version ``mirror_version``."""
+        self._changes = 0
+        self._mirror_version = mirror_version
+        self._saved_mono = time.monotonic()
+
+    def count(self, report: RefreshReport | None) -> RefreshReport | None:
+        """Add a refresh's changes to those the next snapshot saves; returns ``report``."""
+        if report is not None:
+            self._changes += report.added + report.updated + report.removed
+        return report
+
     def refresh_once(self) -> RefreshReport | None:
         """Refresh now; on a store failure log it, count it and keep the index as it is."""
         try:
@@ -128,17 +195,24 @@ class RetrievalRuntime:
                 look_log = time.monotonic() - looked >= interval_s - 1e-3
                 if look_log:
                     looked = time.monotonic()
-                self.refresh_if_changed(every, look_log)
+                self.count(self.refresh_if_changed(every, look_log))
+                self.save_snapshot()
 
         self._thread = threading.Thread(target=loop, name="headwater-retrieval-refresh", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the refresh thread (a refresh in progress finishes first)."""
+        """Stop the refresh thread (a refresh in progress finishes first), then save a snapshot if due."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():  # still refreshing: no snapshot of a half-applied batch
+                log.warning(
+                    "retrieval index refresh still running after %.0f s; no snapshot at stop", timeout_s
+                )
+                return
             self._thread = None
+        self.save_snapshot(force=True)
 
 
 def load_retrieval(
@@ -148,12 +222,17 @@ def load_retrieval(
     batch: int = 2000,
     threads: int = 0,
     mirror_sla_share: float | None = None,
+    snapshot_dir: Path | None = None,
+    snapshot_every_s: float = 600.0,
 ) -> RetrievalRuntime:
     """Load the two-tower artifact (file or models folder), bind it, build its index from ``store``.
 
     ``mirror_sla_share``: also keep the item views' rows in memory for the ranker, each view served
     from there while the mirror's age is within this share of its freshness SLA (None: no mirror;
-    :mod:`headwater.serving.item_mirror`).
+    :mod:`headwater.serving.item_mirror`). ``snapshot_dir``: start from the snapshot there when it
+    was made the same way (the first refresh then re-embeds only what changed since), and save one
+    there at most every ``snapshot_every_s`` while the index changes and at stop
+    (:mod:`headwater.serving.retrieval.snapshot`); None: always build from the store, never save.
 
     Raises:
         ArtifactError: no artifact, a modified one, or one trained on other slots than the registry's.
@@ -163,10 +242,39 @@ def load_retrieval(
     if binding.warning:
         log.warning("%s", binding.warning)
     model = artifact.model
-    index = ItemIndex(model.embed_dim, threads=threads)
-    mirror = None if mirror_sla_share is None else ItemMirror(registry.item, mirror_sla_share)
     source = StoreItemSource(store, registry.item, batch)
-    refresher = IndexRefresher(source, model, index, artifact.version, binding.item_columns, mirror)
+
+    def empty() -> tuple[ItemIndex, IndexRefresher]:
+        index = ItemIndex(model.embed_dim, threads=threads)
+        mirror = None if mirror_sla_share is None else ItemMirror(registry.item, mirror_sla_share)
+        return index, IndexRefresher(source, model, index, artifact.version, binding.item_columns, mirror)
+
+    index, refresher = empty()
+    plan = None
+    restored_mirror = 0
+    if snapshot_dir is not None:
+        key = snapshot_key(
+            artifact.version,
+            binding.item_columns,
+            registry.item,
+            store.namespace,
+            index,
+            mirror_sla_share is not None,
+        )
+        plan = SnapshotPlan(snapshot_dir, key, snapshot_every_s)
+        try:
+            plan.restored = load_snapshot(snapshot_dir, key, index, refresher)
+            restored_mirror = refresher.mirror.version if refresher.mirror is not None else 0
+            log.info(
+                "retrieval index %s loaded from %s: %d items in %.1f s (saved %.0f s ago); refreshing",
+                plan.restored.version, snapshot_dir, plan.restored.items, plan.restored.seconds,
+                (now_ms() - plan.restored.saved_at_ms) / 1000.0,
+            )  # fmt: skip
+        except NoSnapshot as exc:
+            log.info("%s", exc)
+        except SnapshotError as exc:
+            log.warning("retrieval index snapshot not used: %s", exc)
+            index, refresher = empty()  # a failed load may have filled part of them
     first = None
     for attempt in range(1, BUILD_ATTEMPTS + 1):
         try:
@@ -181,7 +289,12 @@ def load_retrieval(
             )  # fmt: skip
     assert first is not None  # the loop breaks with a report or raises
     log.info(
-        "retrieval index %s: %d items embedded in %.1f s", refresher.version, first.catalog, first.seconds
-    )
+        "retrieval index %s: %d items, %d embedded (%d unchanged, %d removed) in %.1f s", refresher.version,
+        first.catalog, first.added + first.updated, first.unchanged, first.removed, first.seconds,
+    )  # fmt: skip
     retriever = TwoTowerRetriever(model, index, binding.user_columns)
-    return RetrievalRuntime(artifact, index, refresher, retriever, first)
+    runtime = RetrievalRuntime(artifact, index, refresher, retriever, first, snapshot=plan)
+    if plan is not None and plan.restored is not None:
+        runtime.note_saved(restored_mirror)  # what was loaded is on disk already
+    runtime.count(first)  # a build, or the changes since the snapshot: saved at the thread's first look
+    return runtime

@@ -169,3 +169,57 @@ def test_the_change_feed_applies_what_it_names_without_a_scan(own_redis: OwnRedi
     assert report is not None
     assert (report.updated, report.unchanged) == (0, 301)
     store.close()
+
+
+def test_a_restart_loads_the_snapshot_and_re_embeds_only_what_was_written_meanwhile(
+    own_redis: OwnRedis, tmp_path: Path
+) -> None:
+    world = make_world(REGISTRY, users=100, items=2_000, seed=34)
+    ts = training_set(REGISTRY, world, slates=1_000, seed=34)
+    models, snap = tmp_path / "models", tmp_path / "snapshot"
+    save_towers(models, train_two_tower(ts, TowerOptions(epochs=1, threads=1)), ts)
+    store = OnlineStore.from_url(own_redis.url)
+    write_world(OnlineStoreReader(store), REGISTRY, world, now_ms())
+
+    first = load_retrieval(models, REGISTRY, store, threads=1, mirror_sla_share=0.1, snapshot_dir=snap)
+    assert first.snapshot is not None
+    assert first.snapshot.restored is None  # nothing there yet: built from the store
+    assert (first.last.added, first.version.rsplit(".", 1)[1]) == (2_000, "1")
+    first.stop()  # saves what it built
+    assert first.snapshot.saved is not None
+    assert first.snapshot.saved.items == 2_000
+
+    # While it is down: one item rewritten with other values, one new.
+    layout = REGISTRY.item.layouts[0]
+    lo, hi = REGISTRY.item.offsets[0], REGISTRY.item.offsets[1]
+    changed = world.item_ids[3]
+    store.write_batch(layout, [changed, "fresh"], world.items[10:12, lo:hi] * 3.0, now_ms())
+
+    again = load_retrieval(models, REGISTRY, store, threads=1, mirror_sla_share=0.1, snapshot_dir=snap)
+    assert again.snapshot is not None
+    assert again.snapshot.restored is not None
+    assert again.snapshot.restored.items == 2_000
+    report = again.last
+    assert (report.added, report.updated, report.removed, report.unchanged) == (1, 1, 0, 1_999)
+    assert again.version.rsplit(".", 1)[1] == "2"  # numbered on from the snapshot's
+
+    # It answers as an index built from the store now does, and its item rows are the store's.
+    built = load_retrieval(models, REGISTRY, store, threads=1, mirror_sla_share=0.1)
+    for user in world.users[:10]:
+        assert again.retriever.retrieve(user, 20)[0] == built.retriever.retrieve(user, 20)[0]
+    ids = [changed, "fresh", world.item_ids[0], world.item_ids[1_999]]
+    a, b = again.mirror, built.mirror
+    assert a is not None
+    assert b is not None
+    at = max(a.confirmed_ms or 0, b.confirmed_ms or 0)
+    got, want = a.lookup(ids, at), b.lookup(ids, at)
+    assert got is not None
+    assert want is not None
+    assert got.known.tolist() == want.known.tolist() == [True] * 4
+    for mine, theirs in zip(got.rows, want.rows, strict=True):
+        assert mine is not None
+        assert theirs is not None
+        np.testing.assert_array_equal(mine.values, theirs.values)
+        np.testing.assert_array_equal(mine.event_time_ms, theirs.event_time_ms)
+    again.stop()
+    store.close()
