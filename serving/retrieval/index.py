@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -304,18 +304,12 @@ class ItemIndex:
             self._index.expansion_search = max(self.expansion_search, want)  # type: ignore[misc]
             found = self._index.search(q, want, threads=1)
             keys, dist = np.asarray(found.keys), np.asarray(found.distances)
-            names = [self._ids[int(k)] for k in keys.tolist()]
-        scores = 1.0 - dist  # usearch's "ip" distance is 1 - <q, x>
-        out_ids: list[str] = []
-        out_scores: list[float] = []
-        for name, score in zip(names, scores.tolist(), strict=True):
-            if name is None or name in exclude:
-                continue
-            out_ids.append(name)
-            out_scores.append(score)
-            if len(out_ids) == n:
-                break
-        return out_ids, np.asarray(out_scores, dtype=np.float32)
+            names = list(map(self._ids.__getitem__, keys.tolist()))  # C-level: ~750 ids a funnel request
+        scores = (1.0 - dist).astype(np.float32)  # usearch's "ip" distance is 1 - <q, x>
+        if not exclude and None not in names:  # the usual case: usearch returns live keys only
+            return cast("list[str]", names[:n]), scores[:n]
+        keep = [j for j, name in enumerate(names) if name is not None and name not in exclude][:n]
+        return [cast(str, names[j]) for j in keep], scores[keep]
 
 
 def recall_at_k(
