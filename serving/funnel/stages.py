@@ -52,6 +52,8 @@ from headwater.serving.telemetry import LATENCY_BUCKETS, ROW_BUCKETS
 
 log = logging.getLogger(__name__)
 STAGES = ("retrieve", "seen", "rank", "rerank", "rules")
+RULES_HEAD_PER_K = 3
+"""The rules read categories for the first ``3 * k`` ranked items, more only if diversity relaxed its cap."""
 _NO_RECENT = Recent(frozenset(), ())
 
 
@@ -316,20 +318,30 @@ class Funnel:
                 why = "reranker_error"
         stages.append(self._stage("rerank", t0, len(top), "dcn_order" if why else None, why))
 
-        # 5. business rules
+        # 5. business rules, over a head of the order: diversity takes k items from the first few
+        # dozen; only when it had to relax the cap is the next part read (the answer is the same as
+        # over the whole order, for a fraction of the category reads).
         t0 = time.perf_counter()
         why = None
         pins = cfg.pins
-        wanted = order + [p for p in pins if p not in scores]
-        try:
-            cats = self.recent.cached_categories(wanted)  # on the loop: no I/O
-            if cats is None:
-                cats = await self._call(self.recent.categories, wanted)
-        except Exception as exc:
-            log.warning("categories could not be read: %s", exc)
-            cats, why = [None] * len(wanted), "store_error"
-        category = dict(zip(wanted, cats, strict=True))
-        outcome = apply_rules(order, [category[i] for i in order], query.k, cfg.max_per_category, pins)
+        category: dict[str, str | None] = {}
+        head = RULES_HEAD_PER_K * query.k
+        while True:
+            part = order[:head]
+            wanted = list(dict.fromkeys(i for i in (*part, *pins) if i not in category))
+            try:
+                cats = self.recent.cached_categories(wanted)  # on the loop: no I/O
+                if cats is None:
+                    cats = await self._call(self.recent.categories, wanted)
+            except Exception as exc:
+                log.warning("categories could not be read: %s", exc)
+                cats, why = [None] * len(wanted), "store_error"
+            category.update(zip(wanted, cats, strict=True))
+            outcome = apply_rules(part, [category[i] for i in part], query.k, cfg.max_per_category, pins)
+            short = outcome.relaxed > 0 or len(outcome.items) < query.k  # the cap met, or too few
+            if not short or head >= len(order) or why:
+                break
+            head *= 4
         stages.append(self._stage("rules", t0, len(outcome.items), "no_diversity" if why else None, why))
 
         latency = time.perf_counter() - started

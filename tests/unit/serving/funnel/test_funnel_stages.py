@@ -10,11 +10,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import MemoryRecentItems
+from headwater.serving.funnel.rules import apply_rules
 from headwater.serving.funnel.stages import FunnelParts
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
@@ -257,3 +260,43 @@ def test_the_users_rows_are_read_once_per_request_and_a_store_failure_falls_back
         down = recommend(c, log_impressions=False)
     assert stage(down, "retrieve")["fallback_reason"] == "store_error"
     assert stage(down, "rank")["fallback"] is not None
+
+
+class CountingRecent(MemoryRecentItems):
+    """Records how many ids each category read asked for."""
+
+    def __init__(self, cfg: FunnelConfig, category: dict[str, str]) -> None:
+        super().__init__(cfg, category)
+        self.asked: list[int] = []
+
+    def categories(self, ids: Sequence[str]) -> list[str | None]:
+        self.asked.append(len(ids))
+        return super().categories(ids)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cats=st.lists(st.sampled_from("abcd"), min_size=len(ITEMS), max_size=len(ITEMS)),
+    k=st.integers(1, 12),
+    cap=st.none() | st.integers(1, 3),
+    pins=st.dictionaries(st.sampled_from(ITEMS), st.integers(1, 12), max_size=2),
+)
+def test_the_rules_read_a_head_of_the_order_and_answer_as_over_all_of_it(
+    cats: list[str], k: int, cap: int | None, pins: dict[str, int]
+) -> None:
+    if len(set(pins.values())) < len(pins):
+        pins = dict(list(pins.items())[:1])
+    category = dict(zip(ITEMS, cats, strict=True))
+    cfg = FunnelConfig(retrieve_n=30, rank_keep=30, rerank_top=0, max_per_category=cap, pins=pins)
+    recent = CountingRecent(cfg, category)
+    art = type("A", (), {"version": "abc123abc123"})()
+    loaded = LoadedModels(FakeNeural(), art, None, None, "cpu")  # type: ignore[arg-type]
+    config = ServingConfig(item_cache_ttl_s=0.0, funnel=cfg)
+    app = create_app(config, REGISTRY, store(), loaded, funnel=FunnelParts(recent, FakeRetriever()))
+    with TestClient(app) as c:
+        answer = recommend(c, k=k, log_impressions=False)
+    order = list(reversed(ITEMS))  # the fake DCN ranks by x: i29 first
+    want = apply_rules(order, [category[i] for i in order], k, cap, pins)
+    assert ids(answer) == want.items
+    assert [x["category"] for x in answer["items"]] == [category[i] for i in want.items]
+    assert recent.asked[0] <= 3 * k + len(pins)  # the first read covers a head, not all 30
