@@ -258,7 +258,7 @@ def _too_many(exc: Throttled | QueueFullError) -> Response:
 
 
 def runtimes(loaded: LoadedModels, funnel: FunnelParts | None) -> dict[str, str | None]:
-    """Return what runs the DCN and the user tower (``onnxruntime``/``torch``) and searches the index.
+    """Return what runs the DCN, the user tower, the re-ranker (``onnxruntime``/``torch``), the index search.
 
     The start-up line of ``headwater serve`` and ``/health`` both show these, from here.
     """
@@ -268,6 +268,7 @@ def runtimes(loaded: LoadedModels, funnel: FunnelParts | None) -> dict[str, str 
         "ranker_runtime": getattr(loaded.neural, "runtime", None),
         "retrieval_runtime": getattr(retriever, "runtime", None),
         "retrieval_index": runtime.index.library if runtime is not None else None,
+        "reranker_runtime": getattr(funnel.reranker if funnel is not None else None, "runtime", None),
     }
 
 

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from headwater.serving.accel import ONNXRUNTIME, TORCH
 
-if TYPE_CHECKING:  # model.py imports this module
+if TYPE_CHECKING:  # model.py and funnel/reranker.py import this module
+    from headwater.serving.funnel.reranker import SequenceReranker
     from headwater.serving.model import DCNRanker
 
 INPUTS = ("users", "items", "index")
@@ -213,3 +214,65 @@ class OnnxTower:
         """Embeddings (n, embed_dim) of raw ``vectors`` (n, in_dim)."""
         out = self.session.run(None, {"vectors": np.ascontiguousarray(vectors, dtype=np.float32)})[0]
         return np.asarray(out, dtype=np.float32)
+
+
+class _Rerank(nn.Module):
+    """What is exported of the re-ranker: ``SequenceReranker.forward_one`` and the sigmoid."""
+
+    def __init__(self, model: SequenceReranker) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, candidates: Tensor, logit: Tensor, clicks: Tensor) -> Tensor:
+        return torch.sigmoid(self.model.forward_one(candidates, logit, clicks))
+
+
+class OnnxReranker:
+    """An ONNX Runtime session of the funnel's sequence re-ranker for one request.
+
+    The re-rank stage runs on the event loop for ~50 candidates and up to 20 clicks; torch spends most
+    of its ~0.5 ms there on framework calls (the attention module's Python), ONNX Runtime a fraction
+    and releases the GIL meanwhile (same scores to 1e-5; ``tests/unit/serving/funnel``).
+    Inputs: ``candidates`` (C, F), ``logit`` (C,) the DCN's logits, ``clicks`` (L, F); output (C,).
+    """
+
+    def __init__(self, session: Any, size_bytes: int) -> None:
+        self.session = session
+        self.size_bytes = size_bytes
+
+    @classmethod
+    def export(cls, model: SequenceReranker, item_dim: int, threads: int = 1) -> OnnxReranker:
+        """Export ``model`` (a SequenceReranker on the CPU); raises what the exporter or ORT raises."""
+        import onnxruntime as ort
+
+        example = (torch.zeros(3, item_dim), torch.zeros(3), torch.zeros(2, item_dim))
+        buf = io.BytesIO()
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
+            torch.onnx.export(
+                _Rerank(model).eval(),
+                example,
+                buf,  # type: ignore[arg-type]  # a file object works; the stub names paths only
+                dynamo=False,
+                opset_version=OPSET,
+                input_names=["candidates", "logit", "clicks"],
+                output_names=["scores"],
+                dynamic_axes={
+                    "candidates": {0: "rows"},
+                    "logit": {0: "rows"},
+                    "clicks": {0: "clicks"},
+                    "scores": {0: "rows"},
+                },
+            )
+        data = buf.getvalue()
+        return cls(_session(ort, data, threads), len(data))
+
+    def scores(
+        self,
+        candidates: npt.NDArray[np.float32],
+        logit: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.float32]:
+        """Probabilities (C,) of one request's candidates."""
+        feed = {"candidates": candidates, "logit": logit, "clicks": clicks}
+        return np.asarray(self.session.run(None, feed)[0], dtype=np.float32).reshape(-1)

@@ -285,6 +285,8 @@ class HealthResponse(BaseModel):
     """Failed ONNX exports or calls of the user tower since start (each such user embedded by torch)."""
     retrieval_index: str | None = None
     """What searches the item index: ``usearch-<version>``; None without retrieval."""
+    reranker_runtime: str | None = None
+    """What runs the funnel's re-ranker: ``onnxruntime`` or ``torch``; None without one."""
     item_mirror: ItemMirrorStats | None = None
     """None: every item view is read from Redis per request (no funnel index, or the mirror is off)."""
     index_snapshot: IndexSnapshotStats | None = None

@@ -41,6 +41,7 @@ def load_funnel_reranker(model_path: Path, loaded: LoadedModels) -> Reranker | N
             reranker.version, len(reranker.item_features), ranker.version if ranker else None, len(slots),
         )  # fmt: skip
         return None
+    reranker.compile()  # ONNX Runtime on the CPU, as the ranker
     return reranker
 
 

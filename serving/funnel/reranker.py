@@ -17,18 +17,20 @@ Artifacts: ``reranker-<version>.pt`` in the models folder, format ``headwater.re
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from headwater.serving.accel import TORCH, ranker_runtime
 from headwater.serving.artifact import (
     ArtifactError,
     point_latest,
@@ -38,6 +40,7 @@ from headwater.serving.artifact import (
 )
 from headwater.serving.evaluation import auc, ndcg_at_k
 from headwater.serving.model import CLAMP
+from headwater.serving.onnx_scorer import OnnxBacked, OnnxReranker
 from headwater.serving.train import moments, split_by_time
 from headwater.serving.trainset import TrainingFileError, TrainingSet
 
@@ -80,19 +83,54 @@ class SequenceReranker(nn.Module):
         out: Tensor = base + self.head(feats).squeeze(-1)
         return out
 
+    def forward_one(self, candidates: Tensor, base: Tensor, clicks: Tensor) -> Tensor:
+        """:meth:`forward` for one request without padding: (C, F), (C,), (L, F) to logits (C,).
 
-@dataclass(frozen=True)
-class Reranker:
-    """A loaded re-ranker: its version, the item slots it reads (in order) and the module."""
+        The attention is written out with the module's own weights, so that an ONNX export keeps the
+        candidate and click counts dynamic (``nn.MultiheadAttention`` traces them as constants).
+        """
+        att, d, h = self.attention, self.dim, self.heads
+        query = self._embed(candidates)
+        keys = torch.cat([self.null[0], self._embed(clicks)], dim=0)
+        w, b = att.in_proj_weight, att.in_proj_bias
+        q = (query @ w[:d].T + b[:d]).reshape(-1, h, d // h).transpose(0, 1)
+        k = (keys @ w[d : 2 * d].T + b[d : 2 * d]).reshape(-1, h, d // h).transpose(0, 1)
+        v = (keys @ w[2 * d :].T + b[2 * d :]).reshape(-1, h, d // h).transpose(0, 1)
+        weights = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d // h), dim=-1)
+        context = att.out_proj((weights @ v).transpose(0, 1).reshape(-1, d))
+        feats = torch.cat([query, context, query * context, base.unsqueeze(-1)], dim=-1)
+        out: Tensor = base + self.head(feats).squeeze(-1)
+        return out
+
+
+@dataclass
+class Reranker(OnnxBacked[OnnxReranker]):
+    """A loaded re-ranker: its version, the item slots it reads (in order) and the module.
+
+    Torch runs it until :meth:`compile` (the service loads it so): from then on, on the CPU, ONNX Runtime
+    runs it when it is the ranker's runtime (:func:`~headwater.serving.accel.ranker_runtime`), with
+    torch behind it (a failed export or call is counted in ``onnx_failures`` and torch scores).
+    """
 
     version: str
     item_features: tuple[str, ...]
     model: SequenceReranker
     max_clicks: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    onnx_module: ClassVar[str] = "re-ranker"
+    onnx_torch_does: ClassVar[str] = "re-ranking with torch"
+
+    def __post_init__(self) -> None:
+        self.device = next(self.model.parameters()).device
+        self._onnx_init(TORCH)
+
+    def compile(self, runtime: str | None = None) -> None:
+        """Export to ONNX Runtime where it is to run (``runtime``: default the ranker's); idempotent."""
+        self.requested_runtime = runtime or ranker_runtime(str(self.device))
+        self._onnx_build(lambda: OnnxReranker.export(self.model, self.model.item_dim))
 
     def warm(self) -> None:
-        """Run one forward so the first request does not pay torch's per-thread set-up."""
+        """Run one forward so the first request pays no set-up (torch's per-thread one, ORT's first run)."""
         dim = self.model.item_dim
         self.score(
             np.zeros((2, dim), np.float32), np.full(2, 0.5, np.float32), np.zeros((1, dim), np.float32)
@@ -108,6 +146,11 @@ class Reranker:
         p = np.clip(np.asarray(base_prob, dtype=np.float64), 1e-6, 1 - 1e-6)
         logit = np.log(p / (1 - p)).astype(np.float32)
         clicks = clicks[-self.max_clicks :] if len(clicks) else np.zeros((0, candidates.shape[1]), np.float32)
+        candidates = np.ascontiguousarray(candidates, dtype=np.float32)
+        clicks = np.ascontiguousarray(clicks, dtype=np.float32)
+        fast = self._onnx_call(lambda session: session.scores(candidates, logit, clicks))
+        if fast is not None:
+            return fast
         with torch.inference_mode():
             out = self.model(
                 torch.from_numpy(np.ascontiguousarray(candidates, dtype=np.float32))[None],

@@ -75,3 +75,26 @@ def saved_path(folder: Path) -> Path:
 def test_a_folder_without_a_reranker_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match=r"train-reranker|train the re-ranker"):
         load_reranker(tmp_path)
+
+
+def test_onnx_runtime_scores_as_torch_with_and_without_clicks_and_missing_values() -> None:
+    torch.manual_seed(5)
+    model = SequenceReranker(3, dim=8, heads=2).eval()
+    with torch.no_grad():  # a trained-looking head, so the attention read changes the scores
+        for p in model.head.parameters():
+            p.normal_(0.0, 0.5)
+    on_torch = Reranker("v", ("x", "y", "z"), model, 5)
+    on_onnx = Reranker("v", ("x", "y", "z"), model, 5)
+    on_onnx.compile("onnxruntime")
+    assert (on_torch.runtime, on_onnx.runtime, on_onnx.onnx_failures) == ("torch", "onnxruntime", 0)
+    rng = np.random.default_rng(2)
+    for rows, clicks in ((50, 20), (7, 1), (1, 0), (30, 8)):
+        items = rng.normal(size=(rows, 3)).astype(np.float32)
+        items[0, 1] = np.nan  # a missing slot: the normalisation's 0 in both
+        seq = rng.normal(size=(clicks, 3)).astype(np.float32)
+        base = rng.uniform(0.01, 0.99, size=rows).astype(np.float32)
+        want = on_torch.score(items, base, seq)
+        got = on_onnx.score(items, base, seq)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        assert not np.allclose(want, base, atol=1e-3) or clicks == 0  # the model did something
+    assert on_onnx.onnx_failures == 0
