@@ -186,7 +186,7 @@ async def recommend_level(
 
 
 BUCKETS = (
-    ("rerank (torch)", ("(serving/funnel/reranker.py",)),
+    ("rerank (ONNX Runtime or torch)", ("(serving/funnel/reranker.py",)),
     ("DCN forward (ONNX Runtime or torch)", ("NeuralScorer.score_batch",)),
     ("retrieval: user tower + ANN search", ("TwoTowerRetriever.retrieve",)),
     ("recent-items writes (Redis)", ("RedisRecentItems._write",)),

@@ -11,9 +11,10 @@ then takes the rows of the views whose freshness allows it from memory instead o
 store held at T is in it: T is when the last successful refresh took its change-log position
 (before its scan), or when the last change check found no item view written since. Its *age* is
 now - T. A view is served from memory while that age is at most ``sla_share`` of the view's declared
-freshness (``freshness_sla``): with the default share 0.1 and the refresher's 30 s look, the daily
-offline views and the 10-minute nearline view are served from memory, a realtime view with a
-10-second SLA is read from the store per request. The age bounds the staleness the mirror adds: a
+freshness (``freshness_sla``): with the default share 0.1 and the refresher reading the change
+feeds every 0.5 s (each read confirms the mirror), every item view down to a realtime one with a
+10-second SLA (bound 1 s) is served from memory; without the feeds (only the 30-s look) the realtime
+view would be read from the store per request. The age bounds the staleness the mirror adds: a
 write after T reaches the mirror at the next refresh.
 
 **Exact.** A row from memory equals the row a store read returns at the same moment, as long as no

@@ -138,25 +138,8 @@ class OnnxRanker:
 
         user_dim, item_dim = int(model.user_dim), int(model.item_dim)
         example = (torch.zeros(1, user_dim), torch.zeros(2, item_dim), torch.zeros(2, dtype=torch.int64))
-        buf = io.BytesIO()
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(
-                _Scores(model).eval(),
-                example,
-                buf,  # type: ignore[arg-type]  # a file object works; the stub names paths only
-                dynamo=False,
-                opset_version=OPSET,
-                input_names=list(INPUTS),
-                output_names=["scores"],
-                dynamic_axes={
-                    "users": {0: "users"},
-                    "items": {0: "rows"},
-                    "index": {0: "rows"},
-                    "scores": {0: "rows"},
-                },
-            )
-        data = buf.getvalue()
+        axes = {"users": {0: "users"}, "items": {0: "rows"}, "index": {0: "rows"}, "scores": {0: "rows"}}
+        data = _export(_Scores(model), example, list(INPUTS), "scores", axes)
         return cls(_session(ort, data, threads), len(data))
 
     def scores(
@@ -165,6 +148,30 @@ class OnnxRanker:
         """Scores (B,) of ``items`` for ``users[index]``."""
         out = self.session.run(None, {"users": users, "items": items, "index": index})[0]
         return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
+def _export(
+    module: nn.Module,
+    example: tuple[Tensor, ...],
+    inputs: list[str],
+    output: str,
+    axes: dict[str, dict[int, str]],
+) -> bytes:
+    """Return ``module`` (in eval mode, on the CPU) as an ONNX model, with the ``axes`` left dynamic."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
+        torch.onnx.export(
+            module.eval(),
+            example,
+            buf,  # type: ignore[arg-type]  # a file object works; the stub names paths only
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=inputs,
+            output_names=[output],
+            dynamic_axes=axes,
+        )
+    return buf.getvalue()
 
 
 def _session(ort: Any, data: bytes, threads: int) -> Any:
@@ -194,20 +201,8 @@ class OnnxTower:
         """Export ``tower`` (on the CPU) and open a session; raises what the exporter or ORT raises."""
         import onnxruntime as ort
 
-        buf = io.BytesIO()
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(
-                tower.eval(),
-                (torch.zeros(1, in_dim),),
-                buf,  # type: ignore[arg-type]  # a file object works; the stub names paths only
-                dynamo=False,
-                opset_version=OPSET,
-                input_names=["vectors"],
-                output_names=["embeddings"],
-                dynamic_axes={"vectors": {0: "rows"}, "embeddings": {0: "rows"}},
-            )
-        data = buf.getvalue()
+        axes = {"vectors": {0: "rows"}, "embeddings": {0: "rows"}}
+        data = _export(tower, (torch.zeros(1, in_dim),), ["vectors"], "embeddings", axes)
         return cls(_session(ort, data, threads), len(data))
 
     def embed(self, vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -246,25 +241,13 @@ class OnnxReranker:
         import onnxruntime as ort
 
         example = (torch.zeros(3, item_dim), torch.zeros(3), torch.zeros(2, item_dim))
-        buf = io.BytesIO()
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
-            torch.onnx.export(
-                _Rerank(model).eval(),
-                example,
-                buf,  # type: ignore[arg-type]  # a file object works; the stub names paths only
-                dynamo=False,
-                opset_version=OPSET,
-                input_names=["candidates", "logit", "clicks"],
-                output_names=["scores"],
-                dynamic_axes={
-                    "candidates": {0: "rows"},
-                    "logit": {0: "rows"},
-                    "clicks": {0: "clicks"},
-                    "scores": {0: "rows"},
-                },
-            )
-        data = buf.getvalue()
+        axes = {
+            "candidates": {0: "rows"},
+            "logit": {0: "rows"},
+            "clicks": {0: "clicks"},
+            "scores": {0: "rows"},
+        }
+        data = _export(_Rerank(model), example, ["candidates", "logit", "clicks"], "scores", axes)
         return cls(_session(ort, data, threads), len(data))
 
     def scores(

@@ -138,9 +138,12 @@ class RetrievalRuntime:
             return None
         try:
             plan.saved = save_snapshot(plan.folder, plan.key, self.index, self.refresher)
-        except OSError as exc:
+        except Exception as exc:  # the disk, memory, usearch: a snapshot never stops the refreshes
             plan.failures += 1
-            log.warning("retrieval index snapshot not saved to %s (%s); serving goes on", plan.folder, exc)
+            log.warning(
+                "retrieval index snapshot not saved to %s (%s: %s); serving goes on",
+                plan.folder, type(exc).__name__, exc,
+            )  # fmt: skip
             return None
         self._changes, self._mirror_version, self._saved_mono = 0, mirror_version, time.monotonic()
         log.info(
