@@ -548,7 +548,8 @@ def run_variant(
         print(f"[{name}] service up in {start_s} s ({how})", flush=True)
         if snap and not snap.get("loaded_version"):  # a build is saved at the refresh thread's first look
             saved = wait_saved(port, proc)
-            print(f"[{name}] index saved in {saved.get('save_s')} s ({saved.get('save_bytes')} bytes)", flush=True)
+            size = saved.get("save_bytes")
+            print(f"[{name}] index saved in {saved.get('save_s')} s ({size} bytes)", flush=True)
         if args.hold_until:
             hold_until(args.hold_until, [os.getpid(), proc.pid, *getattr(args, "extra_pids", [])])
             args.hold_until = None  # the next variants run at once
