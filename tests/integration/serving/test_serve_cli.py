@@ -89,11 +89,11 @@ def test_serve_ranks_with_the_neural_model_bound_to_the_registry(served: Any) ->
     world = served["world"]
     status, health = _call(f"{served['url']}/health")
     assert status == 200, health
-    # The start-up line names the runtimes as /health does (no two-tower model here: no index).
+    # The start-up line names the runtimes as /health does (no two-tower model or re-ranker here).
     line = next(x for x in served["log"].read_text().splitlines() if x.startswith("serving on"))
     assert f" ranker_runtime={health['ranker_runtime']} " in line, line
-    assert health["retrieval_index"] is None
-    assert line.endswith(" retrieval_runtime=none retrieval_index=none"), line
+    assert (health["retrieval_index"], health["reranker_runtime"]) == (None, None)
+    assert line.endswith(" retrieval_runtime=none retrieval_index=none reranker_runtime=none"), line
     status, answer = _call(
         f"{served['url']}/v1/rank", {"user_id": world.user_ids[0], "candidates": world.item_ids[:40], "k": 5}
     )
