@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -283,6 +284,11 @@ def parse_args() -> argparse.Namespace:
         " thread) nice 0: load and build at nice 19 before a measurement window, measure in it.",
     )  # fmt: skip
     ap.add_argument("--write-chunk", type=int, default=20_000, help="Rows per pipelined write to Redis.")
+    ap.add_argument(
+        "--item-writes", type=int, default=0, metavar="N",
+        help="While measuring, write N random items a second to the item view with the shortest freshness"
+        " SLA (the realtime tier's load on the index refresher and the item mirror).",
+    )  # fmt: skip
     ap.add_argument("--bootstrap", default=Settings.from_env().kafka_bootstrap)
     ap.add_argument("--no-feedback", action="store_true", help="Impressions not sent to Kafka.")
     ap.add_argument("--seed", type=int, default=11)
@@ -314,6 +320,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "io2": ([], {"io_threads": 2}, {}),
     "restart": ([], {}, {}),
     "feed05": ([], {"funnel": {"index_feed_s": 0.5}}, {}),
+    "feed2": ([], {"funnel": {"index_feed_s": 2.0}}, {}),
 }
 """Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
 and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
@@ -331,7 +338,8 @@ index refresher's in-memory rows; ``no-feed`` the refresher without its change-f
 another variant: it loads the item index that one saved at stop (``serving/retrieval/snapshot.py``)
 instead of building it from Redis, so its ``service_start_s`` is a restart's; ``feed05`` the change
 feeds read every 0.5 s instead of 2 s (the in-memory item rows then stay within the 1-s bound of the
-10-s realtime item view, which is otherwise read from Redis whenever they are over 1 s old)."""
+10-s realtime item view, which is otherwise read from Redis whenever they are over 1 s old); ``feed2``
+the previous default, 2 s (with ``--item-writes``: what the shorter period costs under writes)."""
 
 
 class PrivateRedis:
@@ -397,6 +405,43 @@ def hold_until(hhmm: str, pids: list[int]) -> None:
             except OSError as exc:
                 print(f"nice 0 for thread {task.name} of {pid} refused: {exc}", flush=True)
     print(f"nice 0 on {changed} threads of {len(pids)} processes; load {os.getloadavg()[0]:.2f}", flush=True)
+
+
+class ItemWriter:
+    """Writes ``rate`` random items a second to the item view with the shortest SLA, in 1-s batches.
+
+    The load a realtime item view puts on the service: every write is named in the view's change feed,
+    so the refresher re-reads, re-embeds and re-mirrors those items while requests are served.
+    """
+
+    def __init__(self, url: str, namespace: str, state_dir: Path, items: int, rate: int) -> None:
+        registry = load_registry(state_dir, ServingConfig().popularity)
+        side = registry.item
+        j = min(range(len(side.layouts)), key=lambda k: side.freshness_s[k] if side.freshness_s else 0.0)
+        self.layout, self.items, self.rate = side.layouts[j], items, rate
+        self.reader = OnlineStoreReader.from_url(url, namespace=namespace, timeout_s=30.0)
+        self.written = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="item-writer", daemon=True)
+
+    def start(self) -> None:
+        """Start writing (a daemon thread)."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        rng = np.random.default_rng(7)
+        while not self._stop.wait(1.0):
+            ids = [f"b-i{i:06d}" for i in rng.choice(self.items, self.rate, replace=False).tolist()]
+            values = rng.gamma(2.0, 2.0, size=(self.rate, self.layout.dim)).astype(np.float32)
+            self.reader.store.write_batch(self.layout, ids, values, now_ms())
+            self.written += self.rate
+
+    def stop(self) -> dict[str, Any]:
+        """Stop writing; return what was written."""
+        self._stop.set()
+        self._thread.join(10.0)
+        self.reader.close()
+        return {"view": self.layout.view, "rows_per_s": self.rate, "written": self.written}
 
 
 def probe_staleness(port: int, url: str, namespace: str, state_dir: Path, timeout_s: float) -> dict[str, Any]:
@@ -553,6 +598,11 @@ def run_variant(
         if args.hold_until:
             hold_until(args.hold_until, [os.getpid(), proc.pid, *getattr(args, "extra_pids", [])])
             args.hold_until = None  # the next variants run at once
+        writer = None
+        if args.item_writes > 0:
+            writer = ItemWriter(redis_url, namespace, state_dir, args.items, args.item_writes)
+            writer.start()
+            print(f"[{name}] writing {args.item_writes} items/s to {writer.layout.view}", flush=True)
         answers = quality_answers(port, args) if args.quality_users > 0 else None
         runtime = health.get("ranker_runtime") or TORCH  # a service without the field predates ONNX Runtime
         print(f"[{name}] runs on {plan_for(health['device'], runtime).describe()}", flush=True)
@@ -584,6 +634,7 @@ def run_variant(
             print(f"[{name}] idle {args.idle:g} s: {idle['cpu_s']} CPU-s ({idle['cores']} cores)", flush=True)
         if args.profile > 0 and name in args.profile_variants.split(","):
             profile = run_profile(args, port, proc.pid, rec_bodies, work, max(concurrencies), name)
+        item_writes = writer.stop() if writer is not None else None
         health = wait_healthy(port, proc)
         if health.get("item_mirror"):
             print(f"[{name}] item mirror: {json.dumps(health['item_mirror'])}", flush=True)
@@ -607,6 +658,7 @@ def run_variant(
         "retrieval_runtime_failures": health.get("retrieval_runtime_failures"),
         "item_mirror": health.get("item_mirror"),
         "index_snapshot": health.get("index_snapshot"),
+        "item_writes": item_writes,
         "model_version": health["model_version"],
         "feedback": health["feedback"],
         "recommend": levels,
