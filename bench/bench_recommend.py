@@ -311,6 +311,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "no-kafka": (["--no-feedback"], {}, {}),
     "scan-refresh": ([], {"funnel": {"index_full_scan_s": 30.0}}, {}),
     "switch5": ([], {"gil_switch_interval_ms": 5.0}, {}),
+    "switch02": ([], {"gil_switch_interval_ms": 0.2}, {}),
     "torch": ([], {}, {"HEADWATER_RANKER_RUNTIME": "torch"}),
     "retrieve200": ([], {"funnel": {"retrieve_n": 200}}, {}),
     "retrieve300": ([], {"funnel": {"retrieve_n": 300}}, {}),
@@ -328,7 +329,8 @@ and environment. ``base`` is another checkout of the code (``--base``: a folder 
 levers' "before"; ``kafka-python`` the impressions producer's previous client; ``no-kafka`` what
 Kafka still costs; ``scan-refresh`` the refresher of the previous round (a SCAN of the whole
 catalog's write times every 30 s instead of the change-log test); ``switch5`` the interpreter's default
-thread switch interval (5 ms) instead of the service's 1 ms; ``torch`` the DCN on torch instead of ONNX
+thread switch interval (5 ms) instead of the service's 1 ms, ``switch02`` 0.2 ms (each usearch search,
+and each item a usearch add, waits up to one interval for the GIL while the event loop runs Python); ``torch`` the DCN on torch instead of ONNX
 Runtime (the user's share computed once either way); ``retrieve200`` and ``retrieve300`` 200 and 300
 retrieved candidates instead of 500 (``--quality-users`` says what that costs in quality);
 ``no-mirror`` every item view read from Redis per request (through the item cache) instead of the

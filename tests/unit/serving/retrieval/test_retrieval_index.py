@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -172,3 +174,26 @@ def test_each_index_names_its_library_without_spaces() -> None:
 
     assert ItemIndex(4, threads=1).library == f"usearch-{usearch.__version__}"
     assert ExactIndex(4).library == f"exact-numpy-{np.__version__}"
+
+
+def test_a_search_runs_while_the_index_is_written_to_a_snapshot(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(3)
+    vectors = unit(rng, 200, 8)
+    index = ItemIndex(8, threads=1)
+    index.upsert(ids(200), vectors)
+    graph = index._index
+    save = graph.save
+    during: list[list[str]] = []
+
+    def search_then_save(path: str) -> None:
+        # A search here would wait forever if the export held the search lock.
+        during.append(index.search(vectors[5], 3)[0])
+        save(path)
+
+    monkeypatch.setattr(graph, "save", search_then_save)
+    arrays = index.export(tmp_path / "graph.usearch")
+    assert during == [index.search(vectors[5], 3)[0]]
+    assert during[0][0] == "i000005"
+    assert int(arrays["held"].sum()) == 200
