@@ -323,25 +323,25 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
     "feed05": ([], {"funnel": {"index_feed_s": 0.5}}, {}),
     "feed2": ([], {"funnel": {"index_feed_s": 2.0}}, {}),
 }
-"""Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML)
-and environment. ``base`` is another checkout of the code (``--base``: a folder holding a
-``headwater`` package of symlinks to that checkout's folders, put first on PYTHONPATH), the
-levers' "before"; ``kafka-python`` the impressions producer's previous client; ``no-kafka`` what
-Kafka still costs; ``scan-refresh`` the refresher of the previous round (a SCAN of the whole
-catalog's write times every 30 s instead of the change-log test); ``switch5`` the interpreter's default
-thread switch interval (5 ms) instead of the service's 1 ms, ``switch02`` 0.2 ms (each usearch search,
-and each item a usearch add, waits up to one interval for the GIL while the event loop runs Python); ``torch`` the DCN on torch instead of ONNX
-Runtime (the user's share computed once either way); ``retrieve200`` and ``retrieve300`` 200 and 300
-retrieved candidates instead of 500 (``--quality-users`` says what that costs in quality);
-``no-mirror`` every item view read from Redis per request (through the item cache) instead of the
-index refresher's in-memory rows; ``no-feed`` the refresher without its change-feed reads (only the
-30-s freshness-log look and the full refresh); ``io1`` and ``io2`` one and two I/O threads instead of 4
-(what the hops to the pool cost in hand-offs); ``restart`` the current service started again after
-another variant: it loads the item index that one saved at stop (``serving/retrieval/snapshot.py``)
-instead of building it from Redis, so its ``service_start_s`` is a restart's; ``feed05`` the change
-feeds read every 0.5 s instead of 2 s (the in-memory item rows then stay within the 1-s bound of the
-10-s realtime item view, which is otherwise read from Redis whenever they are over 1 s old); ``feed2``
-the previous default, 2 s (with ``--item-writes``: what the shorter period costs under writes)."""
+"""Service variants run on the same data: extra ``headwater serve`` options, a serving config (YAML) and
+environment. ``base`` is another checkout of the code (``--base``: a folder holding a ``headwater``
+package of symlinks to that checkout's folders, put first on PYTHONPATH), the levers' "before";
+``kafka-python`` the impressions producer's previous client; ``no-kafka`` what Kafka still costs;
+``scan-refresh`` the refresher of the previous round (a SCAN of the whole catalog's write times every 30
+s instead of the change-log test); ``switch5`` the interpreter's default thread switch interval (5 ms)
+instead of the service's 1 ms, ``switch02`` 0.2 ms (each usearch search, and each item a usearch add,
+waits up to one interval for the GIL while the event loop runs Python); ``torch`` the DCN on torch
+instead of ONNX Runtime (the user's share computed once either way); ``retrieve200`` and ``retrieve300``
+200 and 300 retrieved candidates instead of 500 (``--quality-users`` says what that costs in quality);
+``no-mirror`` every item view read from Redis per request (through the item cache) instead of the index
+refresher's in-memory rows; ``no-feed`` the refresher without its change-feed reads (only the 30-s
+freshness-log look and the full refresh); ``io1`` and ``io2`` one and two I/O threads instead of 4 (what
+the hops to the pool cost in hand-offs); ``restart`` the current service started again after another
+variant: it loads the item index that one saved at stop (``serving/retrieval/snapshot.py``) instead of
+building it from Redis, so its ``service_start_s`` is a restart's; ``feed05`` the change feeds read
+every 0.5 s instead of 2 s (the in-memory item rows then stay within the 1-s bound of the 10-s realtime
+item view, which is otherwise read from Redis whenever they are over 1 s old); ``feed2`` the previous
+default, 2 s (with ``--item-writes``: what the shorter period costs under writes)."""
 
 
 class PrivateRedis:
