@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.serving.registry import SideViews
-from headwater.serving.slots import SlotMap
+from headwater.serving.slots import SlotMap, ids_from_arrays, ids_to_arrays
 from headwater.serving.store import ViewRows, now_ms
 
 DEFAULT_SLA_SHARE = 0.1
@@ -218,10 +218,7 @@ class ItemMirror:
         """
         with self._lock:
             slots = self._slots
-            out: dict[str, npt.NDArray[np.generic]] = {
-                "ids": np.asarray([i if i is not None else "" for i in slots.ids], dtype=np.str_),
-                "held": np.fromiter((i is not None for i in slots.ids), dtype=bool, count=slots.capacity),
-            }
+            out = ids_to_arrays(slots.ids)
             for j in range(len(self.side.layouts)):
                 out[f"values.{j}"] = self._values[j].copy()
                 out[f"found.{j}"] = self._found[j].copy()
@@ -236,16 +233,10 @@ class ItemMirror:
         Raises:
             ValueError: arrays of other shapes or types than this mirror's views (named), an id twice.
         """
-        ids, held = arrays["ids"], arrays["held"]
-        rows = len(ids)
-        if (
-            not rows
-            or ids.ndim != 1
-            or ids.dtype.kind != "U"
-            or held.shape != (rows,)
-            or held.dtype != np.bool_
-        ):
-            msg = f"item mirror snapshot: a malformed id map (ids {ids.dtype}{ids.shape}, held {held.shape})"
+        slot_ids = ids_from_arrays(arrays, "item mirror")
+        rows = len(slot_ids)
+        if not rows:  # an exported mirror has rows (a look-up indexes row 0)
+            msg = "item mirror snapshot: no rows"
             raise ValueError(msg)
         want = {
             "values": np.float32,
@@ -264,8 +255,6 @@ class ItemMirror:
                         f" expected {np.dtype(dtype)}{shape}"
                     )
                     raise ValueError(msg)
-        names: list[str] = ids.tolist()
-        slot_ids = [n if h else None for n, h in zip(names, held.tolist(), strict=True)]
         with self._lock:
             if len(self._slots):
                 msg = "item mirror: restore into an empty mirror only"

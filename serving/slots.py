@@ -92,4 +92,26 @@ class SlotMap:
         self.free = []
 
 
-__all__ = ["SlotMap"]
+def ids_to_arrays(ids: Sequence[str | None]) -> dict[str, npt.NDArray[np.generic]]:
+    """Return a row -> id list (None: free) as numpy arrays without objects: ``ids`` and ``held``."""
+    return {
+        "ids": np.asarray([i if i is not None else "" for i in ids], dtype=np.str_),
+        "held": np.fromiter((i is not None for i in ids), dtype=bool, count=len(ids)),
+    }
+
+
+def ids_from_arrays(arrays: dict[str, npt.NDArray[np.generic]], what: str) -> list[str | None]:
+    """Return what :func:`ids_to_arrays` made back as a list.
+
+    Raises:
+        ValueError: arrays of another shape or type (``what`` names the snapshot's part).
+    """
+    ids, held = arrays["ids"], arrays["held"]
+    if ids.ndim != 1 or ids.dtype.kind != "U" or held.shape != ids.shape or held.dtype != np.bool_:
+        msg = f"{what} snapshot: a malformed id map (ids {ids.dtype}{ids.shape}, held {held.shape})"
+        raise ValueError(msg)
+    names: list[str] = ids.tolist()
+    return [n if h else None for n, h in zip(names, held.tolist(), strict=True)]
+
+
+__all__ = ["SlotMap", "ids_from_arrays", "ids_to_arrays"]

@@ -30,6 +30,8 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from headwater.serving.slots import ids_from_arrays, ids_to_arrays
+
 DEFAULT_CONNECTIVITY = 16
 DEFAULT_EXPANSION_ADD = 128
 DEFAULT_EXPANSION_SEARCH = 256
@@ -259,9 +261,7 @@ class ItemIndex:
         """
         with self._write:
             self._index.save(str(graph))
-            ids = np.asarray([i if i is not None else "" for i in self._ids], dtype=np.str_)
-            held = np.fromiter((i is not None for i in self._ids), dtype=bool, count=len(self._ids))
-        return {"ids": ids, "held": held}
+            return ids_to_arrays(self._ids)
 
     def restore(self, graph: Path, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
         """Load what :meth:`export` wrote into this empty index (same dim and connectivity).
@@ -269,16 +269,16 @@ class ItemIndex:
         Raises:
             ItemIndexError: the graph and the id map disagree (other keys, another dim, an id twice).
         """
-        ids, held = arrays["ids"], arrays["held"]
-        if ids.ndim != 1 or held.shape != ids.shape or held.dtype != np.bool_ or ids.dtype.kind != "U":
-            msg = f"item index snapshot: a malformed id map (ids {ids.dtype}{ids.shape}, held {held.shape})"
-            raise ItemIndexError(msg)
+        try:
+            restored = ids_from_arrays(arrays, "item index")
+        except ValueError as exc:
+            raise ItemIndexError(str(exc)) from exc
         with self._write, self._lock:
             if len(self._key):
                 msg = "item index: restore into an empty index only"
                 raise ItemIndexError(msg)
             self._index.load(str(graph))
-            keys = np.flatnonzero(held).astype(np.uint64)
+            keys = np.asarray([k for k, n in enumerate(restored) if n is not None], dtype=np.uint64)
             graph_size, graph_dim = len(self._index), int(self._index.ndim)
             if graph_dim != self.dim or graph_size != len(keys) or not np.all(self._index.contains(keys)):
                 self._index.reset()  # type: ignore[no-untyped-call]
@@ -287,8 +287,7 @@ class ItemIndex:
                     f" does not match its id map ({len(keys)} ids, dim {self.dim})"
                 )
                 raise ItemIndexError(msg)
-            names: list[str] = ids.tolist()
-            self._ids = [n if h else None for n, h in zip(names, held.tolist(), strict=True)]
+            self._ids = restored
             self._key = {n: k for k, n in enumerate(self._ids) if n is not None}
             self._free = [k for k, n in enumerate(self._ids) if n is None]
             if len(self._key) != len(keys):
