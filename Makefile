@@ -9,26 +9,41 @@ HW := $(VENV)/bin/headwater
 SHELL := /bin/bash
 
 .DEFAULT_GOAL := help
-.PHONY: help setup grpc-code redis-server chromium services-up services-down cluster-up cluster-down test-cluster demo test test-unit lint check bench wheel clean
+.PHONY: FORCE help setup grpc-code redis-server chromium services-up services-down cluster-up cluster-down test-cluster demo test test-unit lint check bench wheel clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed infra/lib/.resolved redis-server chromium build/typing grpc-code  ## Install everything (idempotent)
+setup: $(VENV)/.installed infra/lib/.resolved redis-server chromium grpc-code  ## Install everything (idempotent)
 
-# Python packages: one venv, the project installed editable with its dev tools.
-$(VENV)/.installed: pyproject.toml setup.py
+# Python packages: one venv, the project installed editable with its dev tools, in setuptools' strict
+# editable mode: build/__editable__.* holds a tree of links (headwater/registry/... -> registry/...)
+# that mypy, pyright and import-linter follow like any installed package. A module added or removed
+# is linked at the next `make setup` (the list of code files is a prerequisite).
+CODE_FOLDERS := registry pipelines ranking serving client cli
+CODE_FILES := $(shell find $(CODE_FOLDERS) -name "*.py" -not -name "*_pb2*" 2>/dev/null | sort)
+$(VENV)/.installed: pyproject.toml setup.py $(VENV)/.code-files
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" --config-settings editable_mode=strict
+	@rm -f $(GRPC_CODE)  # generated again below, then linked into the editable tree
 	@touch $@
 
-# The gRPC code of the ranking service, generated from serving/proto (git-ignored; the wheel ships it).
-PROTOS := $(shell find serving/proto -name "*.proto")
+# Rewritten only when the set of code files changes, so adding a module re-links the editable install.
+$(VENV)/.code-files: FORCE
+	@mkdir -p $(VENV)
+	@echo "$(CODE_FILES)" | cmp -s - $@ || echo "$(CODE_FILES)" > $@
+FORCE:
+
+# The gRPC code of the ranking service, generated from client/proto (git-ignored; the wheel ships it).
+PROTOS := $(shell find client/proto -name "*.proto")
 GRPC_CODE := $(PROTOS:.proto=_pb2.py)
 grpc-code: $(GRPC_CODE)
-$(GRPC_CODE): %_pb2.py: %.proto serving/proto/generate.py $(VENV)/.installed
-	$(PY) serving/proto/generate.py
+# The strict editable install links files, not folders: the generated modules are linked by
+# installing once more (no dependencies, a few seconds).
+$(GRPC_CODE): %_pb2.py: %.proto client/proto/generate.py $(VENV)/.installed
+	$(PY) client/proto/generate.py
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
 
 # JVM artifacts: resolved once by Maven into infra/lib/ (git-ignored); nothing downloads at run time.
 infra/lib/.resolved: infra/pom.xml $(wildcard infra/maven/*/pom.xml) $(shell find infra/maven -name "*.java" -not -path "*/target/*")
@@ -47,12 +62,6 @@ chromium:
 	  echo "installing chromium + chromium-driver (Debian)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
-
-# mypy cannot follow the editable install's import hook, so it reads the code through a
-# tree of links that spells the package names (headwater.registry -> registry/, ...).
-build/typing:
-	@mkdir -p build/typing/headwater
-	@for d in registry pipelines serving client; do ln -sfn ../../../$$d build/typing/headwater/$$d; done
 
 services-up: setup  ## Start Redis and Kafka on loopback and create the topics
 	bash infra/services.sh up
@@ -76,10 +85,11 @@ test-cluster: setup  ## The failure tests on the cluster profile (needs make clu
 demo: setup  ## The end-to-end demo on the local default
 	bash infra/with-services.sh bash infra/demo.sh
 
-lint: setup  ## ruff, formatting and mypy
+lint: setup  ## ruff, formatting, mypy and the import contracts (the layers of DESIGN.md)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	MYPYPATH=build/typing $(VENV)/bin/mypy -p headwater.registry -p headwater.pipelines -p headwater.serving -p headwater.client
+	$(VENV)/bin/mypy $(foreach d,$(CODE_FOLDERS),-p headwater.$(d))
+	$(VENV)/bin/lint-imports
 
 check: setup  ## The registry gate CI runs: validate features/ against SLAs and the budget
 	$(HW) check features/

@@ -1,7 +1,7 @@
 """Map the top-level code folders into the one `headwater` namespace, and ship its data files.
 
 pyproject.toml holds the metadata; only what is computed lives here:
-- every sub-package found under registry/, pipelines/, serving/ and client/ is installed as
+- every sub-package found under registry/, pipelines/, ranking/, serving/, client/ and cli/ is installed as
   headwater.<folder>.<sub>, so adding a sub-package needs no edit here;
 - the files that are not code but that an installed headwater needs are copied into the package:
   the example feature repo (features/ -> headwater/examples/features, the template of
@@ -15,7 +15,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
-FOLDERS = ("registry", "pipelines", "serving", "client")
+FOLDERS = ("registry", "pipelines", "ranking", "serving", "client", "cli")
 DATA = {
     # target under headwater/: (source folder, glob patterns); MANIFEST.in lists the same for the sdist
     "examples/features": ("features", ("**/*.yaml", "**/*.yml", "**/*.avsc")),

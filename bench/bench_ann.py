@@ -227,8 +227,9 @@ def retrieval(n_items: int, n_queries: int) -> dict[str, Any]:
 
     from headwater.pipelines.store import OnlineStore
     from headwater.pipelines.store.testing import OwnRedis
+    from headwater.ranking.features import registry_from_repo
+    from headwater.ranking.synthetic import make_world, training_set, write_world
     from headwater.serving.config import ServingConfig
-    from headwater.serving.registry import registry_from_repo
     from headwater.serving.retrieval import (
         ExactIndex,
         IndexRefresher,
@@ -240,7 +241,6 @@ def retrieval(n_items: int, n_queries: int) -> dict[str, Any]:
         train_two_tower,
     )
     from headwater.serving.store import OnlineStoreReader, now_ms
-    from headwater.serving.synthetic import make_world, training_set, write_world
 
     registry = registry_from_repo(
         Path(__file__).resolve().parents[1] / "features", ServingConfig().popularity

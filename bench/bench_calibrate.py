@@ -5,7 +5,7 @@ Nearline: one fixed generated stream of the behaviour source (the event generato
 late, duplicate and malformed records) and of the payments source is produced once. Then, for
 each view *shape* (one aggregation kind x 4 features, filters, many panes, another join key than
 the topic's, ...) and each example nearline view, the real worker (``python -m
-headwater.pipelines.nearline.cli``, one process, a fresh consumer group, store folder and Redis
+headwater.cli.nearline``, one process, a fresh consumer group, store folder and Redis
 namespace) consumes the whole stream alone and exits when idle.
 
 How the tier's CPU is isolated: the worker writes ``time.process_time()`` of its own process (user +

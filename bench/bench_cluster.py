@@ -102,7 +102,7 @@ def drain(
         )
         sent += got["sent"]
     total = end_offsets(topic)
-    cmd = [sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
+    cmd = [sys.executable, "-m", "headwater.cli.realtime", "--state-dir", str(state),
            "--checkpoint-dir", str(work / f"chk-{target}"), "--source", "events",
            "--topic", f"events={topic}",
            "--dlq-topic", f"{topic}.dlq", "--namespace", namespace, "--group-id", group,

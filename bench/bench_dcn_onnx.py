@@ -12,7 +12,7 @@ the machine is shared):
 - ``torch_shared``: torch, the first cross and deep layers' user share once (``DCNRanker.forward_shared``);
 - ``ort_rows``: ONNX Runtime, the network as written;
 - ``ort_shared``: ONNX Runtime, the user's share once: what the service runs on the CPU
-  (``NeuralScorer`` with ``onnxruntime``, ``serving/onnx_scorer.py``).
+  (``NeuralScorer`` with ``onnxruntime``, ``ranking/onnx_scorer.py``).
 
 All with one intra-op thread, as the service runs on 2 cores. Every way's scores must agree with
 ``torch_rows`` to 1e-5. Writes bench/results/bench_dcn_onnx.json.
@@ -38,10 +38,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import ROOT, apply_registry
 
-from headwater.serving.accel import ONNXRUNTIME, TORCH
+from headwater.ranking.accel import ONNXRUNTIME, TORCH
+from headwater.ranking.features import load_registry
+from headwater.ranking.model import DCNRanker, NeuralScorer
 from headwater.serving.config import ServingConfig
-from headwater.serving.model import DCNRanker, NeuralScorer
-from headwater.serving.registry import load_registry
 
 
 def _score(scorer: NeuralScorer, job: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

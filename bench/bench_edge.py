@@ -54,11 +54,11 @@ from bench_serve import (  # same folder: the serving benchmark's set-up helpers
     write_features,
 )
 
+from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.client.transport import RANK_METHOD
 from headwater.pipelines.settings import Settings
+from headwater.ranking.features import load_registry
 from headwater.serving.config import DEFAULT_POPULARITY, ServingConfig
-from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
-from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader
 
 RESULTS = ROOT / "bench" / "results" / "bench_edge.json"

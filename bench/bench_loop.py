@@ -58,9 +58,9 @@ from bench_serve import (
 )
 
 from headwater.pipelines.settings import Settings
-from headwater.serving.registry import BoundRegistry, load_registry
+from headwater.ranking.features import BoundRegistry, load_registry
+from headwater.ranking.synthetic import make_world, write_world
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, write_world
 
 RESULTS = ROOT / "bench" / "results" / "loop.json"
 VIEW = "user_session_realtime"

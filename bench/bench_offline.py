@@ -351,9 +351,9 @@ def bench_training_set(
     """Time labels from bronze, then a point-in-time training set of the first ``n_labels`` after day 1."""
     from headwater.pipelines.offline.labels import derive_labels, write_labels
     from headwater.pipelines.offline.lake import day_of_ms
-    from headwater.pipelines.offline.training import build_training_set, read_labels
     from headwater.pipelines.store import OnlineStore
     from headwater.pipelines.windows import RedisDictionary
+    from headwater.ranking.training_set import build_training_set, read_labels
 
     lake = work / "lake"
     t = time.monotonic()

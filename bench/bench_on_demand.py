@@ -2,7 +2,7 @@
 
 One command: ``.venv/bin/python bench/bench_on_demand.py [--candidates 500 2000] [--repeats 300]``.
 It binds the example registry as the service does, draws random user and item vectors (10 % NaN),
-and times :meth:`headwater.serving.on_demand.OnDemandProgram.compute` (what the fetcher adds to a
+and times :meth:`headwater.ranking.on_demand.OnDemandProgram.compute` (what the fetcher adds to a
 request when the ranker was trained on on-demand slots) per request, and the same numbers from the
 training-set path per 100k rows. Prints the median and p99 per request and writes
 ``bench/results/bench_on_demand.json`` with the machine's load average (other processes share it).
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from headwater.ranking.features import registry_from_repo
 from headwater.registry.expr_value import size_of
-from headwater.serving.registry import registry_from_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 

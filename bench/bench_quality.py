@@ -11,7 +11,7 @@ latest training slates (``serving.train.choose_linear_l2``).
     nice -n 19 .venv/bin/python bench/bench_quality.py --stream-only 80000 --seeds 0,1,2   # Python sets
     .venv/bin/python bench/bench_quality.py                   # offline tier (Spark): synthetic + MovieLens
 
-Data. ``--stream-only N`` (serving/quality_sets.py, no Spark): the behaviour generator's stream of N
+Data. ``--stream-only N`` (ranking/quality_sets.py, no Spark): the behaviour generator's stream of N
 emissions (generator seed 11, 2,000 users, 1,000 items) with point-in-time user, item and pair
 (user x the item's category) features, the generator's true click probability per impression as
 the ``oracle`` and ``oracle_relevance`` (the same without the position factor: the ceiling of a
@@ -62,9 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quality_data
 
-from headwater.serving.model import linear_logits
-from headwater.serving.quality_sets import NEIGHBOUR_FEATURES, generator_set
-from headwater.serving.train import (
+from headwater.ranking.model import linear_logits
+from headwater.ranking.quality_sets import NEIGHBOUR_FEATURES, generator_set
+from headwater.ranking.train import (
     TrainOptions,
     _score_dcn,
     _standardized,
@@ -78,7 +78,7 @@ from headwater.serving.train import (
     train_linear,
     train_ranker,
 )
-from headwater.serving.trainset import TrainingSet, read_parquet
+from headwater.ranking.trainset import TrainingSet, read_parquet
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_quality.json"
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -290,7 +290,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="EVENTS",
-        help="skip the offline tier (Spark): Python point-in-time sets (serving/quality_sets.py), the"
+        help="skip the offline tier (Spark): Python point-in-time sets (ranking/quality_sets.py), the"
         " generator's stream of this many emissions and MovieLens 100k through the import path's checks",
     )
     parser.add_argument(

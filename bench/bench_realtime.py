@@ -272,7 +272,7 @@ def start_job(
     state: Path, source: str, topic: str, namespace: str, group: str, chk: Path, log: Path
 ) -> subprocess.Popen[bytes]:
     """Start `headwater run realtime` in its own process group (so it is stopped as a whole)."""
-    cmd = [sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
+    cmd = [sys.executable, "-m", "headwater.cli.realtime", "--state-dir", str(state),
            "--checkpoint-dir", str(chk), "--source", source, "--topic", f"{source}={topic}",
            "--dlq-topic", f"{topic}.dlq", "--namespace", namespace, "--group-id", group,
            "--checkpoint-interval", "5", "--parallelism", "2", "--from-earliest"]  # fmt: skip

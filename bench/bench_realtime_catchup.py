@@ -74,7 +74,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 def start_job(state: Path, topic: str, namespace: str, group: str, chk: Path, log: Path, interval_s: float,
               conf: tuple[str, ...]) -> subprocess.Popen[bytes]:  # fmt: skip
     """Start ``headwater run realtime`` in its own process group (so SIGKILL takes the JVM with it)."""
-    cmd = [sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
+    cmd = [sys.executable, "-m", "headwater.cli.realtime", "--state-dir", str(state),
            "--checkpoint-dir", str(chk), "--source", SOURCE, "--topic", f"{SOURCE}={topic}",
            "--dlq-topic", f"{topic}.dlq", "--namespace", namespace, "--group-id", group,
            "--checkpoint-interval", f"{interval_s:g}", "--parallelism", "2", "--from-earliest"]  # fmt: skip

@@ -60,13 +60,13 @@ from bench_serve import (
 )
 
 from headwater.pipelines.settings import Settings
-from headwater.serving.accel import TORCH, accelerator_report, plan_for
+from headwater.ranking.accel import TORCH, accelerator_report, plan_for
+from headwater.ranking.features import BoundRegistry, load_registry
+from headwater.ranking.synthetic import _zscore, make_world, training_set, write_world
+from headwater.ranking.trainset import write_parquet
 from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.recent import RedisRecentItems
-from headwater.serving.registry import BoundRegistry, load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import _zscore, make_world, training_set, write_world
-from headwater.serving.trainset import write_parquet
 
 RESULTS = ROOT / "bench" / "results"
 STAGES = ("retrieve", "seen", "rank", "rerank", "rules")
@@ -187,7 +187,7 @@ async def recommend_level(
 
 
 BUCKETS = (
-    ("rerank (ONNX Runtime or torch)", ("(serving/funnel/reranker.py",)),
+    ("rerank (ONNX Runtime or torch)", ("(ranking/reranker.py",)),
     ("DCN forward (ONNX Runtime or torch)", ("NeuralScorer.score_batch",)),
     ("retrieval: user tower + ANN search", ("TwoTowerRetriever.retrieve",)),
     ("recent-items writes (Redis)", ("RedisRecentItems._write",)),

@@ -50,9 +50,9 @@ from bench_serve import (
 )
 
 from headwater.pipelines.settings import Settings
+from headwater.ranking.features import load_registry
 from headwater.serving.config import DEFAULT_POPULARITY
 from headwater.serving.recording import read_records
-from headwater.serving.registry import load_registry
 from headwater.serving.replay import replay
 from headwater.serving.store import OnlineStoreReader
 

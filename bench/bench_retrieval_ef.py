@@ -45,10 +45,10 @@ def main() -> None:
 
     import torch
 
+    from headwater.ranking.features import registry_from_repo
+    from headwater.ranking.synthetic import make_world, training_set
     from headwater.serving.config import ServingConfig
-    from headwater.serving.registry import registry_from_repo
     from headwater.serving.retrieval import ExactIndex, ItemIndex, TowerOptions, train_two_tower
-    from headwater.serving.synthetic import make_world, training_set
 
     torch.set_num_threads(1)
     registry = registry_from_repo(ROOT / "features", ServingConfig().popularity)

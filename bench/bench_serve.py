@@ -47,11 +47,11 @@ import numpy as np
 import redis
 
 from headwater.pipelines.settings import Settings
+from headwater.ranking.features import BoundRegistry, load_registry
+from headwater.ranking.synthetic import make_world, training_set, write_world
+from headwater.ranking.trainset import write_parquet
 from headwater.serving.config import load_config
-from headwater.serving.registry import BoundRegistry, load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, training_set, write_world
-from headwater.serving.trainset import write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "serve.json"
@@ -383,12 +383,12 @@ async def _with_lifespans(apps: dict[str, Any], work: Any) -> Any:
 
 def http_stack(args: argparse.Namespace, calls: int = 300, rounds: int = 6) -> None:
     """CPU per request of the HTTP stack alone: FastAPI's routing against the lean routes, same answers."""
+    from headwater.ranking.model import LinearRanker
+    from headwater.ranking.synthetic import small_registry
     from headwater.serving.app import create_app
     from headwater.serving.config import ServingConfig
-    from headwater.serving.model import LinearRanker
     from headwater.serving.runtime import LoadedModels
     from headwater.serving.store import InMemoryFeatureStore
-    from headwater.serving.synthetic import small_registry
 
     registry = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
     store = InMemoryFeatureStore()

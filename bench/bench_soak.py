@@ -300,10 +300,10 @@ def train_model(state: Path, out: Path, seed: int) -> Path:
     The soak's ranking load needs a model; one trained here makes the run self-contained (the values it
     was trained on do not matter: the soak checks that the service answers, never with a 5xx).
     """
+    from headwater.ranking.features import load_registry
+    from headwater.ranking.synthetic import make_world, training_set
+    from headwater.ranking.train import TrainOptions, train_and_save
     from headwater.serving.config import DEFAULT_POPULARITY
-    from headwater.serving.registry import load_registry
-    from headwater.serving.synthetic import make_world, training_set
-    from headwater.serving.train import TrainOptions, train_and_save
 
     registry = load_registry(state, DEFAULT_POPULARITY)
     world = make_world(registry, users=200, items=200, seed=seed, empty_share=0.1)

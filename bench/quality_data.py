@@ -95,7 +95,7 @@ def _build(
     from headwater.pipelines.offline.job import BronzeTables, read_bronze, run_view
     from headwater.pipelines.offline.labels import derive_labels
     from headwater.pipelines.offline.lake import days
-    from headwater.pipelines.offline.training import build_training_set
+    from headwater.ranking.training_set import build_training_set
     from headwater.registry.tiers import TIER_NAMES
 
     with _world(tmp) as (spark, plans, reg_hash, ids):
@@ -276,7 +276,7 @@ def movielens_files(cache: Path) -> tuple[Path, Path]:
 def movielens_stream_set(cache: Path) -> tuple[Any, dict[str, Any]]:
     """MovieLens 100k as a Python point-in-time training set, through the import path's checks.
 
-    All 100,000 ratings (:func:`headwater.serving.quality_sets.movielens_rows`), written as a file
+    All 100,000 ratings (:func:`headwater.ranking.quality_sets.movielens_rows`), written as a file
     of the ``events`` source and read back by ``events produce --from``'s reader, its ``to-now``
     time shift (the newest rating lands on :data:`ML_END`) and the source's row checker. The films'
     first genre is their category. No display position exists (a slate is 10 ratings in the order
@@ -284,7 +284,7 @@ def movielens_stream_set(cache: Path) -> tuple[Any, dict[str, Any]]:
     """
     from dataclasses import replace
 
-    from headwater.serving.quality_sets import events_source, events_training_set, import_rows, movielens_rows
+    from headwater.ranking.quality_sets import events_source, events_training_set, import_rows, movielens_rows
 
     inter, item = movielens_files(cache)
     rows = movielens_rows(inter, item)
@@ -303,7 +303,7 @@ def movielens_stream_set(cache: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def stream_set(events: int, seed: int, users: int = 2000, items: int = 1000) -> Any:
-    """Return the generator's stream as a Python point-in-time set (see serving/quality_sets.py)."""
-    from headwater.serving.quality_sets import generator_set
+    """Return the generator's stream as a Python point-in-time set (see ranking/quality_sets.py)."""
+    from headwater.ranking.quality_sets import generator_set
 
     return generator_set(events, seed, users, items)

@@ -4,7 +4,7 @@
 (``headwater.v1.Ranking/Rank``) with timeouts, retries with jitter and a circuit breaker that answers
 from the user's last good result plus the popularity list while the service is slow or down
 (:mod:`headwater.client.ranking`). ``headwater rank`` and ``headwater feedback`` are its command
-line (:mod:`headwater.client.cli`).
+line (:mod:`headwater.cli.client`).
 """
 
 from headwater.client.ranking import (

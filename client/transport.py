@@ -85,7 +85,7 @@ class GrpcTransport:
     def __init__(self, target: str) -> None:
         import grpc
 
-        from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
+        from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 
         self.target = target.removeprefix("grpc://").rstrip("/")
         self._grpc, self._pb = grpc, pb

@@ -63,7 +63,7 @@ wait_for() {  # wait_for NAME SECONDS CHECK...: until CHECK succeeds, or die if 
 # ---------------------------------------------------------------- Kafka (3 KRaft nodes)
 kafka_port() { echo $((KAFKA_BASE + $1 - 1)); }
 kafka_healthy() {
-  HEADWATER_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP" HEADWATER_KAFKA_REPLICATION=3 "$PYTHON" -m headwater.pipelines.topics health \
+  HEADWATER_KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP" HEADWATER_KAFKA_REPLICATION=3 "$PYTHON" -m headwater.cli.topics health \
     --timeout "${1:-10}" >/dev/null 2>&1
 }
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headwater.client.cli import post
+from headwater.cli.client import post
 
 RUN_DIR = Path(__file__).resolve().parents[1] / ".headwater/demo"
 VIEW = "user_session_realtime"

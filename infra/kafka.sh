@@ -10,7 +10,7 @@ DIR="$STATE_DIR/kafka"
 JARS="$INFRA_DIR/lib/kafka"
 PARTITIONS="${HEADWATER_PARTITIONS:-4}"
 
-healthy() { "$PYTHON" -m headwater.pipelines.topics health --timeout "${1:-5}" >/dev/null 2>&1; }
+healthy() { "$PYTHON" -m headwater.cli.topics health --timeout "${1:-5}" >/dev/null 2>&1; }
 
 write_config() {
   sed -e "s#@HOST@#$HOST#g" -e "s#@PORT@#$KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KAFKA_CONTROLLER_PORT#g" \

@@ -8,7 +8,7 @@ case "${1:-}" in
   up)
     "$INFRA_DIR/redis.sh" start
     "$INFRA_DIR/kafka.sh" start
-    "$PYTHON" -m headwater.pipelines.topics create
+    "$PYTHON" -m headwater.cli.topics create
     ;;
   down)
     "$INFRA_DIR/kafka.sh" stop

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,9 +68,15 @@ def dropped_schema_versions(state_dir: Path, sources: list[PlanSource]) -> list[
 
 
 def apply_repo(
-    result: CheckResult, state_dir: Path, redis_url: str, kafka_bootstrap: str, feast: bool = True
+    result: CheckResult,
+    state_dir: Path,
+    kafka_bootstrap: str,
+    online_store: Mapping[str, object] | None = None,
 ) -> ApplyOutcome:
     """Apply a checked repo (see the module docstring for the steps).
+
+    ``online_store`` is the Feast repo's ``online_store:`` block; without one, Feast is skipped
+    (the tier plans and the snapshot are written all the same).
 
     Raises:
         ApplyError: when ``result`` has errors.
@@ -88,8 +95,8 @@ def apply_repo(
     reg_hash = registry_hash(result)
     outcome = ApplyOutcome(registry_hash=reg_hash, state_dir=state_dir, views=len(result.views))
     # Step 3
-    if feast:
-        outcome.deleted_views = apply_to_feast(result, state_dir, redis_url, kafka_bootstrap, reg_hash)
+    if online_store is not None:
+        outcome.deleted_views = apply_to_feast(result, state_dir, online_store, kafka_bootstrap, reg_hash)
     # Step 4
     for tier, plan in build_plans(result, reg_hash).items():
         path = plan_path(state_dir, tier)

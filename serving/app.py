@@ -18,6 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from headwater.ranking.features import BoundRegistry
+from headwater.ranking.model import gpu_memory_used_percent
 from headwater.serving.admission import CLASS_HEADER, Admission, Throttled
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.business import BusinessMetrics
@@ -35,9 +37,7 @@ from headwater.serving.feedback import (
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.funnel.stages import Funnel, FunnelMetrics, FunnelParts, RecommendQuery
 from headwater.serving.item_mirror import ItemMirror
-from headwater.serving.model import gpu_memory_used_percent
 from headwater.serving.recording import Recorder
-from headwater.serving.registry import BoundRegistry
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.schemas import (
     ErrorResponse,

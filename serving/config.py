@@ -1,7 +1,7 @@
 """Serving configuration: where the applied registry is, the popularity slot, the service's bounds.
 
 The views the ranker reads are not configured here: they are every user and item view of the
-applied registry (:mod:`headwater.serving.registry`). A YAML file can override any field
+applied registry (:mod:`headwater.ranking.features`). A YAML file can override any field
 (``headwater serve --config FILE``); unknown keys are errors that name the file.
 """
 

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from headwater.ranking.features import BoundRegistry
+from headwater.ranking.model import LinearRanker
 from headwater.serving.batcher import DeadlineExceededError, MicroBatcher, QueueFullError
 from headwater.serving.config import ServingConfig
 from headwater.serving.fetch import FeatureAges, FeatureFetcher, RequestFeatures
-from headwater.serving.model import LinearRanker
-from headwater.serving.registry import BoundRegistry
 from headwater.serving.store import FeatureReader, FeatureReadError, ViewRows, now_ms
 from headwater.serving.telemetry import Telemetry
 

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from headwater.pipelines.events.schema import BehaviorEvent
+    from headwater.ranking.features import BoundRegistry
     from headwater.serving.engine import Models, RankingEngine
-    from headwater.serving.registry import BoundRegistry
     from headwater.serving.runtime import LoadedModels
 
 logger = logging.getLogger(__name__)

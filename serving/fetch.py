@@ -1,6 +1,6 @@
 """Feature vectors for one ranking request: the user's row and the candidates' rows.
 
-Both sides are read from every view of the applied registry (:mod:`headwater.serving.registry`)
+Both sides are read from every view of the applied registry (:mod:`headwater.ranking.features`)
 in one round trip to the store (one ``MGET`` per view); a view without a row for an entity gives
 its empty-window vector, as in a training set.
 
@@ -30,8 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.pipelines.store import ViewLayout
+from headwater.ranking.features import BoundRegistry, SideViews
 from headwater.serving.item_mirror import ItemMirror, MirrorLookup
-from headwater.serving.registry import BoundRegistry, SideViews
 from headwater.serving.slots import SlotMap
 from headwater.serving.store import FeatureReader, FeatureReadError, ViewRows, now_ms
 
@@ -261,8 +261,9 @@ class FeatureFetcher:
         cache holds every candidate no store read (and no hop to an I/O thread) happens at all.
 
         When the model reads on-demand features, they are computed here for every candidate from
-        the user's and the candidates' vectors and the request time (:mod:`.on_demand`), appended
-        after the stored item slots, then all columns are put in the model's order.
+        the user's and the candidates' vectors and the request time
+        (:mod:`headwater.ranking.on_demand`), appended after the stored item slots, then all columns
+        are put in the model's order.
         """
         started_ms = now_ms()
         user_side, item_side = self.registry.user, self.registry.item

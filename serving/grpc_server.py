@@ -34,10 +34,10 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from pydantic import BaseModel, ValidationError
 
+from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.admission import CLASS_HEADER, Throttled
 from headwater.serving.app import FunnelOff
 from headwater.serving.batcher import QueueFullError
-from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.schemas import (
     OPTION_FIELDS,
     RankRequest,

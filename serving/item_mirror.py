@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from headwater.serving.registry import SideViews
+from headwater.ranking.features import SideViews
 from headwater.serving.slots import SlotMap, ids_from_arrays, ids_to_arrays
 from headwater.serving.store import ViewRows, now_ms
 

@@ -13,11 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from headwater.serving.accel import plan_for
-from headwater.serving.artifact import (
+from headwater.ranking.accel import plan_for
+from headwater.ranking.artifact import (
     Artifact,
     ArtifactError,
     Binding,
@@ -27,9 +26,10 @@ from headwater.serving.artifact import (
     load_artifact,
     resolve_model_path,
 )
+from headwater.ranking.features import BoundRegistry
+from headwater.ranking.model import LinearRanker, NeuralScorer, pick_device
+from headwater.ranking.scorers import linear_from_artifact, neural_from_artifact
 from headwater.serving.engine import Models
-from headwater.serving.model import DCNRanker, LinearRanker, NeuralScorer, pick_device
-from headwater.serving.registry import BoundRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -73,48 +73,6 @@ def configure_switch_interval(interval_ms: float | None) -> float:
     if interval_ms is not None:
         sys.setswitchinterval(interval_ms / 1000.0)
     return sys.getswitchinterval() * 1000.0
-
-
-def neural_from_artifact(artifact: Artifact, device: str) -> NeuralScorer:
-    """Build a scorer on ``device`` from a ``dcn`` artifact.
-
-    Raises:
-        ArtifactError: the metadata does not describe a network the weights fit.
-    """
-    hyper = artifact.metadata.get("hyperparameters", {})
-    try:
-        model = DCNRanker(
-            len(artifact.metadata["user_features"]),
-            len(artifact.metadata["item_features"]),
-            int(hyper.get("embed_dim", 16)),
-            int(hyper.get("cross_layers", 3)),
-            tuple(int(x) for x in hyper.get("deep", (256, 128))),
-        )
-        model.load_state_dict(artifact.state)
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        msg = f"model artifact {artifact.path}: weights do not fit the network in its metadata ({exc})"
-        raise ArtifactError(msg) from exc
-    return NeuralScorer(model, device)
-
-
-def linear_from_artifact(artifact: Artifact) -> LinearRanker:
-    """Build the numpy linear ranker from a ``linear`` artifact.
-
-    Raises:
-        ArtifactError: a weight is missing or its shape does not fit the slots in the metadata.
-    """
-    try:
-        ranker = LinearRanker({k: v.numpy().astype(np.float32) for k, v in artifact.state.items()})
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        msg = f"model artifact {artifact.path}: not a linear model's weights ({type(exc).__name__}: {exc})"
-        raise ArtifactError(msg) from exc
-    dims = (len(artifact.metadata["user_features"]), len(artifact.metadata["item_features"]))
-    if (ranker.user_dim, ranker.item_dim) != dims or ranker.w_cross.shape != dims:
-        msg = (
-            f"model artifact {artifact.path}: weights of shape {ranker.w_cross.shape} do not fit {dims} slots"
-        )
-        raise ArtifactError(msg)
-    return ranker
 
 
 def load_models(model_path: Path | None, registry: BoundRegistry, device: str | None = None) -> LoadedModels:

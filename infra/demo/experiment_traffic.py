@@ -13,7 +13,7 @@ import random
 
 import click
 
-from headwater.client.cli import post
+from headwater.cli.client import post
 
 
 def main() -> None:

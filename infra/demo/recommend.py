@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from headwater.client.cli import post
+from headwater.cli.client import post
 
 
 def show(answer: dict[str, Any]) -> None:

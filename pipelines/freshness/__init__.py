@@ -4,7 +4,8 @@ The online store's write script (``headwater/pipelines/store/write.lua``) append
 write call to a capped stream per view, whoever the writer is. This package reads those logs
 (:mod:`.samples`), computes lag and age percentiles (:mod:`.stats`), reports them per view against
 the SLA of the applied plans (:mod:`.report`, rendered by :mod:`.text` and :mod:`.html`), and
-exposes them to Prometheus (:mod:`.metrics`). The CLI is ``headwater freshness`` (:mod:`.cli`).
+exposes them to Prometheus (:mod:`.metrics`). The CLI is ``headwater freshness``
+(:mod:`headwater.cli.freshness`).
 """
 
 from headwater.pipelines.freshness.report import (

@@ -1,4 +1,4 @@
-"""The window semantics of WINDOWS.md as Spark expressions: one view's values at given boundaries.
+"""The window semantics (docs/concepts/windows.md) as Spark expressions: one view's values at boundaries.
 
 Algorithm (no event is copied once per window it falls in):
 

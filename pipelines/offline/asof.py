@@ -3,7 +3,8 @@
 The offline tier's daily tables hold each view at day boundaries, which is what a daily view means
 but not what a realtime or nearline view served at time T held: "clicks in the last 30 s" read at a
 daily boundary is almost always 0, a train/serve skew. For those views a training row gets the value
-the view defines as of the label time T itself (WINDOWS.md: ``B_f = floor(T / S_f) * S_f``, events in
+the view defines as of the label time T itself (docs/concepts/windows.md:
+``B_f = floor(T / S_f) * S_f``, events in
 ``[B_f - W_f, B_f)``), computed by the same Spark code as the daily tables
 (:func:`headwater.pipelines.offline.compute.compute_view` with one target per (entity, T)), so no
 event at or after the boundary, and therefore none from the label's future, can enter a value.

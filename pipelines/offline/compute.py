@@ -102,11 +102,11 @@ def compute_view(events: DataFrame, view: PlanView, at: Progression | DataFrame)
                     values = values.join(distinct, [key, BOUNDARY], "left")
             values = values.withColumn(f.name, ratio_value(f))
     return values.select(
-        key, F.col(BOUNDARY).cast("long").alias(BOUNDARY), *[_filled(f) for f in view.features]
+        key, F.col(BOUNDARY).cast("long").alias(BOUNDARY), *[empty_filled(f) for f in view.features]
     )
 
 
-def _filled(feature: PlanFeature) -> Column:
+def empty_filled(feature: PlanFeature) -> Column:
     """Empty windows: count, sum, distinct_count -> 0; top_k -> []; the rest stay null."""
     from pyspark.sql import functions as F
 

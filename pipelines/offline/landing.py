@@ -21,7 +21,7 @@ refuse with a message naming the first, instead of landing rows twice.
 Malformed records go to the dead-letter topic with the codec's reason; future-dated events
 (more than the source's ``max_future_ms`` ahead of the clock) with reason
 ``future_dated``, not landed; events older than the source's allowed lateness (per-partition
-watermark = max event time seen - max out-of-orderness, as in WINDOWS.md) with reason ``late``,
+watermark = max event time seen - max out-of-orderness, as in docs/concepts/windows.md) with reason ``late``,
 kept in bronze flagged ``late = true`` (the feature jobs skip them, as the streaming tiers do).
 Dead letters are sent, and flushed, before the commit: at least once (a crash between the two
 repeats them; their ``dlq-source-*`` headers identify duplicates).

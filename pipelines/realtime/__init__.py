@@ -5,5 +5,5 @@
   infra/maven/flink-udfs): a keyed window operator per (join key, slide) and a batched Redis sink.
 - :mod:`.decode`: the decoded row of a source and the config the JVM decode is built from (the plan source).
 - :mod:`.udfs`: the functions the SQL calls; :mod:`.job`: configuration, checkpoints, submit.
-- :mod:`.cli`: ``headwater run realtime``.
+- :mod:`headwater.cli.realtime`: ``headwater run realtime``.
 """

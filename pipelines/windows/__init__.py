@@ -1,4 +1,4 @@
-"""The window-aggregation core shared by every tier (semantics: WINDOWS.md).
+"""The window-aggregation core shared by every tier (semantics: docs/concepts/windows.md).
 
 - :mod:`.spec`: a plan view compiled once (windows in ms, filters as predicates).
 - :mod:`.reference`: :func:`reference_values`, the literal definition, the oracle of tests.

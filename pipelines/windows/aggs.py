@@ -1,10 +1,10 @@
 """Incremental aggregators: the partial state of one pane, how events fold in, how panes merge.
 
-Every aggregation of WINDOWS.md is a :class:`Agg` with a partial per pane: ``add`` folds one
+Every aggregation of docs/concepts/windows.md is a :class:`Agg` with a partial per pane: ``add`` folds one
 event into a partial, ``merge`` combines the partials of the panes of a window, ``result``
 gives the value (NaN for a missing value, the top_k list for top_k). Partials are plain
 JSON-able data after :meth:`Agg.dump`, so a tier can keep them in RocksDB or Flink state and
-ship them on a changelog. Semantics (binding, see WINDOWS.md):
+ship them on a changelog. Semantics (binding, see docs/concepts/windows.md):
 
 - ``count``: events (with a field: events where it is not null); empty -> 0.
 - ``sum``/``avg``/``min``/``max``: over non-null values; empty -> 0 (sum) or NaN.

@@ -1,4 +1,4 @@
-"""The reference computation of WINDOWS.md: slow, obvious, and the oracle of every tier's tests.
+"""The reference computation of docs/concepts/windows.md: slow, obvious, and the oracle of every tier's tests.
 
 :func:`reference_values` evaluates a view over a list of events AS OF a time T, straight from
 the definition (no panes, no state): for each feature, B = floor(T / S) * S, keep the events of
@@ -107,7 +107,7 @@ def empty_values(view: ViewSpec) -> dict[str, Value]:
 
 
 def reference_values(view: ViewSpec, events: Iterable[Event], as_of_ms: int) -> dict[str, dict[str, Value]]:
-    """Per entity id, per feature name, the value AS OF ``as_of_ms`` (WINDOWS.md, literally).
+    """Per entity id, per feature name, the value AS OF ``as_of_ms`` (docs/concepts/windows.md, literally).
 
     ``events`` are accepted events (apply :func:`split_late` first for a streaming tier); events
     whose join key is null are skipped; duplicates (same event_id) count once. Only entities with

@@ -11,12 +11,12 @@ import logging
 from pathlib import Path
 
 from headwater.pipelines.store import OnlineStore
-from headwater.serving.artifact import ArtifactError
+from headwater.ranking.artifact import ArtifactError
+from headwater.ranking.features import BoundRegistry
+from headwater.ranking.reranker import Reranker, load_reranker
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import RedisRecentItems
-from headwater.serving.funnel.reranker import Reranker, load_reranker
 from headwater.serving.funnel.stages import FunnelParts
-from headwater.serving.registry import BoundRegistry
 from headwater.serving.runtime import LoadedModels
 
 log = logging.getLogger(__name__)

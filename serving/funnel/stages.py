@@ -15,7 +15,7 @@ seen       drops items served to the user within             ``kept_all`` (``sto
 rank       the ranking engine of ``/v1/rank`` (DCN through   the engine's own chain: ``linear``,
            its micro-batcher), keeps ``rank_keep``            ``popularity``, ``editorial``
 rerank     attention over recent clicks on the top           the DCN's order (``no_reranker``,
-           ``rerank_top`` (:mod:`.reranker`)                 ``no_model_scores``, ``reranker_error``)
+           ``rerank_top`` (headwater.ranking.reranker)       ``no_model_scores``, ``reranker_error``)
 rules      diversity by category, editorial pins             order kept, pins still placed
                                                              (``store_error``: no categories)
 ========== ================================================= =========================================
@@ -39,13 +39,13 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from headwater.ranking.features import BoundRegistry
+from headwater.ranking.reranker import Reranker
 from headwater.serving.engine import Ranked, RankingEngine, RankQuery
 from headwater.serving.fetch import RequestFeatures, assemble
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import Recent, RecentItems
-from headwater.serving.funnel.reranker import Reranker
 from headwater.serving.funnel.rules import apply_rules
-from headwater.serving.registry import BoundRegistry
 from headwater.serving.retrieval.retriever import Retriever
 from headwater.serving.store import FeatureReader, ViewRows, now_ms
 from headwater.serving.telemetry import LATENCY_BUCKETS, ROW_BUCKETS

@@ -1,8 +1,9 @@
 """Retrieval: from the whole catalog to a few hundred candidates for the ranker (issue 15 item 3).
 
-* :mod:`.towers`: the two-tower model (user tower, item tower, one unit-norm space) trained from
-  the ranker's point-in-time training set with in-batch sampled softmax.
-* :mod:`.artifact`: its versioned, pickle-free artifact (``two_tower-<content hash>.pt``).
+* :mod:`headwater.ranking.towers`: the two-tower model (user tower, item tower, one unit-norm space)
+  trained from the ranker's point-in-time training set with in-batch sampled softmax (re-exported here).
+* :mod:`headwater.ranking.tower_artifact`: its versioned, pickle-free artifact
+  (``two_tower-<content hash>.pt``; re-exported here).
 * :mod:`.index`: the item-embedding index (usearch HNSW, chosen by ``bench/bench_ann.py``) and an
   exact index for recall checks.
 * :mod:`.refresh`: the index built from the online item vectors in Redis and refreshed
@@ -20,13 +21,14 @@ from typing import Any
 # Exports load on first use: `headwater --help` imports this package for its `retrieval` command
 # and must not pay for torch and usearch (about 2 s) unless a retrieval command runs.
 _HOME = {
-    "TowerArtifact": "artifact", "load_towers": "artifact", "save_towers": "artifact",
+    "TowerArtifact": "headwater.ranking.tower_artifact", "load_towers": "headwater.ranking.tower_artifact",
+    "save_towers": "headwater.ranking.tower_artifact",
     "ExactIndex": "index", "ItemIndex": "index", "ItemIndexError": "index", "recall_at_k": "index",
     "IndexRefresher": "refresh", "RefreshReport": "refresh", "StoreItemSource": "refresh",
     "Retriever": "retriever", "TwoTowerRetriever": "retriever",
     "RetrievalRuntime": "runtime", "load_retrieval": "runtime",
-    "TowerOptions": "towers", "TowerReport": "towers", "TwoTowerModel": "towers",
-    "train_two_tower": "towers",
+    "TowerOptions": "headwater.ranking.towers", "TowerReport": "headwater.ranking.towers",
+    "TwoTowerModel": "headwater.ranking.towers", "train_two_tower": "headwater.ranking.towers",
 }  # fmt: skip
 
 
@@ -35,7 +37,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         msg = f"module {__name__!r} has no attribute {name!r}"
         raise AttributeError(msg)
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if module.startswith("headwater.") else f"{__name__}.{module}"
+    return getattr(importlib.import_module(path), name)
 
 
 __all__ = [

@@ -38,11 +38,11 @@ import numpy.typing as npt
 
 from headwater.pipelines.store import OnlineStore, ViewLayout, freshness_key
 from headwater.pipelines.store.layout import changes_key, key_prefix
+from headwater.ranking.features import SideViews
+from headwater.ranking.towers import TwoTowerModel
 from headwater.serving.fetch import assemble
 from headwater.serving.item_mirror import ItemMirror
-from headwater.serving.registry import SideViews
 from headwater.serving.retrieval.index import ItemIndexLike
-from headwater.serving.retrieval.towers import TwoTowerModel
 from headwater.serving.store import ViewRows, now_ms
 
 HEADER_SCRIPT = """

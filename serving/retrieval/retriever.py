@@ -15,10 +15,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from headwater.serving.accel import ranker_runtime
-from headwater.serving.onnx_scorer import OnnxBacked, OnnxTower
+from headwater.ranking.accel import ranker_runtime
+from headwater.ranking.onnx_scorer import OnnxBacked, OnnxTower
+from headwater.ranking.towers import TwoTowerModel
 from headwater.serving.retrieval.index import ItemIndexLike
-from headwater.serving.retrieval.towers import TwoTowerModel
 
 
 class Retriever(Protocol):
@@ -35,8 +35,8 @@ class TwoTowerRetriever(OnnxBacked[OnnxTower]):
     """User tower, then a maximum-inner-product search of the item index.
 
     On the CPU the user tower runs on ONNX Runtime when it is installed (exported from the loaded
-    weights at construction, :class:`~headwater.serving.onnx_scorer.OnnxTower`), else and on CUDA on
-    torch (``runtime`` overrides :func:`~headwater.serving.accel.ranker_runtime`, so
+    weights at construction, :class:`~headwater.ranking.onnx_scorer.OnnxTower`), else and on CUDA on
+    torch (``runtime`` overrides :func:`~headwater.ranking.accel.ranker_runtime`, so
     ``HEADWATER_RANKER_RUNTIME=torch`` sets both models). A failed export or ORT call is logged and
     counted in ``onnx_failures`` and torch embeds the user; after 3 failed calls in a row it stays on torch.
     """

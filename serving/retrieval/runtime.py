@@ -1,7 +1,7 @@
 """Everything the funnel's retrieval stage holds, loaded in one call and refreshed in the background.
 
 :func:`load_retrieval` loads the two-tower artifact, binds it to the applied registry (the same
-slot check as the ranker's, :func:`headwater.serving.artifact.check_binding`: same slots in any
+slot check as the ranker's, :func:`headwater.ranking.artifact.check_binding`: same slots in any
 order, another order mapped), builds the item index from the online store (the first refresh)
 and returns a :class:`RetrievalRuntime`; :meth:`RetrievalRuntime.start` looks every ``interval_s``
 seconds on a daemon thread until :meth:`RetrievalRuntime.stop`, and refreshes when an item view
@@ -22,10 +22,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from headwater.pipelines.store import OnlineStore, StoreError
-from headwater.serving.artifact import check_binding
+from headwater.ranking.artifact import check_binding
+from headwater.ranking.features import BoundRegistry
+from headwater.ranking.tower_artifact import TowerArtifact, load_towers
 from headwater.serving.item_mirror import ItemMirror
-from headwater.serving.registry import BoundRegistry
-from headwater.serving.retrieval.artifact import TowerArtifact, load_towers
 from headwater.serving.retrieval.index import ItemIndex
 from headwater.serving.retrieval.refresh import IndexRefresher, RefreshReport, StoreItemSource
 from headwater.serving.retrieval.retriever import TwoTowerRetriever

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from headwater.serving.registry import SideViews
+from headwater.ranking.features import SideViews
 from headwater.serving.retrieval.index import ItemIndex
 from headwater.serving.retrieval.refresh import IndexRefresher
 from headwater.serving.store import now_ms

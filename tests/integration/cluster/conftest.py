@@ -155,7 +155,7 @@ class ClusterJob:
         self, state: Path, names: Names, checkpoints: Path, log: Path, redis_url: str | None = None
     ) -> None:
         cmd = [
-            sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
+            sys.executable, "-m", "headwater.cli.realtime", "--state-dir", str(state),
             "--checkpoint-dir", str(checkpoints), "--source", "events", "--topic", f"events={names.topic}",
             "--dlq-topic", names.dlq, "--namespace", names.namespace, "--group-id", f"g-{names.namespace}",
             "--checkpoint-interval", "2", "--parallelism", "1", "--jobmanager", JOBMANAGER,

@@ -156,7 +156,7 @@ def assert_table_is_reference(spark: Any, world: World, name: str, events: list[
 def test_landing_offline_materialize_training_set_on_spark_standalone(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from headwater.pipelines.offline.cli import consistency, landing, materialize, offline, training_set
+    from headwater.cli.offline import consistency, landing, materialize, offline, training_set
     from headwater.pipelines.offline.session import offline_session
 
     for name in ("HEADWATER_KAFKA_BOOTSTRAP", "HEADWATER_DLQ_TOPIC", "HEADWATER_KAFKA_REPLICATION",

@@ -198,10 +198,10 @@ def test_installed_wheel_runs_a_repo_in_a_temp_folder(
 ) -> None:
     # The modules are the wheel's; the data files come from inside it, not from a checkout.
     probe = tool.python(
-        "import json, headwater, headwater.registry.cli, headwater.pipelines.jvm, headwater.serving.cli\n"
+        "import json, headwater, headwater.cli.main, headwater.pipelines.jvm, headwater.cli.serve\n"
         "from headwater.registry import resources\n"
-        "print(json.dumps({'path': list(headwater.__path__), 'files': [headwater.registry.cli.__file__,"
-        " headwater.pipelines.jvm.__file__, headwater.serving.cli.__file__],"
+        "print(json.dumps({'path': list(headwater.__path__), 'files': [headwater.cli.main.__file__,"
+        " headwater.pipelines.jvm.__file__, headwater.cli.serve.__file__],"
         " 'checkout': str(resources.checkout_root()), 'examples': str(resources.example_features()),"
         " 'jvm': str(resources.jvm_project())}))",
         cwd=tmp_path,

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
+from headwater.cli.registry import apply
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows.spec import compile_view
 from headwater.pipelines.windows.vector import view_layout
-from headwater.registry.commands import apply
 from headwater.registry.plans import read_plan
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "features"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from headwater.registry.commands import apply
+from headwater.cli.registry import apply
 from headwater.registry.plans import read_plan
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo
 

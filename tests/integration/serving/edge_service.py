@@ -26,10 +26,10 @@ from typing import Any
 
 import redis
 
+from headwater.ranking.features import load_registry
+from headwater.ranking.synthetic import make_world, write_world
 from headwater.serving.config import DEFAULT_POPULARITY
-from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, write_world
 
 ROOT = Path(__file__).resolve().parents[3]
 HEADWATER = str(Path(sys.executable).with_name("headwater"))

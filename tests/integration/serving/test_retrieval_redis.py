@@ -13,8 +13,9 @@ import redis
 
 from headwater.pipelines.store import OnlineStore, freshness_key
 from headwater.pipelines.store.layout import changes_key
+from headwater.ranking.features import BoundRegistry, registry_from_repo
+from headwater.ranking.synthetic import make_world, training_set, write_world
 from headwater.serving.config import ServingConfig
-from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.retrieval import (
     ExactIndex,
     IndexRefresher,
@@ -27,7 +28,6 @@ from headwater.serving.retrieval import (
     train_two_tower,
 )
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, training_set, write_world
 
 REGISTRY: BoundRegistry = registry_from_repo(
     Path(__file__).resolve().parents[3] / "features", ServingConfig().popularity

@@ -12,12 +12,12 @@ import pytest
 from headwater.pipelines.store import OnlineStore, freshness_key
 from headwater.pipelines.store.layout import changes_key
 from headwater.pipelines.store.testing import OwnRedis
-from headwater.serving.artifact import ArtifactError
+from headwater.ranking.artifact import ArtifactError
+from headwater.ranking.features import BoundRegistry, registry_from_repo
+from headwater.ranking.synthetic import make_world, small_registry, training_set, write_world
 from headwater.serving.config import ServingConfig
-from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.retrieval import TowerOptions, load_retrieval, save_towers, train_two_tower
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, small_registry, training_set, write_world
 
 REGISTRY: BoundRegistry = registry_from_repo(
     Path(__file__).resolve().parents[3] / "features", ServingConfig().popularity

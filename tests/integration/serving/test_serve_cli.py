@@ -19,11 +19,11 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
+from headwater.ranking.features import load_registry
+from headwater.ranking.synthetic import make_world, training_set, write_world
+from headwater.ranking.trainset import write_parquet
 from headwater.serving.config import DEFAULT_POPULARITY
-from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, training_set, write_world
-from headwater.serving.trainset import write_parquet
 
 ROOT = Path(__file__).resolve().parents[3]
 HEADWATER = str(Path(sys.executable).with_name("headwater"))

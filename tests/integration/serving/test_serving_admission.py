@@ -21,8 +21,8 @@ import grpc
 import httpx
 import pytest
 
+from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.client.transport import RANK_METHOD
-from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
 
 _spec = importlib.util.spec_from_file_location("edge_service", Path(__file__).with_name("edge_service.py"))
 assert _spec is not None

@@ -21,12 +21,12 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.feedback import FeedbackProducer, impression_events, kafka_sink_factory
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore, now_ms
-from headwater.serving.synthetic import small_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 

@@ -24,15 +24,15 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance
 
 from headwater.pipelines.store.testing import OwnRedis
+from headwater.ranking.features import BoundRegistry, registry_from_repo
+from headwater.ranking.synthetic import World, make_world, training_set, write_world
+from headwater.ranking.train import TrainOptions, train_and_save
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.build import build_funnel
-from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.retrieval import TowerOptions, save_towers, train_two_tower
 from headwater.serving.runtime import load_models
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import World, make_world, training_set, write_world
-from headwater.serving.train import TrainOptions, train_and_save
 
 CONFIG = ServingConfig(item_cache_ttl_s=0.0, default_deadline_ms=500.0)
 REGISTRY: BoundRegistry = registry_from_repo(

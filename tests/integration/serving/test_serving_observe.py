@@ -26,18 +26,18 @@ from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
+from headwater.cli.experiment import report as report_command
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
-from headwater.pipelines.offline.experiment_report import report as report_command
-from headwater.pipelines.offline.experiment_stats import RatioMoments, ratio_interval, sample_ratio_test
 from headwater.pipelines.offline.landing import Lander, LandingConfig
 from headwater.pipelines.offline.testing import behaviour
+from headwater.ranking.experiment_stats import RatioMoments, ratio_interval, sample_ratio_test
+from headwater.ranking.features import load_registry
+from headwater.ranking.synthetic import make_world, training_set, write_world
+from headwater.ranking.trainset import write_parquet
 from headwater.serving.config import DEFAULT_POPULARITY
 from headwater.serving.experiments import ArmConfig, Assigner, ExperimentConfig
 from headwater.serving.recording import read_records, read_topic_records
-from headwater.serving.registry import load_registry
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import make_world, training_set, write_world
-from headwater.serving.trainset import write_parquet
 
 ROOT = Path(__file__).resolve().parents[3]
 HEADWATER = str(Path(sys.executable).with_name("headwater"))

@@ -17,13 +17,13 @@ import redis
 import torch
 
 from headwater.pipelines.store.testing import OwnRedis
+from headwater.ranking.features import BoundRegistry, registry_from_repo
+from headwater.ranking.synthetic import World, make_world, training_set, write_world
+from headwater.ranking.train import TrainOptions, train_and_save
 from headwater.serving.app import create_app
 from headwater.serving.config import BatcherConfig, ServingConfig
-from headwater.serving.registry import BoundRegistry, registry_from_repo
 from headwater.serving.runtime import LoadedModels, load_models
 from headwater.serving.store import OnlineStoreReader, now_ms
-from headwater.serving.synthetic import World, make_world, training_set, write_world
-from headwater.serving.train import TrainOptions, train_and_save
 
 CONFIG = ServingConfig()
 REGISTRY: BoundRegistry = registry_from_repo(

@@ -28,16 +28,16 @@ import pytest
 from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
+from headwater.cli.skew import skew_command
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, day_start_ms, days
 from headwater.pipelines.offline.materialize import materialize
 from headwater.pipelines.offline.testing import HOUR_MS, behaviour, event, feature, view, write_plan
 from headwater.pipelines.store import OnlineStore
-from headwater.serving.registry import load_registry
-from headwater.serving.skew import skew_command
-from headwater.serving.synthetic import make_world, training_set
-from headwater.serving.train import TrainOptions, train_and_save
+from headwater.ranking.features import load_registry
+from headwater.ranking.synthetic import make_world, training_set
+from headwater.ranking.train import TrainOptions, train_and_save
 
 ROOT = Path(__file__).resolve().parents[3]
 HEADWATER = str(Path(sys.executable).with_name("headwater"))

@@ -18,21 +18,21 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.serve import model
 from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import BronzeTables, read_bronze, run_view
 from headwater.pipelines.offline.labels import derive_labels
 from headwater.pipelines.offline.lake import bronze_path, days
 from headwater.pipelines.offline.testing import DAY_MS, T0, event
-from headwater.pipelines.offline.training import build_training_set
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import RedisDictionary
+from headwater.ranking.features import bind_plans
+from headwater.ranking.training_set import build_training_set
+from headwater.ranking.trainset import read_parquet
 from headwater.registry.plans import build_plans, registry_hash
 from headwater.registry.tiers import TIER_NAMES
 from headwater.registry.validate import check_repo
-from headwater.serving.cli import model
-from headwater.serving.registry import bind_plans
 from headwater.serving.runtime import load_models
-from headwater.serving.trainset import read_parquet
 
 FEATURES = Path(__file__).resolve().parents[3] / "features"
 CATEGORIES = ("music", "books", "art", "tech")

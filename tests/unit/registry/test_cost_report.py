@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from headwater.registry.calibration import parse_calibration
-from headwater.registry.commands import check, features
-from headwater.registry.costs_cli import (
+from headwater.cli.costs import (
     costs,
     describe_lines,
     measured_cost,
     offline_reported_cost,
     reported_cost,
 )
+from headwater.cli.registry import check, features
+from headwater.registry.calibration import parse_calibration
 from headwater.registry.validate import check_repo
 
 

@@ -2,7 +2,7 @@
 
 The realtime operator subtasks write ``<state>/realtime/reported/stats-<source>-<group>-<subtask>.json``
 in the nearline workers' format (``ViewCpuStats``), plus the ``events`` each read; one reader serves
-both tiers (:func:`headwater.registry.costs_cli.reported_cost`).
+both tiers (:func:`headwater.cli.costs.reported_cost`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from headwater.registry.costs_cli import (
+from headwater.cli.costs import (
     REALTIME_FRESH_S,
     cost_report,
     describe_lines,
@@ -85,7 +85,7 @@ def test_check_json_carries_what_the_running_tiers_report(
 ) -> None:
     from click.testing import CliRunner
 
-    from headwater.registry.commands import check
+    from headwater.cli.registry import check
 
     monkeypatch.setenv("HEADWATER_STATE_DIR", str(tmp_path))
     now = 20_000.0

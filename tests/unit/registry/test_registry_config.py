@@ -216,7 +216,7 @@ def test_init_writes_a_repo_that_checks_and_refuses_to_overwrite(here: Path) -> 
 
 
 def test_cli_repo_option_drives_config_apply_and_the_state_folder(here: Path) -> None:
-    from headwater.registry.cli import main
+    from headwater.cli.main import main
 
     runner = CliRunner()
     made = runner.invoke(main, ["init", str(here / "mine")])
@@ -234,7 +234,7 @@ def test_cli_repo_option_drives_config_apply_and_the_state_folder(here: Path) ->
 
 
 def test_cli_reports_a_broken_config_before_any_work(here: Path) -> None:
-    from headwater.registry.cli import main
+    from headwater.cli.main import main
 
     path = write(here, "stat_dir: x\n")
     result = CliRunner().invoke(main, ["check"])

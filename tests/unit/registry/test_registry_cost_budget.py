@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.registry import check
 from headwater.registry import cost
 from headwater.registry.calibration import load_calibration, parse_calibration
-from headwater.registry.commands import check
 from headwater.registry.cost import SECONDS_PER_DAY, CostEstimate, estimate_view
 from headwater.registry.expr import parse
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo, line_of

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from headwater.registry.commands import check, features
+from headwater.cli.registry import check, features
 from headwater.registry.validate import check_repo
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headwater.registry.commands import check
+from headwater.cli.registry import check
 from headwater.registry.diagnostics import Diagnostic
 from headwater.registry.expr import MAX_NESTING, ExprError, from_json, parse, to_json
 from headwater.registry.expr_eval import evaluate

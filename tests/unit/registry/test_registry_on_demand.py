@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headwater.registry.commands import check
+from headwater.cli.registry import check
 from headwater.registry.expr import ExprError
 from headwater.registry.expr_value import (
     NUMBER,
@@ -361,7 +361,7 @@ def test_random_on_demand_files_end_in_diagnostics(scratch: ScratchRepo, doc: di
 
 
 def test_plan_lists_on_demand_views_against_the_applied_ones(repo: ScratchRepo, tmp_path: Path) -> None:
-    from headwater.registry.commands import apply, plan
+    from headwater.cli.registry import apply, plan
 
     state = tmp_path / "state"
     repo.write("pair_features.yaml", GOOD)
@@ -380,7 +380,7 @@ def test_plan_lists_on_demand_views_against_the_applied_ones(repo: ScratchRepo, 
 
 
 def test_features_list_and_describe_show_on_demand_views() -> None:
-    from headwater.registry.commands import features
+    from headwater.cli.registry import features
 
     listed = CliRunner().invoke(features, ["list", str(EXAMPLE)])
     assert listed.exit_code == 0, listed.output

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from headwater.cli.registry import plan
 from headwater.registry.apply import apply_repo
-from headwater.registry.commands import plan
 from headwater.registry.expr import from_json
 from headwater.registry.plans import SCHEMA_VERSION, read_plan
 from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo
@@ -17,7 +17,7 @@ from headwater.registry.testing import MINIMAL_VIEW, ScratchRepo
 def _apply(repo: ScratchRepo, state: Path) -> str:
     result = repo.check()
     assert result.ok, [d.format() for d in result.diagnostics.items]
-    return apply_repo(result, state, "redis://127.0.0.1:6379/0", "127.0.0.1:9092", feast=False).registry_hash
+    return apply_repo(result, state, "127.0.0.1:9092").registry_hash
 
 
 def test_plan_before_any_apply_adds_everything(repo: ScratchRepo, tmp_path: Path) -> None:

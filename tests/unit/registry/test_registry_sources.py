@@ -196,14 +196,14 @@ def test_incompatible_evolution_names_the_field_and_the_fix(repo: Repo, change: 
 def test_apply_refuses_to_drop_an_applied_schema_version(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "state"
     first = repo.check()
-    apply_repo(first, state, "redis://127.0.0.1:1/0", "127.0.0.1:1", feast=False)
+    apply_repo(first, state, "127.0.0.1:1")
     schema = _schema(repo)
     schema["fields"] = [*schema["fields"], {"name": "channel", "type": ["null", "string"], "default": None}]  # type: ignore[misc]
     _write_schema(repo, schema)
     second = repo.check()
     assert second.ok
     with pytest.raises(ApplyError, match=r"would drop schema version .*previous_schemas"):
-        apply_repo(second, state, "redis://127.0.0.1:1/0", "127.0.0.1:1", feast=False)
+        apply_repo(second, state, "127.0.0.1:1")
 
 
 OFFLINE_RATIO = """\

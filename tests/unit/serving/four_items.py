@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
 ITEMS = ["i0", "i1", "i2", "i3"]

@@ -18,12 +18,12 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance
 
+from headwater.ranking.model import LinearRanker
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
-from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
 U, ITEM_VIEW, P = REGISTRY.user.layouts[0], *REGISTRY.item.layouts

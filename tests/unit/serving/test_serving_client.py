@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from headwater.client.cli import item_range, rank
+from headwater.cli.client import item_range, rank
 
 
 def test_item_range_keeps_prefix_and_padding() -> None:

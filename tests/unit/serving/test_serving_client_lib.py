@@ -324,7 +324,7 @@ def test_the_client_package_imports_neither_torch_nor_fastapi() -> None:
     import sys
 
     code = (
-        "import sys, headwater.client, headwater.client.cli;"
+        "import sys, headwater.client, headwater.cli.client;"
         "print(sorted(m for m in ('torch', 'fastapi', 'numpy', 'uvicorn') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

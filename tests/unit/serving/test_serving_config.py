@@ -7,8 +7,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
+from headwater.ranking.model import pick_device
 from headwater.serving.config import BatcherConfig, ServingConfig
-from headwater.serving.model import pick_device
 from headwater.serving.runtime import configure_switch_interval
 
 

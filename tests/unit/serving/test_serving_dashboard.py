@@ -8,12 +8,12 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.recording import Recorder, RecordingConfig
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "infra" / "grafana" / "headwater.json"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from headwater.ranking.model import LinearRanker
 from headwater.serving.app import create_app
 from headwater.serving.config import BatcherConfig, ServingConfig
 from headwater.serving.engine import top_k
-from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
 

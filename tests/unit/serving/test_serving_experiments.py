@@ -14,14 +14,14 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
+from headwater.ranking.model import LinearRanker
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig, ServingConfigError, load_config
 from headwater.serving.experiments import ArmConfig, Assigner, ExperimentConfig, unit_hash
 from headwater.serving.feedback import FeedbackProducer
-from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
 U, ITEM_VIEW, P = REGISTRY.user.layouts[0], *REGISTRY.item.layouts

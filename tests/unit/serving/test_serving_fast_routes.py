@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from headwater.ranking.model import LinearRanker
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
-from headwater.serving.model import LinearRanker
 from headwater.serving.runtime import LoadedModels
 
 from .four_items import ITEMS, REGISTRY, four_item_store

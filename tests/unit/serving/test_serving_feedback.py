@@ -12,12 +12,12 @@ from fastapi.testclient import TestClient
 from kafka.errors import KafkaTimeoutError
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.feedback import EventSink, FeedbackProducer, impression_events
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore, now_ms
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a"]}, {"i": ["x"]}, "i.x")
 

@@ -9,9 +9,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 
 class Clock:

@@ -23,10 +23,11 @@ import torch
 from fastapi.testclient import TestClient
 
 from headwater.pipelines.store import ViewLayout
+from headwater.ranking.artifact import LATEST, save_artifact
+from headwater.ranking.model import DCNRanker
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
-from headwater.serving.artifact import LATEST, save_artifact
 from headwater.serving.config import ServingConfig
-from headwater.serving.model import DCNRanker
 from headwater.serving.runtime import LoadedModels, load_models
 from headwater.serving.store import (
     FeatureReadError,
@@ -35,7 +36,6 @@ from headwater.serving.store import (
     ReadPool,
     ViewRows,
 )
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x"]}, "i.x", registry_hash="sha256:" + "12" * 32)
 U, ITEM = REGISTRY.user.layouts[0], REGISTRY.item.layouts[0]

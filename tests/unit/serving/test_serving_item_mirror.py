@@ -9,9 +9,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.store import ViewRows
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a"]}, {"slow": ["x", "y"], "fast": ["z"]}, "slow.x")
 SIDE = dataclasses.replace(REGISTRY.item, freshness_s=(86_400.0, 10.0))

@@ -20,16 +20,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headwater.pipelines.offline.training import _on_demand_columns
+from headwater.ranking.artifact import ArtifactError, check_binding
+from headwater.ranking.features import BoundRegistry, bind_plans
+from headwater.ranking.on_demand import OnDemandBindingError, OnDemandProgram, slot_index
+from headwater.ranking.training_set import _on_demand_columns
+from headwater.ranking.trainset import TrainingSet, read_parquet, write_parquet
 from headwater.registry.plans import PlanView, TierPlan, build_plans, registry_hash
 from headwater.registry.validate import check_repo
 from headwater.serving import fetch as fetch_module
-from headwater.serving.artifact import ArtifactError, check_binding
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
-from headwater.serving.on_demand import OnDemandBindingError, OnDemandProgram, slot_index
-from headwater.serving.registry import BoundRegistry, bind_plans
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.trainset import TrainingSet, read_parquet, write_parquet
 
 FEATURES = Path(__file__).resolve().parents[3] / "features"
 AT_MS = 1_767_245_400_000  # 2026-01-01T05:30:00Z: hour 5, a Thursday
@@ -192,12 +192,12 @@ def test_a_ranker_trained_on_on_demand_features_serves_them(
     """Train on a training set with pair columns, load it as the service does, rank over HTTP."""
     from fastapi.testclient import TestClient
 
+    from headwater.ranking.synthetic import make_world, training_set, write_world
+    from headwater.ranking.train import TrainOptions, train_and_save
     from headwater.serving.app import create_app
     from headwater.serving.config import ServingConfig
     from headwater.serving.runtime import load_models
     from headwater.serving.store import now_ms
-    from headwater.serving.synthetic import make_world, training_set, write_world
-    from headwater.serving.train import TrainOptions, train_and_save
 
     reg, _ = bound
     assert reg.on_demand is not None
@@ -225,7 +225,7 @@ def test_the_training_set_writer_adds_pair_columns_from_its_packed_slots(
     bound: tuple[BoundRegistry, list[PlanView]], plans: list[TierPlan]
 ) -> None:
     """``_flatten`` (each Spark batch of ``headwater training-set``) writes ``pair.*`` after the slots."""
-    from headwater.pipelines.offline.training import LABEL_COLUMNS, _flatten
+    from headwater.ranking.training_set import LABEL_COLUMNS, _flatten
 
     reg, views = bound
     rng = np.random.default_rng(3)

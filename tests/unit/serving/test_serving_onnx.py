@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headwater.serving import accel
-from headwater.serving.accel import ONNXRUNTIME, TORCH, plan_for, ranker_runtime
+from headwater.ranking import accel
+from headwater.ranking.accel import ONNXRUNTIME, TORCH, plan_for, ranker_runtime
+from headwater.ranking.model import DCNRanker, NeuralScorer
+from headwater.ranking.onnx_scorer import ONNX_FAILURES_TO_DROP, OnnxRanker
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
-from headwater.serving.model import DCNRanker, NeuralScorer
-from headwater.serving.onnx_scorer import ONNX_FAILURES_TO_DROP, OnnxRanker
 from headwater.serving.runtime import LoadedModels
 
 from .four_items import ITEMS, REGISTRY, four_item_store

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.recording import (
@@ -27,7 +28,6 @@ from headwater.serving.recording import (
 from headwater.serving.replay import Outcome, summarise
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore, now_ms
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a"]}, {"i": ["x"]}, "i.x")
 

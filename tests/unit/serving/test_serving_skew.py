@@ -14,15 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headwater.pipelines.offline.skew_land import PredictionLandingError, predictions_path, row_of
-from headwater.pipelines.offline.skew_pit import Logged, compare, labels_table, load_scorers, parse_logged
+from headwater.ranking.skew_pit import Logged, compare, labels_table, load_scorers, parse_logged
+from headwater.ranking.synthetic import make_world, small_registry, training_set, write_world
+from headwater.ranking.train import TrainOptions, train_and_save
+from headwater.ranking.trainset import TrainingSet
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.runtime import load_models
 from headwater.serving.skew import PredictionLog, PredictionLogConfig
 from headwater.serving.store import InMemoryFeatureStore, now_ms
-from headwater.serving.synthetic import make_world, small_registry, training_set, write_world
-from headwater.serving.train import TrainOptions, train_and_save
-from headwater.serving.trainset import TrainingSet
 
 REGISTRY = small_registry({"u": ["a", "b", "c"]}, {"i": ["x", "y"], "p": ["clicks"]}, "p.clicks")
 
@@ -189,7 +189,7 @@ def test_any_bytes_land_as_one_row_and_only_json_objects_get_a_request_id(value:
 
 
 def test_the_demo_line_gives_each_version_and_the_features_that_differ_most() -> None:
-    from headwater.pipelines.offline.skew_pit import FeatureSkew, VersionSkew
+    from headwater.ranking.skew_pit import FeatureSkew, VersionSkew
     from headwater.serving.skew import summary_line
 
     same = [FeatureSkew("user.x", 10, 0, 0.0)]
@@ -207,8 +207,8 @@ def test_the_demo_line_gives_each_version_and_the_features_that_differ_most() ->
 def test_exit_2_when_no_figures_so_that_1_stays_the_verdict(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from headwater.pipelines.offline.experiment_report import report
-    from headwater.serving.skew import skew_command
+    from headwater.cli.experiment import report
+    from headwater.cli.skew import skew_command
 
     missing = str(tmp_path / "no-state")
     skew = CliRunner().invoke(skew_command, ["--state-dir", missing, "--topic", "t"])

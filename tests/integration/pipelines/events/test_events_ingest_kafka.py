@@ -21,7 +21,9 @@ import pytest
 from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from headwater.pipelines.events.cli import events
+from headwater.cli.events import events
+from headwater.cli.registry import apply
+from headwater.cli.topics import topics
 from headwater.pipelines.events.codec import (
     HEADER_PRODUCE_TS,
     HEADER_SCHEMA_FP,
@@ -29,8 +31,6 @@ from headwater.pipelines.events.codec import (
     EventCodec,
     parse_dead_letter,
 )
-from headwater.pipelines.topics import topics
-from headwater.registry.commands import apply
 from headwater.registry.plans import PlanSource, plan_path, read_plan
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "features"

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from headwater.pipelines.events.cli import events
+from headwater.cli.events import events
 from headwater.pipelines.events.codec import (
     HEADER_PRODUCE_TS,
     HEADER_SCHEMA_FP,

@@ -16,9 +16,9 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from headwater.cli.main import main
 from headwater.pipelines.freshness.html import LEFT, RIGHT, W
 from headwater.pipelines.store import OnlineStore, ViewLayout, epoch_ms
-from headwater.registry.cli import main
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 DRIVERS = ("chromedriver", "chromium-driver")

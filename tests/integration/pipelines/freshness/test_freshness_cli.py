@@ -16,10 +16,10 @@ import redis
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
+from headwater.cli.main import main
 from headwater.pipelines.freshness.metrics import FreshnessCollector
 from headwater.pipelines.freshness.report import plan_views
 from headwater.pipelines.store import OnlineStore, ViewLayout, epoch_ms
-from headwater.registry.cli import main
 
 REALTIME = ViewLayout(view="user_session_realtime", entity="user", features=("a",))  # SLA 5 s
 NEARLINE = ViewLayout(view="user_search_nearline", entity="user", features=("a",))  # SLA 5 min

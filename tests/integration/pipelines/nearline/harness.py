@@ -243,7 +243,7 @@ class Env:
         cmd = [
             sys.executable,
             "-m",
-            "headwater.pipelines.nearline.cli",
+            "headwater.cli.nearline",
             "--state-dir",
             str(self.tmp),
             "--store-dir",

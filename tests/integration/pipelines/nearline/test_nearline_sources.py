@@ -119,7 +119,7 @@ def test_payments_exact_after_repeated_kill_9_at_random_moments(example: tuple[h
 
 def test_an_unknown_source_is_refused_before_any_worker_starts(example: tuple[h.Env, TierPlan]) -> None:
     env, _ = example
-    cmd = [sys.executable, "-m", "headwater.pipelines.nearline.cli", "--state-dir", str(env.tmp)]
+    cmd = [sys.executable, "-m", "headwater.cli.nearline", "--state-dir", str(env.tmp)]
     done = subprocess.run(
         [*cmd, "--source", "payment"], env=env.env(), capture_output=True, text=True, timeout=120
     )

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.offline import consistency as consistency_cli
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.testing import Record as Rec
 from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.state import PartitionStore
 from headwater.pipelines.nearline.task import PartitionTask
 from headwater.pipelines.offline.bronze import append_events
-from headwater.pipelines.offline.cli import consistency as consistency_cli
 from headwater.pipelines.offline.consistency import check_view
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, feature_path

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from headwater.pipelines.offline.cli_import import import_cmd
+from headwater.cli.events_import import import_cmd
 from headwater.pipelines.offline.history import import_history, read_rejects
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, feature_path

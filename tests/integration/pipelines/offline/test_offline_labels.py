@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.labels import labels
 from headwater.pipelines.offline.bronze import append_events
-from headwater.pipelines.offline.cli_labels import labels
 from headwater.pipelines.offline.labels import LabelsError, derive_labels, write_labels
 from headwater.pipelines.offline.lake import DAY_MS, bronze_path
 from headwater.pipelines.offline.testing import T0, behaviour, event, write_plan
@@ -85,7 +85,7 @@ def test_labels_are_exact_and_slates_are_session_pages(spark: Any, lake: Path) -
 
 
 def test_labels_cli_writes_what_training_set_reads(spark: Any, lake: Path, tmp_path: Path) -> None:
-    from headwater.pipelines.offline.training import read_labels
+    from headwater.ranking.training_set import read_labels
 
     out = tmp_path / "labels.parquet"
     write_plan(tmp_path / "state", "offline", [])  # two sources: the one with behaviour fields is labelled

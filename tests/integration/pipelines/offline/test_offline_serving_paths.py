@@ -18,7 +18,6 @@ from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, days
 from headwater.pipelines.offline.materialize import materialize
 from headwater.pipelines.offline.testing import DAY_MS, HOUR_MS, T0, behaviour, event, feature, view
-from headwater.pipelines.offline.training import build_training_set, read_labels
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import (
     RedisDictionary,
@@ -27,7 +26,8 @@ from headwater.pipelines.windows import (
     to_vectors,
     view_layout,
 )
-from headwater.serving.trainset import read_parquet
+from headwater.ranking.training_set import build_training_set, read_labels
+from headwater.ranking.trainset import read_parquet
 
 REGISTRY = "sha256:" + "ab" * 32
 USERS = view("pit_user", "user", "user_id", [

@@ -13,10 +13,10 @@ from headwater.pipelines.offline.bronze import append_events
 from headwater.pipelines.offline.job import BronzeTables, read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, days
 from headwater.pipelines.offline.testing import DAY_MS, T0, behaviour, event, feature, view
-from headwater.pipelines.offline.training import build_training_set
 from headwater.pipelines.windows import compile_view, reference_values
 from headwater.pipelines.windows.reference import empty_values
-from headwater.serving.trainset import read_parquet
+from headwater.ranking.training_set import build_training_set
+from headwater.ranking.trainset import read_parquet
 
 REGISTRY = "sha256:" + "cd" * 32
 S = 1000
@@ -123,7 +123,7 @@ def test_every_row_of_a_slate_has_the_user_values_of_its_first_impression(spark:
 
 
 def test_labels_without_a_group_are_each_their_own_slate(spark: Any, tmp_path: Path) -> None:
-    from headwater.pipelines.offline.training import read_labels
+    from headwater.ranking.training_set import read_labels
 
     frame = labels(spark).drop("group")
     path = tmp_path / "labels.parquet"

@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaProducer
 
+from headwater.cli.offline import consistency, landing, materialize, offline
 from headwater.pipelines.events.codec import EventCodec
-from headwater.pipelines.offline.cli import consistency, landing, materialize, offline
 from headwater.pipelines.offline.job import read_bronze, run_view
 from headwater.pipelines.offline.lake import bronze_path, feature_path
 from headwater.pipelines.offline.source_columns import bronze_schema

@@ -151,7 +151,7 @@ class JobProcess:
             arg for name, topic in chosen.items() for arg in ("--source", name, "--topic", f"{name}={topic}")
         ]
         cmd = [
-            sys.executable, "-m", "headwater.pipelines.realtime.cli", "--state-dir", str(state),
+            sys.executable, "-m", "headwater.cli.realtime", "--state-dir", str(state),
             "--checkpoint-dir", str(checkpoints), *picks, "--dlq-topic", names.dlq,
             "--namespace", names.namespace, "--group-id", f"g-{names.namespace}",
             "--checkpoint-interval", "2", "--parallelism", "1", *extra,

@@ -35,13 +35,13 @@ from headwater.pipelines.windows import (
     to_vectors,
     view_layout,
 )
+from headwater.ranking.synthetic import small_registry
 from headwater.registry.plans import TierPlan
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 from .conftest import JobProcess, Names, expected_vectors, read_store, wait_for
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.costs import costs
 from headwater.pipelines.realtime.program import StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import check_plan
-from headwater.registry.costs_cli import costs
 from headwater.registry.plans import TierPlan
 
 from .conftest import Feed, JobProcess, Names, event, wait_for

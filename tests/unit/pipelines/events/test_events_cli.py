@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from headwater.pipelines.events.cli import events
+from headwater.cli.events import events
+from headwater.cli.registry import apply
 from headwater.pipelines.events.producer import ProducerSettings, ProduceStats
 from headwater.pipelines.events.tail import TailSummary
-from headwater.registry.commands import apply
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "features"
 
@@ -149,7 +149,7 @@ def test_a_missing_or_unreadable_file_is_named_before_connecting(applied: Path, 
 
 
 def test_the_behaviour_generator_serves_the_behaviour_schema_only(applied: Path) -> None:
-    from headwater.pipelines.events.cli import _is_behaviour
+    from headwater.cli.events import _is_behaviour
     from headwater.registry.plans import read_plan
 
     sources = {s.name: s for s in read_plan(applied, "offline").sources}

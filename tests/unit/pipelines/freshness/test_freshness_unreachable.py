@@ -8,9 +8,9 @@ import redis
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from headwater.cli.main import main
 from headwater.pipelines.freshness.metrics import FreshnessCollector
 from headwater.pipelines.freshness.report import FreshnessTarget
-from headwater.registry.cli import main
 from headwater.registry.plans import build_plans, plan_path
 from headwater.registry.validate import check_repo
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.registry import describe
 from headwater.pipelines.nearline.versions import short_history
-from headwater.registry.commands import describe
 
 ROOT = Path(__file__).resolve().parents[4]
 

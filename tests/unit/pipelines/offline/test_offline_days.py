@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import click
 import pytest
 
-from headwater.pipelines.offline.cli import _days
+from headwater.cli.offline import _days
 
 
 def test_default_is_yesterday_and_a_backfill_lists_every_day() -> None:

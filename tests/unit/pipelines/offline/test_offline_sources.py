@@ -137,11 +137,11 @@ def test_an_import_row_is_landed_valid_or_rejected_with_its_line(row: dict[str, 
 def test_landing_lands_every_source_of_the_plan_or_the_ones_named(tmp_path: Any) -> None:
     import click
 
-    from headwater.pipelines.offline.cli import _plan, _sources
+    from headwater.cli.offline import _sources, tier_plan
     from headwater.pipelines.offline.testing import write_plan
 
     write_plan(tmp_path, "offline", [])
-    plan = _plan(tmp_path, "offline")
+    plan = tier_plan(tmp_path, "offline")
     assert [s.name for s in _sources(plan, ())] == ["events", "payments"]
     assert [s.name for s in _sources(plan, ("payments",))] == ["payments"]
     with pytest.raises(

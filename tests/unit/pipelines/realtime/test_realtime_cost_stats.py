@@ -5,7 +5,7 @@ example registry's realtime program of the behaviour events: its ``user_id`` gro
 ``user_dwell_realtime`` (3 features) and ``user_session_realtime`` (6 features). Given timings (not
 measured ones) must be split exactly by the views' feature operations; measured ones (events folded
 by the real ``Aggregator``) must add up to the total and favour the view with more features; the file
-each subtask writes is what ``headwater costs`` reads (:func:`headwater.registry.costs_cli.reported_cost`).
+each subtask writes is what ``headwater costs`` reads (:func:`headwater.cli.costs.reported_cost`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from headwater.cli.costs import REALTIME_REPORTED_HOW, reported_cost
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import check_plan
-from headwater.registry.costs_cli import REALTIME_REPORTED_HOW, reported_cost
 from headwater.registry.plans import TierPlan, read_plan
 
 from .jvm_check import run_driver

@@ -238,7 +238,7 @@ def test_the_lost_state_report_names_every_view_and_its_window() -> None:
 def test_conf_pairs_parse_key_value_and_name_the_form() -> None:
     import click
 
-    from headwater.pipelines.realtime.cli import _conf_pairs
+    from headwater.cli.realtime import _conf_pairs
 
     pairs = _conf_pairs(("execution.checkpointing.unaligned.enabled=true", "a.b = 2 s"))
     assert pairs == (("execution.checkpointing.unaligned.enabled", "true"), ("a.b", "2 s"))

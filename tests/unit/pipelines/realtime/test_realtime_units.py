@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 import pytest
 
+from headwater.cli.realtime import _topic_overrides
 from headwater.pipelines.events.codec import MAX_EVENT_BYTES, MAX_STRING_CHARS
-from headwater.pipelines.realtime.cli import _topic_overrides
 from headwater.pipelines.realtime.decode import decoder_config, event_columns, id_fields
 from headwater.pipelines.realtime.program import RealtimeProgram, StoreTarget, compile_program
 from headwater.pipelines.realtime.sql import (

@@ -1,4 +1,4 @@
-"""WINDOWS.md semantics on scripted events, for every aggregation, and incremental == reference."""
+"""docs/concepts/windows.md semantics on scripted events, every aggregation; incremental == reference."""
 
 from __future__ import annotations
 

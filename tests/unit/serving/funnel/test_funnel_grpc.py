@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import httpx
 
+from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.grpc_server import GrpcEdge
-from headwater.serving.proto.headwater.v1 import ranking_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling test's in-memory service
 from test_funnel_stages import FakeRetriever, app_client

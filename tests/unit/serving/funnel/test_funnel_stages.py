@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
 from headwater.serving.funnel.config import FunnelConfig
@@ -21,7 +22,6 @@ from headwater.serving.funnel.rules import apply_rules
 from headwater.serving.funnel.stages import FunnelParts
 from headwater.serving.runtime import LoadedModels
 from headwater.serving.store import InMemoryFeatureStore
-from headwater.serving.synthetic import small_registry
 
 REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"]}, "i.x")
 U, ITEM_VIEW = REGISTRY.user.layouts[0], REGISTRY.item.layouts[0]

@@ -15,11 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headwater.serving.accel import ONNXRUNTIME, RUNTIME_ENV, TORCH
-from headwater.serving.onnx_scorer import ONNX_FAILURES_TO_DROP, OnnxTower
+from headwater.ranking.accel import ONNXRUNTIME, RUNTIME_ENV, TORCH
+from headwater.ranking.onnx_scorer import ONNX_FAILURES_TO_DROP, OnnxTower
+from headwater.ranking.towers import TwoTowerModel
 from headwater.serving.retrieval.index import ExactIndex
 from headwater.serving.retrieval.retriever import TwoTowerRetriever
-from headwater.serving.retrieval.towers import TwoTowerModel
 
 pytest.importorskip("onnxruntime")
 

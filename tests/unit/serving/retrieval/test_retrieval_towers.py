@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from headwater.pipelines.store import ViewLayout
-from headwater.serving.artifact import ArtifactError
+from headwater.ranking.artifact import ArtifactError
+from headwater.ranking.features import BoundRegistry, SideViews
+from headwater.ranking.synthetic import make_world, small_registry, training_set
+from headwater.ranking.towers import in_batch_loss
+from headwater.ranking.trainset import TrainingFileError, TrainingSet
 from headwater.serving.item_mirror import ItemMirror
-from headwater.serving.registry import BoundRegistry, SideViews
 from headwater.serving.retrieval import (
     ExactIndex,
     IndexRefresher,
@@ -25,10 +28,7 @@ from headwater.serving.retrieval import (
     train_two_tower,
 )
 from headwater.serving.retrieval.refresh import FeedPosition
-from headwater.serving.retrieval.towers import in_batch_loss
 from headwater.serving.store import ViewRows
-from headwater.serving.synthetic import make_world, small_registry, training_set
-from headwater.serving.trainset import TrainingFileError, TrainingSet
 
 REGISTRY: BoundRegistry = small_registry(
     {"u_a": ["c1", "c2", "c3", "s1:sum"], "u_b": ["c4", "c5"]},
@@ -334,8 +334,8 @@ def test_cli_trains_saves_and_keeps_the_rankers_latest_entries(tmp_path: Path) -
 
     from click.testing import CliRunner
 
-    from headwater.serving.retrieval.cli import retrieval
-    from headwater.serving.trainset import write_parquet
+    from headwater.cli.retrieval import retrieval
+    from headwater.ranking.trainset import write_parquet
 
     world = make_world(REGISTRY, users=100, items=200, seed=3)
     write_parquet(training_set(REGISTRY, world, slates=600, seed=3), tmp_path / "ts.parquet")

@@ -12,7 +12,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 
 /**
  * The time one {@link ViewOperator} subtask spends on each view of its group, for {@code headwater
- * costs} (registry/costs_cli.py {@code tier_reported}: the realtime job's {@code reported} CPU).
+ * costs} (cli/costs.py {@code tier_reported}: the realtime job's {@code reported} CPU).
  *
  * <p>The operator times each event's fold ({@link #added}: reading the entity's state, {@link
  * Aggregator#add}, scheduling, the values it emits) and each run of fires ({@link #fired}) with

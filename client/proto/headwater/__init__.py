@@ -1,0 +1,1 @@
+"""Generated code of the headwater.* proto packages (see ``client/proto/generate.py``)."""

@@ -1,1 +1,0 @@
-"""Generated code of the headwater.* proto packages (see ``serving/proto/generate.py``)."""
