@@ -45,7 +45,7 @@ from headwater.serving.engine import Ranked, RankingEngine, RankQuery
 from headwater.serving.fetch import RequestFeatures, assemble
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import Recent, RecentItems
-from headwater.serving.funnel.rules import apply_rules
+from headwater.serving.funnel.rules import RulesOutcome, apply_rules
 from headwater.serving.retrieval.retriever import Retriever
 from headwater.serving.store import FeatureReader, ViewRows, now_ms
 from headwater.serving.telemetry import LATENCY_BUCKETS, ROW_BUCKETS
@@ -207,13 +207,40 @@ class Funnel:
         """Run the funnel for ``query`` with ``engine`` (the /v1/rank engine: DCN, batcher, fallbacks).
 
         Never raises for a stage's failure (each falls back); ``QueueFullError`` from the engine is
-        passed on (the caller answers 429), as for ``/v1/rank``.
+        passed on (the caller answers 429), as for ``/v1/rank``. Each stage appends its report.
         """
-        cfg = self.config
         started = time.perf_counter()
         stages: list[StageReport] = []
-
         # 1. retrieve (with the context reads it needs)
+        ids, user_rows, recent, seen_reason = await self._retrieve(query, stages)
+        # 2. drop what the user was shown within the window
+        t0 = time.perf_counter()
+        fresh = [i for i in ids if i not in recent.seen][: self.config.retrieve_n]
+        stages.append(self._stage("seen", t0, len(fresh), "kept_all" if seen_reason else None, seen_reason))
+        # 3. rank with the engine (and read the click vectors for the re-ranker meanwhile)
+        ranked, clicks = await self._rank(engine, query, fresh, recent, user_rows, started, stages)
+        order = [i for i, _ in ranked.items] if ranked else []
+        scores: dict[str, float] = dict(ranked.items) if ranked else {}
+        # 4. re-rank the top with the sequence model
+        order = self._rerank_top(query, ranked, fresh, order, scores, clicks, stages)
+        # 5. business rules
+        outcome, category = await self._rules(query, order, stages)
+
+        latency = time.perf_counter() - started
+        self.metrics.latency.observe(latency)
+        items = [(i, scores.get(i), category.get(i)) for i in outcome.items]
+        version = self._retrieval_version() if self._retrieval_version else None
+        rerank_version = self.reranker.version if self.reranker is not None else None
+        return Recommended(items, stages, ranked, round(latency * 1000.0, 3), rerank_version, version)
+
+    async def _retrieve(
+        self, query: RecommendQuery, stages: list[StageReport]
+    ) -> tuple[list[str], list[ViewRows] | None, Recent, str | None]:
+        """Stage 1: the user's context, then candidates (popularity, then editorial, when it fails).
+
+        Returns the candidate ids, the user's rows (None when unread), the recent items and the seen
+        stage's reason (``store_error`` when the recent items could not be read).
+        """
         t0 = time.perf_counter()
         user_vec: npt.NDArray[np.float32] | None = None
         user_rows: list[ViewRows] | None = None
@@ -235,36 +262,53 @@ class Funnel:
             recent, seen_reason = _NO_RECENT, "store_error"
         else:
             recent = got_recent
-        want = cfg.retrieve_n + len(recent.seen)
+        want = self.config.retrieve_n + len(recent.seen)
         ids: list[str] = []
         if reason is None:
-            if self.retriever is None:
-                reason = "no_retriever"
-            elif user_vec is None:
-                reason = "missing_user_features"
-            else:
-                try:
-                    ids = (await self._call(self.retriever.retrieve, user_vec, want))[0]
-                except Exception:
-                    log.exception("retrieval for %r failed; popularity candidates instead", query.user_id)
-                    reason = "retrieval_error"
+            ids, reason = await self._retrieved(query.user_id, user_vec, want)
         fallback = None
         if reason is not None:
-            fallback = "popularity"
-            try:
-                ids = await self._call(self.recent.popular, want)
-            except Exception as exc:
-                log.warning("popular items could not be read: %s", exc)
-            if not ids:
-                fallback, ids = "editorial", list(self.editorial)
+            fallback, ids = await self._fallback_candidates(want)
         stages.append(self._stage("retrieve", t0, len(ids), fallback, reason))
+        return ids, user_rows, recent, seen_reason
 
-        # 2. drop what the user was shown within the window
-        t0 = time.perf_counter()
-        fresh = [i for i in ids if i not in recent.seen][: cfg.retrieve_n]
-        stages.append(self._stage("seen", t0, len(fresh), "kept_all" if seen_reason else None, seen_reason))
+    async def _retrieved(
+        self, user_id: str, user_vec: npt.NDArray[np.float32] | None, want: int
+    ) -> tuple[list[str], str | None]:
+        """Return the retriever's ids for the user, or none and the reason it could not answer."""
+        if self.retriever is None:
+            return [], "no_retriever"
+        if user_vec is None:
+            return [], "missing_user_features"
+        try:
+            return (await self._call(self.retriever.retrieve, user_vec, want))[0], None
+        except Exception:
+            log.exception("retrieval for %r failed; popularity candidates instead", user_id)
+            return [], "retrieval_error"
 
-        # 3. rank with the engine (and read the click vectors for the re-ranker meanwhile)
+    async def _fallback_candidates(self, want: int) -> tuple[str, list[str]]:
+        """Return the fallback that answered (popularity, else editorial) and its ids."""
+        ids: list[str] = []
+        try:
+            ids = await self._call(self.recent.popular, want)
+        except Exception as exc:
+            log.warning("popular items could not be read: %s", exc)
+        if not ids:
+            return "editorial", list(self.editorial)
+        return "popularity", ids
+
+    async def _rank(
+        self,
+        engine: RankingEngine,
+        query: RecommendQuery,
+        fresh: list[str],
+        recent: Recent,
+        user_rows: list[ViewRows] | None,
+        started: float,
+        stages: list[StageReport],
+    ) -> tuple[Ranked | None, RequestFeatures | None]:
+        """Stage 3: rank ``fresh`` with the engine; the click vectors are read meanwhile."""
+        cfg = self.config
         t0 = time.perf_counter()
         ranked: Ranked | None = None
         clicks: RequestFeatures | None = None
@@ -289,18 +333,28 @@ class Funnel:
                     clicks = await click_task
                 except Exception as exc:
                     log.warning("click vectors of %r could not be read: %s", query.user_id, exc)
-        order = [i for i, _ in ranked.items] if ranked else []
-        scores: dict[str, float] = dict(ranked.items) if ranked else {}
+        candidates = len(ranked.items) if ranked else 0
         stages.append(
-            self._stage("rank", t0, len(order), ranked.fallback if ranked else "editorial",
+            self._stage("rank", t0, candidates, ranked.fallback if ranked else "editorial",
                         ranked.fallback_reason if ranked else ("no_candidates" if not fresh else None))
         )  # fmt: skip
+        return ranked, clicks
 
-        # 4. re-rank the top with the sequence model
+    def _rerank_top(
+        self,
+        query: RecommendQuery,
+        ranked: Ranked | None,
+        fresh: list[str],
+        order: list[str],
+        scores: dict[str, float],
+        clicks: RequestFeatures | None,
+        stages: list[StageReport],
+    ) -> list[str]:
+        """Stage 4: re-order the top of ``order`` (``scores`` updated in place); return the new order."""
         t0 = time.perf_counter()
-        top = order[: cfg.rerank_top]
+        top = order[: self.config.rerank_top]
         why = None
-        if cfg.rerank_top == 0:
+        if self.config.rerank_top == 0:
             why = "off"
         elif self.reranker is None:
             why = "no_reranker"
@@ -317,13 +371,20 @@ class Funnel:
                 log.exception("the re-ranker failed for %r; keeping the DCN's order", query.user_id)
                 why = "reranker_error"
         stages.append(self._stage("rerank", t0, len(top), "dcn_order" if why else None, why))
+        return order
 
-        # 5. business rules, over a head of the order: diversity takes k items from the first few
-        # dozen; only when it had to relax the cap is the next part read (the answer is the same as
-        # over the whole order, for a fraction of the category reads).
+    async def _rules(
+        self, query: RecommendQuery, order: list[str], stages: list[StageReport]
+    ) -> tuple[RulesOutcome, dict[str, str | None]]:
+        """Stage 5: the business rules over a head of the order; returns their outcome and categories.
+
+        Diversity takes k items from the first few dozen; only when it had to relax the cap is the
+        next part read (the answer is the same as over the whole order, for a fraction of the
+        category reads).
+        """
         t0 = time.perf_counter()
         why = None
-        pins = cfg.pins
+        pins = self.config.pins
         category: dict[str, str | None] = {}
         head = RULES_HEAD_PER_K * query.k
         while True:
@@ -337,19 +398,15 @@ class Funnel:
                 log.warning("categories could not be read: %s", exc)
                 cats, why = [None] * len(wanted), "store_error"
             category.update(zip(wanted, cats, strict=True))
-            outcome = apply_rules(part, [category[i] for i in part], query.k, cfg.max_per_category, pins)
+            outcome = apply_rules(
+                part, [category[i] for i in part], query.k, self.config.max_per_category, pins
+            )
             short = outcome.relaxed > 0 or len(outcome.items) < query.k  # the cap met, or too few
             if not short or head >= len(order) or why:
                 break
             head *= 4
         stages.append(self._stage("rules", t0, len(outcome.items), "no_diversity" if why else None, why))
-
-        latency = time.perf_counter() - started
-        self.metrics.latency.observe(latency)
-        items = [(i, scores.get(i), category.get(i)) for i in outcome.items]
-        version = self._retrieval_version() if self._retrieval_version else None
-        rerank_version = self.reranker.version if self.reranker is not None else None
-        return Recommended(items, stages, ranked, round(latency * 1000.0, 3), rerank_version, version)
+        return outcome, category
 
     def _rerank(
         self,
