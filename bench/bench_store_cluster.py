@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="headwater-bench-cluster-"))
     base = free_base(22000)
-    env = {**os.environ, "HEADWATER_STATE_DIR": str(state), "HEADWATER_REDIS_CLUSTER_PORT": str(base)}
+    env = {**os.environ, "HEADWATER_SERVICES_DIR": str(state), "HEADWATER_REDIS_CLUSTER_PORT": str(base)}
     single_port = free_base(base + 100)
     single_dir = state / "single"
     single_dir.mkdir()

@@ -67,7 +67,7 @@ class Broker:
         self.bootstrap = f"127.0.0.1:{port}"
         self.env = {
             **os.environ,
-            "HEADWATER_STATE_DIR": str(state),
+            "HEADWATER_SERVICES_DIR": str(state),
             "HEADWATER_KAFKA_PORT": str(port),
             "HEADWATER_KAFKA_CONTROLLER_PORT": str(free_port()),
             "HEADWATER_KAFKA_BOOTSTRAP": self.bootstrap,

@@ -36,7 +36,7 @@ from headwater.registry.cost import (
     job_share,
     view_shape,
 )
-from headwater.registry.tiers import TIERS
+from headwater.registry.tiers import TIER_NAMES, TIERS
 
 NOT_REPORTED = "the calibration run's figure for this view alone (running tiers: see `reported`)"
 
@@ -292,7 +292,7 @@ def describe_lines(view: CompiledView, result: CheckResult, stats_root: Path | N
     ``stats_root``: the nearline workers' stats (``None``: ``<state>/nearline``; the other tiers' reports
     are beside it).
     """
-    if stats_root is None and view.tier in ("nearline", "realtime", "offline"):
+    if stats_root is None and view.tier in TIER_NAMES:
         stats_root = reported_root()
     rep = cost_report(view, result, stats_root)
     est, basis, fp, meas = rep["estimate"], rep["basis"], rep["footprint"], rep["measured"]

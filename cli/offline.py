@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from headwater.registry.config import state_dir as resolved_state_dir
+from headwater.registry.tiers import TIER_NAMES
 
 if TYPE_CHECKING:
     from headwater.pipelines.store import OnlineStore
@@ -27,7 +28,7 @@ STATE = click.option("--state-dir", type=click.Path(path_type=Path), default=Non
 MASTER = click.option(
     "--master", default=None, help="Spark master (default local[2]; a cluster URL scales out)."
 )
-TIERS = click.Choice(["offline", "nearline", "realtime"])
+TIER_CHOICE = click.Choice(TIER_NAMES)
 REDIS = click.option(
     "--redis-url", default=None, help="Online store (default: HEADWATER_REDIS_URL or local Redis)."
 )
@@ -163,7 +164,7 @@ def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
 @click.option(
     "--backfill", nargs=2, default=None, metavar="FROM TO", help="Every day from FROM to TO inclusive."
 )
-@click.option("--tier", type=TIERS, default="offline", show_default=True,
+@click.option("--tier", type=TIER_CHOICE, default="offline", show_default=True,
               help="Whose views to compute (any tier's view can be backfilled).")  # fmt: skip
 @click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
 @click.option("--chunk-days", type=click.IntRange(min=1), default=7, show_default=True)
@@ -231,7 +232,7 @@ def training_set(
     from headwater.ranking.training_set import TrainingSetError, build_training_set, read_labels
 
     plan = tier_plan(state_dir, "offline")
-    every = [v for tier in ("realtime", "nearline", "offline") for v in tier_views(state_dir, tier)]
+    every = [v for tier in TIER_NAMES for v in tier_views(state_dir, tier)]
     views = _views(plan.model_copy(update={"views": every}), view_names)
     root = lake_root(lake)
     store = online_store(redis_url)
@@ -263,7 +264,7 @@ def online_store(redis_url: str | None, namespace: str | None = None) -> OnlineS
 
 
 @click.command("materialize")
-@click.option("--tier", type=TIERS, default="offline", show_default=True)
+@click.option("--tier", type=TIER_CHOICE, default="offline", show_default=True)
 @click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
 @LAKE
 @STATE
@@ -294,7 +295,7 @@ def materialize(
 
 
 @click.command("consistency")
-@click.option("--tier", "tiers", multiple=True, type=TIERS,
+@click.option("--tier", "tiers", multiple=True, type=TIER_CHOICE,
               help="Tiers whose views to check (default: realtime and nearline).")  # fmt: skip
 @click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
 @click.option(

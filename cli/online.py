@@ -17,8 +17,7 @@ from headwater.cli.options import STATE_HELP, resolved_state_dir
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store.layout import ViewLayout
 from headwater.pipelines.store.store import OnlineStore, epoch_ms
-
-TIERS = ("realtime", "nearline", "offline")
+from headwater.registry.tiers import TIER_NAMES
 
 
 def applied_layout(state_dir: Path, view: str) -> ViewLayout:
@@ -32,7 +31,7 @@ def applied_layout(state_dir: Path, view: str) -> ViewLayout:
     from headwater.registry.plans import read_plan
 
     known: list[str] = []
-    for tier in TIERS:
+    for tier in TIER_NAMES:
         try:
             plan = read_plan(state_dir, tier)
         except FileNotFoundError as err:

@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from headwater.cli.offline import LAKE, MASTER, NAMESPACE, REDIS, STATE
-from headwater.serving.skew import DEFAULT_THRESHOLD, DEFAULT_TOPIC, summary_line
+from headwater.ranking.skew_pit import DEFAULT_THRESHOLD
+from headwater.registry.tiers import TIER_NAMES
+from headwater.serving.skew import DEFAULT_TOPIC, summary_line
 
 
 @click.command("skew")
@@ -79,7 +81,7 @@ def skew_command(
         plan = tier_plan(state_dir, "offline")
     except click.ClickException as exc:
         raise NotComputed(exc.message) from exc
-    views = [v for tier in ("realtime", "nearline", "offline") for v in tier_views(state_dir, tier)]
+    views = [v for tier in TIER_NAMES for v in tier_views(state_dir, tier)]
     root = lake_root(lake)
     scorers, notes = load_scorers(models)
     if not scorers:

@@ -9,14 +9,14 @@
 #     (REST on $HEADWATER_FLINK_REST_PORT, 8281) and 2 TaskManagers with 2 slots each;
 #   - a Spark standalone master (spark://HOST:$HEADWATER_SPARK_MASTER_PORT, 7077) and one worker
 #     (2 cores, 2g) from the pyspark package.
-# State, generated configs and logs live under $HEADWATER_STATE_DIR/cluster (infra/state/cluster).
+# State, generated configs and logs live under $HEADWATER_SERVICES_DIR/cluster (infra/state/cluster).
 # down stops only the processes this script started (common.sh owned_pid/stop_owned), Redis Cluster
 # included; the shared single-node Kafka (9092) and Redis (6379) are never touched.
 # Single parts, for the failure tests: `infra/cluster.sh start|stop NAME` (NAME: flink-jm, flink-tm1,
 # flink-tm2, spark-master, spark-worker, kafka-1, kafka-2, kafka-3).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-STATE_DIR="$STATE_DIR/cluster"
+SERVICES_DIR="$SERVICES_DIR/cluster"
 TEMPLATES="$INFRA_DIR/cluster"
 SITE="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 FLINK_DIST="$SITE/pyflink"
@@ -33,7 +33,7 @@ KAFKA_BOOTSTRAP="$HOST:$KAFKA_BASE,$HOST:$((KAFKA_BASE + 1)),$HOST:$((KAFKA_BASE
 # launch NAME CMD...: run CMD in its own session (setsid: a test's kill of its process group never
 # reaches it), output to NAME's log, pid recorded for owned_pid (every command names its state folder).
 launch() {
-  local name=$1 dir="$STATE_DIR/$1"
+  local name=$1 dir="$SERVICES_DIR/$1"
   shift
   # cwd = the state folder: owned_pid's proof while a launcher script runs, before its exec of java
   (cd "$dir" && exec setsid "$@") > "$dir/$name.out" 2>&1 < /dev/null &
@@ -53,11 +53,11 @@ wait_for() {  # wait_for NAME SECONDS CHECK...: until CHECK succeeds, or die if 
   local name=$1 seconds=$2 i
   shift 2
   for i in $(seq 1 $((seconds * 2))); do
-    owned_pid "$name" >/dev/null || die "$name exited during start; see $STATE_DIR/$name/"
+    owned_pid "$name" >/dev/null || die "$name exited during start; see $SERVICES_DIR/$name/"
     "$@" && return 0
     sleep 0.5
   done
-  die "$name not healthy within $seconds s; see $STATE_DIR/$name/"
+  die "$name not healthy within $seconds s; see $SERVICES_DIR/$name/"
 }
 
 # ---------------------------------------------------------------- Kafka (3 KRaft nodes)
@@ -68,7 +68,7 @@ kafka_healthy() {
 }
 
 start_kafka_node() {
-  local n=$1 name="kafka-$1" dir="$STATE_DIR/kafka-$1" voters="" i
+  local n=$1 name="kafka-$1" dir="$SERVICES_DIR/kafka-$1" voters="" i
   if owned_pid "$name" >/dev/null; then return 0; fi
   port_open "$(kafka_port "$n")" && die "port $(kafka_port "$n") is taken; set HEADWATER_KAFKA_CLUSTER_PORT"
   mkdir -p "$dir/data"
@@ -80,10 +80,10 @@ start_kafka_node() {
   local java_opts=(-Xms128m -Xmx384m -XX:+UseG1GC -Djava.awt.headless=true
                    "-Dlog4j2.configurationFile=$dir/log4j2.yaml" "-Dkafka.logs.dir=$dir")
   if [ ! -f "$dir/data/meta.properties" ]; then
-    [ -f "$STATE_DIR/kafka.cluster-id" ] \
-      || tr -d '-' < /proc/sys/kernel/random/uuid | head -c 22 > "$STATE_DIR/kafka.cluster-id"
+    [ -f "$SERVICES_DIR/kafka.cluster-id" ] \
+      || tr -d '-' < /proc/sys/kernel/random/uuid | head -c 22 > "$SERVICES_DIR/kafka.cluster-id"
     java "${java_opts[@]}" -cp "$KAFKA_JARS/*" kafka.tools.StorageTool format \
-      -t "$(cat "$STATE_DIR/kafka.cluster-id")" -c "$dir/server.properties" > "$dir/format.log" 2>&1 \
+      -t "$(cat "$SERVICES_DIR/kafka.cluster-id")" -c "$dir/server.properties" > "$dir/format.log" 2>&1 \
       || die "kafka-$n storage format failed; see $dir/format.log"
   fi
   launch "$name" java "${java_opts[@]}" -cp "$KAFKA_JARS/*" kafka.Kafka "$dir/server.properties"
@@ -101,7 +101,7 @@ kafka_up() {
 
 # ---------------------------------------------------------------- Flink session cluster
 flink_conf() {  # flink_conf NAME: write NAME's conf dir (config.yaml + log4j) and print its path
-  local dir="$STATE_DIR/$1" opts
+  local dir="$SERVICES_DIR/$1" opts
   mkdir -p "$dir/conf" "$dir/log" "$dir/lib"
   opts="$(sed -n 's/^ *all: //p' "$FLINK_DIST/conf/config.yaml" | head -1)"
   sed -e "s#@HOST@#$HOST#g" -e "s#@JM_RPC_PORT@#$FLINK_RPC#g" -e "s#@REST_PORT@#$FLINK_REST#g" \
@@ -113,7 +113,7 @@ flink_conf() {  # flink_conf NAME: write NAME's conf dir (config.yaml + log4j) a
 }
 
 start_flink() {  # start_flink NAME jobmanager|taskmanager (their start-foreground sizes the JVM)
-  local name=$1 role=$2 dir="$STATE_DIR/$1"
+  local name=$1 role=$2 dir="$SERVICES_DIR/$1"
   if owned_pid "$name" >/dev/null; then return 0; fi
   flink_conf "$name"
   FLINK_HOME="$FLINK_DIST" FLINK_CONF_DIR="$dir/conf" FLINK_LIB_DIR="$dir/lib" FLINK_LOG_DIR="$dir/log" \
@@ -146,7 +146,7 @@ spark_answers() { [ -n "$(spark_workers)" ]; }
 spark_has_worker() { [ "$(spark_workers)" = 1 ]; }
 
 start_spark_master() {
-  local name=spark-master dir="$STATE_DIR/spark-master"
+  local name=spark-master dir="$SERVICES_DIR/spark-master"
   if owned_pid "$name" >/dev/null; then return 0; fi
   port_open "$SPARK_PORT" && die "port $SPARK_PORT is taken; set HEADWATER_SPARK_MASTER_PORT"
   mkdir -p "$dir"
@@ -157,7 +157,7 @@ start_spark_master() {
 }
 
 start_spark_worker() {
-  local name=spark-worker dir="$STATE_DIR/spark-worker"
+  local name=spark-worker dir="$SERVICES_DIR/spark-worker"
   if owned_pid "$name" >/dev/null; then return 0; fi
   mkdir -p "$dir/work"
   : > "$dir/spark.conf"
@@ -180,7 +180,7 @@ spark_up() {
 PARTS=(spark-worker spark-master flink-tm2 flink-tm1 flink-jm kafka-3 kafka-2 kafka-1)
 
 up() {
-  mkdir -p "$STATE_DIR"
+  mkdir -p "$SERVICES_DIR"
   bash "$INFRA_DIR/redis-cluster.sh" start
   kafka_up
   flink_up
@@ -216,7 +216,7 @@ status() {
 }
 
 start_part() {
-  mkdir -p "$STATE_DIR"
+  mkdir -p "$SERVICES_DIR"
   case "$1" in
     flink-jm) start_flink flink-jm jobmanager ;;
     flink-tm1 | flink-tm2) start_flink "$1" taskmanager ;;

@@ -1,9 +1,10 @@
 # Shared helpers for the infra/ scripts. Sourced, not run.
-# Ports and paths are overridable by environment variables; state lives under infra/state/ (git-ignored).
+# Ports and paths are overridable by environment variables; the services' state lives under
+# $HEADWATER_SERVICES_DIR (default infra/state/, git-ignored), apart from the platform's HEADWATER_STATE_DIR.
 
 INFRA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT_DIR="$(cd "$INFRA_DIR/.." && pwd)"
-STATE_DIR="${HEADWATER_STATE_DIR:-$INFRA_DIR/state}"
+SERVICES_DIR="${HEADWATER_SERVICES_DIR:-$INFRA_DIR/state}"
 PYTHON="${HEADWATER_PYTHON:-$ROOT_DIR/.venv/bin/python}"
 HOST="${HEADWATER_HOST:-127.0.0.1}"
 KAFKA_PORT="${HEADWATER_KAFKA_PORT:-9092}"
@@ -21,7 +22,7 @@ port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 # A pid file alone is not proof (pids are reused): the process must name our state dir on its
 # command line (Kafka) or run inside it (redis-server rewrites its title but chdirs to --dir).
 owned_pid() {
-  local dir="$STATE_DIR/$1" pid
+  local dir="$SERVICES_DIR/$1" pid
   [ -f "$dir/$1.pid" ] || return 1
   pid="$(cat "$dir/$1.pid")"
   [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
@@ -38,7 +39,7 @@ stop_owned() {
   local name="$1" pid i
   if ! pid="$(owned_pid "$name")"; then
     log "$name: not started by headwater, nothing to stop"
-    rm -f "$STATE_DIR/$name/$name.pid"
+    rm -f "$SERVICES_DIR/$name/$name.pid"
     return 0
   fi
   log "$name: stopping pid $pid"
@@ -51,5 +52,5 @@ stop_owned() {
     log "$name: still running after 30 s, sending KILL"
     kill -KILL "$pid" 2>/dev/null || true
   fi
-  rm -f "$STATE_DIR/$name/$name.pid"
+  rm -f "$SERVICES_DIR/$name/$name.pid"
 }

@@ -6,7 +6,7 @@
 # stop only stops a broker this script started.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-DIR="$STATE_DIR/kafka"
+DIR="$SERVICES_DIR/kafka"
 JARS="$INFRA_DIR/lib/kafka"
 PARTITIONS="${HEADWATER_PARTITIONS:-4}"
 

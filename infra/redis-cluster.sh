@@ -21,7 +21,7 @@ pinging() { [ "$(redis-cli -h "$HOST" -p "$1" ping 2>/dev/null)" = "PONG" ]; }
 start_node() {
   local port=$1 name dir
   name="$(name_of "$port")"
-  dir="$STATE_DIR/$name"
+  dir="$SERVICES_DIR/$name"
   if owned_pid "$name" >/dev/null; then return 0; fi
   port_open "$port" && die "port $port is taken by something headwater did not start; set HEADWATER_REDIS_CLUSTER_PORT"
   mkdir -p "$dir"
@@ -45,7 +45,7 @@ start() {
     if [ "${known:-1}" -lt "$NODES" ]; then  # a fresh cluster: assign the slots and the replicas
       # shellcheck disable=SC2046
       redis-cli --cluster create $(for p in $(ports); do printf '%s:%s ' "$HOST" "$p"; done) \
-        --cluster-replicas 1 --cluster-yes > "$STATE_DIR/$(name_of "$BASE_PORT")/create.log"
+        --cluster-replicas 1 --cluster-yes > "$SERVICES_DIR/$(name_of "$BASE_PORT")/create.log"
     fi
   fi
   for _ in $(seq 1 150); do
@@ -54,7 +54,7 @@ start() {
     [ "$all" = 1 ] && { log "redis cluster: up on $HOST:$BASE_PORT..$((BASE_PORT + NODES - 1)) (3 primaries, 3 replicas)"; return 0; }
     sleep 0.2
   done
-  die "redis cluster did not reach cluster_state:ok within 30 s; see $STATE_DIR/redis-cluster-*/redis.log"
+  die "redis cluster did not reach cluster_state:ok within 30 s; see $SERVICES_DIR/redis-cluster-*/redis.log"
 }
 
 stop() {
@@ -69,7 +69,7 @@ status() {
 wipe() {  # stop, then forget the cluster's state (slots, AOF): the next start creates a new one
   stop
   local port
-  for port in $(ports); do rm -rf "${STATE_DIR:?}/$(name_of "$port")"; done
+  for port in $(ports); do rm -rf "${SERVICES_DIR:?}/$(name_of "$port")"; done
 }
 
 case "${1:-}" in

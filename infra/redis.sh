@@ -4,7 +4,7 @@
 # start waits for a real PING; stop only stops a redis-server this script started.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-DIR="$STATE_DIR/redis"
+DIR="$SERVICES_DIR/redis"
 
 healthy() { [ "$(redis-cli -h "$HOST" -p "$REDIS_PORT" ping 2>/dev/null)" = "PONG" ]; }
 

@@ -90,7 +90,8 @@ from headwater.registry.tiers import Tier
 SECONDS_PER_DAY = 86_400
 UNDER_DECLARED_FACTOR = 0.5
 OVER_DECLARED_FACTOR = 10.0
-HEADER_BYTES = 72  # pipelines/store/codec.py HEADER_BYTES: the packed value's fixed header
+HEADER_BYTES = 72
+"""The packed online value's fixed header (``pipelines/store/codec.py`` packs it; the cost model sizes it)."""
 REDIS_KEY_OVERHEAD = 64  # dictEntry + two SDS/robj headers + allocator rounding, per key (MEMORY USAGE)
 KEY_PREFIX_BYTES = 40  # "<namespace>:<view>:" before the entity id
 DEDUP_BUCKET_S = 60  # pipelines/nearline/state.py DEDUP_BUCKET_MS: ids expire a bucket at a time

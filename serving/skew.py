@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 PREDICTION_VERSION = 1
 DEFAULT_TOPIC = "predictions"
-DEFAULT_THRESHOLD = 0.003
 _STOP = object()
 
 

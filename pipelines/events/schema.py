@@ -17,7 +17,7 @@ from typing import Literal, NotRequired, TypedDict, get_args
 
 from headwater.registry.plans import PlanSource
 
-REPO_ENV = "HEADWATER_EXAMPLE_REPO"
+EXAMPLE_REPO_ENV = "HEADWATER_EXAMPLE_REPO"
 """Environment variable that points at another copy of the example feature repo."""
 BEHAVIOR_SOURCE = "events"
 """The example repo's behaviour source."""
@@ -57,7 +57,7 @@ class ExampleRepoError(ValueError):
 
 def example_repo() -> Path:
     """Return the example feature repo: ``$HEADWATER_EXAMPLE_REPO``, else the shipped one."""
-    env = os.environ.get(REPO_ENV)
+    env = os.environ.get(EXAMPLE_REPO_ENV)
     if env:
         return Path(env)
     from headwater.registry.resources import example_features

@@ -20,8 +20,8 @@ from typing import Any
 from headwater.pipelines.freshness.samples import Entry, read_since
 from headwater.pipelines.freshness.stats import Progress, lag_samples, weighted_quantiles
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
+from headwater.registry.tiers import TIER_NAMES
 
-TIERS = ("realtime", "nearline", "offline")
 OK, BREACH, NO_DATA = "ok", "breach", "no data"
 
 
@@ -198,7 +198,7 @@ def plan_views(state_dir: Path) -> list[FreshnessTarget]:
 
     specs: list[FreshnessTarget] = []
     found = False
-    for tier in TIERS:
+    for tier in TIER_NAMES:
         try:
             plan = read_plan(state_dir, tier)
         except FileNotFoundError:

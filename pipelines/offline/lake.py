@@ -15,7 +15,6 @@ from pathlib import Path
 from headwater.registry.config import lake_dir
 
 DAY_MS = 86_400_000
-LAKE_ENV = "HEADWATER_LAKE"
 FEATURE_TIME = "event_time"
 """Column of a feature table (``features/<view>``) holding the boundary T its row's values are as of."""
 

@@ -29,10 +29,11 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+from headwater.registry.cost import HEADER_BYTES
+
 MAGIC = b"HW"
 MAGIC_U16 = int.from_bytes(MAGIC, "little")
 FORMAT = 1
-HEADER_BYTES = 72
 EVENT_TIME_OFFSET = 8
 EXPIRE_AT_OFFSET = 24
 

@@ -33,7 +33,7 @@ from kafka.admin import NewTopic
 
 ROOT = Path(__file__).resolve().parents[3]
 CLUSTER_SH = ROOT / "infra" / "cluster.sh"
-STATE = Path(os.environ.get("HEADWATER_STATE_DIR", ROOT / "infra" / "state")) / "cluster"
+STATE = Path(os.environ.get("HEADWATER_SERVICES_DIR", ROOT / "infra" / "state")) / "cluster"
 HOST = os.environ.get("HEADWATER_HOST", "127.0.0.1")
 FLINK_REST = f"http://{HOST}:{os.environ.get('HEADWATER_FLINK_REST_PORT', '8281')}"
 JOBMANAGER = FLINK_REST.removeprefix("http://")

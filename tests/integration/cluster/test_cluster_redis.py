@@ -41,7 +41,7 @@ from .conftest import (
 pytestmark = pytest.mark.cluster
 
 B_FINAL = rt.T0 + 30_000
-STATE_DIR = Path(os.environ.get("HEADWATER_STATE_DIR", ROOT / "infra" / "state"))
+STATE_DIR = Path(os.environ.get("HEADWATER_SERVICES_DIR", ROOT / "infra" / "state"))
 
 
 @pytest.fixture

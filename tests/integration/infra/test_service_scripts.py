@@ -32,7 +32,7 @@ def _script(name: str, action: str, env: dict[str, str]) -> subprocess.Completed
 
 def test_redis_script_starts_on_the_overridden_port_and_stops_it(tmp_path: Path) -> None:
     port = _free_port()
-    env = {"HEADWATER_REDIS_PORT": str(port), "HEADWATER_STATE_DIR": str(tmp_path)}
+    env = {"HEADWATER_REDIS_PORT": str(port), "HEADWATER_SERVICES_DIR": str(tmp_path)}
 
     started = _script("redis", "start", env)
     assert started.returncode == 0, started.stderr
@@ -63,7 +63,7 @@ def test_stop_leaves_a_redis_it_did_not_start_running(tmp_path: Path) -> None:
                 break
             except redis.ConnectionError:
                 subprocess.run(["sleep", "0.1"], check=True)
-        env = {"HEADWATER_REDIS_PORT": str(port), "HEADWATER_STATE_DIR": str(tmp_path / "state")}
+        env = {"HEADWATER_REDIS_PORT": str(port), "HEADWATER_SERVICES_DIR": str(tmp_path / "state")}
 
         started = _script("redis", "start", env)
         assert started.returncode == 0

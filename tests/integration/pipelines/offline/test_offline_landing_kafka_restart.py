@@ -52,7 +52,7 @@ class OwnKafka:
     def __init__(self, state: Path) -> None:
         port = _free_port()
         self.bootstrap = f"127.0.0.1:{port}"
-        self.env = {**os.environ, "HEADWATER_STATE_DIR": str(state), "HEADWATER_KAFKA_PORT": str(port),
+        self.env = {**os.environ, "HEADWATER_SERVICES_DIR": str(state), "HEADWATER_KAFKA_PORT": str(port),
                     "HEADWATER_KAFKA_CONTROLLER_PORT": str(_free_port()),
                     "HEADWATER_KAFKA_BOOTSTRAP": self.bootstrap, "HEADWATER_PARTITIONS": "2"}  # fmt: skip
 

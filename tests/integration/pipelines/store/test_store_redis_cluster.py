@@ -48,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     base = _free_base()
     env = {
         **os.environ,
-        "HEADWATER_STATE_DIR": str(tmp_path_factory.mktemp("redis-cluster")),
+        "HEADWATER_SERVICES_DIR": str(tmp_path_factory.mktemp("redis-cluster")),
         "HEADWATER_REDIS_CLUSTER_PORT": str(base),
     }
     subprocess.run(["bash", str(SCRIPT), "start"], env=env, check=True, timeout=120)
@@ -128,9 +128,8 @@ def test_a_killed_primary_fails_over_and_the_store_keeps_its_values(
             break
     assert acked == 1
     port = primary.port
-    pid = int(
-        (Path(env["HEADWATER_STATE_DIR"]) / f"redis-cluster-{port}" / f"redis-cluster-{port}.pid").read_text()
-    )
+    services = Path(env["HEADWATER_SERVICES_DIR"])
+    pid = int((services / f"redis-cluster-{port}" / f"redis-cluster-{port}.pid").read_text())
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     got = None

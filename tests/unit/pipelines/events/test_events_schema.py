@@ -17,8 +17,8 @@ from headwater.pipelines.events.schema import (
     BEHAVIOR_SOURCE,
     DEVICES,
     EVENT_TYPES,
+    EXAMPLE_REPO_ENV,
     FIELD_NAMES,
-    REPO_ENV,
     ExampleRepoError,
     behavior_source,
     event_datetime,
@@ -84,7 +84,7 @@ def test_behavior_source_is_checked_once_per_folder() -> None:
 def test_env_variable_points_at_another_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     copy = tmp_path / "features"
     shutil.copytree(EXAMPLE, copy)
-    monkeypatch.setenv(REPO_ENV, str(copy))
+    monkeypatch.setenv(EXAMPLE_REPO_ENV, str(copy))
     assert example_repo() == copy
     assert behavior_source().current.fingerprint == PINNED_FINGERPRINT
 
