@@ -47,6 +47,12 @@ AGGS: dict[str, AggRule] = {
     "top_k": AggRule("top_k", "required", DISCRETE, "a string, enum, integer or boolean field"),
     "ratio": AggRule("ratio", "none", frozenset(), "no field (give numerator and denominator)"),
 }
+AGG_NAMES: tuple[str, ...] = tuple(AGGS)
+"""Every aggregation, in order: the one list the tiers, the models' Literal and the JVM operator follow."""
+OPERAND_AGG_NAMES: tuple[str, ...] = ("count", "sum", "avg", "min", "max", "distinct_count")
+"""The aggregations a ratio may divide (a subset of ``AGG_NAMES``)."""
+FIELD_REQUIRED = frozenset(name for name, rule in AGGS.items() if rule.field == "required")
+"""The aggregations that need a ``field``."""
 DTYPES = ("int64", "float64", "string", "bool", "map<string,float64>")
 WIDENINGS = {("int64", "float64")}
 

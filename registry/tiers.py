@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headwater.registry.aggs import AGG_NAMES, OPERAND_AGG_NAMES
 from headwater.registry.durations import format_seconds
 
 MINUTE = 60
 HOUR = 3600
 DAY = 86400
-ALL_AGGS = frozenset({"count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k", "ratio"})
-ALL_OPERANDS = frozenset({"count", "sum", "avg", "min", "max", "distinct_count"})
+ALL_AGGS = frozenset(AGG_NAMES)
+ALL_OPERANDS = frozenset(OPERAND_AGG_NAMES)
 
 
 @dataclass(frozen=True)

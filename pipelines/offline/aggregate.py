@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from headwater.registry.aggs import AGG_NAMES
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-SCALAR_AGGS = frozenset({"count", "sum", "avg", "min", "max", "last", "ratio"})
 VALUE_AGGS = frozenset({"distinct_count", "top_k"})
+SCALAR_AGGS = frozenset(AGG_NAMES) - VALUE_AGGS
 BOUNDARY = "event_time_ms"
 """Column of the boundary T (epoch ms) in the computed frames."""
 EVENT_MS = "__event_ms"

@@ -31,6 +31,7 @@ from headwater.pipelines.store.layout import FRESHNESS_MAXLEN
 from headwater.pipelines.store.store import WRITE_SCRIPT
 from headwater.pipelines.windows import compile_view, view_layout
 from headwater.pipelines.windows.vector import ASSIGN_LUA
+from headwater.registry.aggs import FIELD_REQUIRED
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanSource, PlanView, PlanWhere, TierPlan
 
 FORMAT = 3
@@ -166,7 +167,7 @@ def _operand(op: PlanOperand | None, cols: _Columns, view: PlanView, feature: st
 def _check_field(agg: str, field: str | None, cols: _Columns, view: PlanView, feature: str) -> None:
     where = f"view {view.name!r} ({view.defined_at}) feature {feature!r}"
     cols.field(field, view, feature)  # a field the source lacks: that error first
-    if agg in NEEDS_NUMBER | {"last", "distinct_count", "top_k"} and field is None:
+    if agg in FIELD_REQUIRED and field is None:
         msg = f"{where}: {agg} needs a `field`"
         raise RealtimePlanError(msg)
     if agg in NEEDS_NUMBER and field is not None and cols.type_of(field) not in NUMERIC:

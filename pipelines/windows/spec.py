@@ -15,14 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from headwater.registry.aggs import AGG_NAMES
 from headwater.registry.expr import Compare, InList, from_json
 from headwater.registry.expr_eval import compile_predicate
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
 
 Event = Mapping[str, Any]
 Predicate = Callable[[Event], bool]
-SCALAR_AGGS = frozenset({"count", "sum", "avg", "min", "max", "last", "distinct_count"})
-ALL_AGGS = SCALAR_AGGS | {"top_k", "ratio"}
+ALL_AGGS = frozenset(AGG_NAMES)
+SCALAR_AGGS = ALL_AGGS - {"top_k", "ratio"}
 
 
 class WindowSpecError(ValueError):

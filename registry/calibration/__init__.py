@@ -83,10 +83,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headwater.registry.aggs import AGG_NAMES
 from headwater.registry.expr import Expr, ExprError, parse, to_json
 
 FOLDER = Path(__file__).resolve().parent
-AGG_KINDS = ("count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k")
+AGG_KINDS = tuple(name for name in AGG_NAMES if name != "ratio")
+"""The aggregations with a cost of their own (a ratio costs its two operands)."""
 SCALARS = (
     "event_us",
     "where_us",
