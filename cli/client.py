@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL = click.option("--url", default=DEFAULT_URL, show_default=True, help="Base URL of `headwater serve`.")
 
@@ -48,7 +50,7 @@ def item_range(spec: str) -> list[str]:
     return [f"{head}{n:0{digits}d}" for n in range(lo, hi + 1)]
 
 
-@click.command("rank")
+@click.command("rank", cls=HeadwaterCommand)
 @click.argument("user_id")
 @click.argument("candidates", nargs=-1, required=True)
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
@@ -72,7 +74,7 @@ def rank(user_id: str, candidates: tuple[str, ...], k: int, as_json: bool, url: 
         click.echo(f"  {position:2d}. {item['item_id']}  {item['score']:.4f}")
 
 
-@click.command("feedback")
+@click.command("feedback", cls=HeadwaterCommand)
 @click.argument("user_id")
 @click.argument("item_id")
 @click.option(

@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.registry.budget import view_footprint
 from headwater.registry.calibration import Calibration, load_calibration
 from headwater.registry.compiled import CheckResult, CompiledView
@@ -358,7 +359,7 @@ def _basis(view: CompiledView, result: CheckResult, which: str) -> str:
     return text + ("" if fp.entities_declared else " (entities not declared in budget.yaml: an upper bound)")
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @click.argument("repo", type=click.Path(path_type=Path), default=None, required=False)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def costs(repo: Path | None, fmt: str) -> None:
@@ -410,7 +411,7 @@ def _short(text: str) -> str:
     return text.split(" on ")[0] if " measured " in text else text.split(" (")[0]
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command(cls=HeadwaterCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("bench_args", nargs=-1, type=click.UNPROCESSED)
 def calibrate(bench_args: tuple[str, ...]) -> None:
     """Measure the cost model's constants: run bench/bench_calibrate.py (BENCH_ARGS passed on).

@@ -9,6 +9,7 @@ from typing import get_args
 
 import click
 
+from headwater.cli.errors import HeadwaterGroup
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
 from headwater.pipelines.events.generator import GeneratorConfig
 from headwater.pipelines.events.ingest import (
@@ -24,16 +25,15 @@ from headwater.pipelines.events.ingest import (
 from headwater.pipelines.events.producer import (
     Acks,
     Compression,
-    ProduceError,
     ProducerSettings,
     ProduceStats,
     open_producer,
     produce,
 )
-from headwater.pipelines.events.readers import FORMATS, FileFormatError, open_rows
+from headwater.pipelines.events.readers import FORMATS, open_rows
 from headwater.pipelines.events.sending import RunStats
-from headwater.pipelines.events.sources import SourceError, applied_source
-from headwater.pipelines.events.tail import TailedRecord, TailError, TailSummary, tail
+from headwater.pipelines.events.sources import applied_source
+from headwater.pipelines.events.tail import TailedRecord, TailSummary, tail
 from headwater.pipelines.settings import Settings
 from headwater.registry.durations import parse_duration
 from headwater.registry.plans import PlanSource
@@ -54,7 +54,7 @@ _GENERATOR_OPTIONS = (
 )
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def events() -> None:
     """Produce events to Kafka (generated, or your own file) and read them back.
 
@@ -336,10 +336,7 @@ def produce_cmd(
 def _source(name: str | None, state_dir: Path | None) -> PlanSource | None:
     if name is None:
         return None
-    try:
-        return applied_source(name, state_dir)
-    except SourceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    return applied_source(name, state_dir)
 
 
 def _is_behaviour(source: PlanSource) -> bool:
@@ -387,10 +384,7 @@ def _produce_behaviour(
         raise click.UsageError(str(exc)) from exc
     progress = None if quiet else _print_progress
     codec = EventCodec(source) if source is not None else None
-    try:
-        stats = produce(target, config, progress=progress, codec=codec)
-    except ProduceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    stats = produce(target, config, progress=progress, codec=codec)
     if progress is not None:
         click.echo("", err=True)
     click.echo(json.dumps({"topic": target.topic, **stats.as_dict()}))
@@ -402,10 +396,7 @@ def _produce_behaviour(
 def _produce_synthetic(target: ProducerSettings, source: PlanSource, seed: int, quiet: bool) -> None:
     from headwater.pipelines.events.synthetic import produce_synthetic
 
-    try:
-        kafka = open_producer(target)
-    except ProduceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    kafka = open_producer(target)
     progress = None if quiet else _print_run_progress
     try:
         stats = produce_synthetic(
@@ -438,16 +429,10 @@ def _produce_file(
     options: FileOptions,
     quiet: bool,
 ) -> None:
-    try:
-        reader = open_rows(path, fmt)
-    except FileFormatError as exc:
-        raise click.ClickException(str(exc)) from exc
+    reader = open_rows(path, fmt)
     with reader:
         to_dlq = rejects_to == "dlq"
-        try:
-            kafka = open_producer(target, also=(settings.dlq_topic,) if to_dlq else ())
-        except ProduceError as exc:
-            raise click.ClickException(str(exc)) from exc
+        kafka = open_producer(target, also=(settings.dlq_topic,) if to_dlq else ())
         try:
             sink: RejectSink
             if to_dlq:
@@ -468,8 +453,6 @@ def _produce_file(
                 )
             finally:
                 sink.close()
-        except (IngestError, FileFormatError) as exc:
-            raise click.ClickException(str(exc)) from exc
         finally:
             kafka.close(timeout=10)
     if not quiet:
@@ -573,18 +556,15 @@ def tail_cmd(
     settings = Settings.from_env()
     source = _source(source_name, state_dir)
     on_record = None if quiet else _print_record
-    try:
-        summary = tail(
-            bootstrap or settings.kafka_bootstrap,
-            topic or (source.topic if source is not None else settings.events_topic),
-            max_records=max_records,
-            from_beginning=from_beginning,
-            timeout_s=timeout,
-            on_record=on_record,
-            codec=EventCodec(source) if source is not None else None,
-        )
-    except TailError as exc:
-        raise click.ClickException(str(exc)) from exc
+    summary = tail(
+        bootstrap or settings.kafka_bootstrap,
+        topic or (source.topic if source is not None else settings.events_topic),
+        max_records=max_records,
+        from_beginning=from_beginning,
+        timeout_s=timeout,
+        on_record=on_record,
+        codec=EventCodec(source) if source is not None else None,
+    )
     _print_summary(summary)
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.cli.offline import LAKE, MASTER, STATE
 
 
-@click.command("import")
+@click.command("import", cls=HeadwaterCommand)
 @click.option(
     "--source", "source_name", required=True, help="The source of the applied plan the rows are events of."
 )
@@ -39,15 +40,12 @@ def import_cmd(
     Re-importing the same file lands nothing twice. Then `headwater run offline --backfill` computes
     the offline views over it.
     """
-    from headwater.pipelines.events.sources import SourceError, applied_source
-    from headwater.pipelines.offline.history import HistoryImportError, ImportResult, import_history
+    from headwater.pipelines.events.sources import applied_source
+    from headwater.pipelines.offline.history import ImportResult, import_history
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
-    try:
-        source = applied_source(source_name, state_dir)
-    except SourceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    source = applied_source(source_name, state_dir)
     if not path.is_file():
         msg = f"{path}: no such file"
         raise click.ClickException(msg)
@@ -59,11 +57,8 @@ def import_cmd(
                    f"{r.rejected:,} rejected ({rate:,.0f} rows/s)", err=True)  # fmt: skip
 
     spark = offline_session("headwater-import", master)
-    try:
-        result = import_history(spark, lake_root(lake), source, path, fmt=fmt, reject_file=reject_file,
-                                chunk_rows=chunk_rows, progress=report)  # fmt: skip
-    except HistoryImportError as exc:
-        raise click.ClickException(str(exc)) from exc
+    result = import_history(spark, lake_root(lake), source, path, fmt=fmt, reject_file=reject_file,
+                            chunk_rows=chunk_rows, progress=report)  # fmt: skip
     if result.skipped_chunks:
         click.echo(f"{result.skipped_chunks} of {result.chunks} chunk(s) of this file were imported before "
                    "(same sha256): not landed again", err=True)  # fmt: skip

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterGroup
 from headwater.cli.offline import LAKE, MASTER, STATE, tier_plan
 from headwater.cli.options import NotComputed
 from headwater.ranking.experiment_report import (
@@ -42,7 +43,7 @@ def _expected(
     return declared.name, {a.name: a.weight for a in declared.arms}, f"weights of {config}"
 
 
-@click.group("experiment")
+@click.group("experiment", cls=HeadwaterGroup)
 def experiment() -> None:
     """Experiments of the ranking service (arms declared in its serving config)."""
 
@@ -80,6 +81,7 @@ def report(
     from headwater.pipelines.offline.job import OfflineJobError, read_bronze
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
+    from headwater.registry.plans import NoPlanError, PlanError
 
     lo, hi = day_range(None, first, last)
     try:
@@ -87,7 +89,7 @@ def report(
         source = report_source(tier_plan(state_dir, "offline").sources, source_name)
     except click.ClickException as exc:
         raise NotComputed(exc.message) from exc
-    except ExperimentReportError as exc:
+    except (NoPlanError, PlanError, ExperimentReportError) as exc:  # exit 2: no figures, not a verdict
         raise NotComputed(str(exc)) from exc
     spark = offline_session("headwater-experiment-report", master)
     try:

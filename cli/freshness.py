@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.cli.options import STATE_HELP
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
 from headwater.registry.config import state_dir as resolve_state_dir
+from headwater.registry.errors import HeadwaterError
 
 if TYPE_CHECKING:
     from headwater.pipelines.freshness.report import FreshnessTarget, Report
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
 
 
-class FreshnessCommandError(click.ClickException):
+class FreshnessCommandError(HeadwaterError, click.ClickException):
     """The report could not be made; exits with status 2 (1 means an SLA breach)."""
 
     exit_code = EXIT_ERROR
@@ -49,7 +51,7 @@ def _state_dir(given: Path | None) -> Path:
     return resolve_state_dir(given)
 
 
-@click.command("freshness")
+@click.command("freshness", cls=HeadwaterCommand)
 @click.option(
     "--window", default="15m", show_default=True, help="Window of the p50/p99 figures (15m, 1h, PT30M)."
 )
@@ -92,12 +94,13 @@ def freshness(
     from headwater.pipelines.settings import Settings
     from headwater.pipelines.store.connect import redis_client
     from headwater.pipelines.store.transport import StoreError
+    from headwater.registry.plans import PlanError
 
     window_s = _window_s(window)
     state = _state_dir(state_dir)
     try:
         specs = plan_views(state)
-    except (NoPlansError, ValueError) as exc:
+    except (NoPlansError, PlanError) as exc:
         raise FreshnessCommandError(str(exc)) from exc
     url = redis_url or Settings.from_env().redis_url
     client = redis_client(url, socket_timeout=5.0, socket_connect_timeout=2.0)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterGroup
 from headwater.cli.options import models_out_option, training_set_option
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def funnel() -> None:
     """Train the recommendation funnel's re-ranker (/v1/recommend)."""
 
@@ -34,16 +35,13 @@ def train_reranker(
     """
     import torch
 
-    from headwater.ranking.artifact import ArtifactError, load_artifact, resolve_model_path
+    from headwater.ranking.artifact import load_artifact, resolve_model_path
     from headwater.ranking.reranker import RerankOptions, save_reranker, train_reranker
     from headwater.ranking.scorers import neural_from_artifact
-    from headwater.ranking.trainset import TrainingFileError, read_parquet
+    from headwater.ranking.trainset import read_parquet
 
-    try:
-        ts = read_parquet(training_set).for_ranker()  # the DCN's item rows: on-demand slots included
-        dcn = load_artifact(resolve_model_path(out_dir))
-    except (TrainingFileError, ArtifactError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    ts = read_parquet(training_set).for_ranker()  # the DCN's item rows: on-demand slots included
+    dcn = load_artifact(resolve_model_path(out_dir))
     meta = dcn.metadata
     if (list(ts.user_features), list(ts.item_features)) != (meta["user_features"], meta["item_features"]):
         msg = (
@@ -56,10 +54,7 @@ def train_reranker(
         logits = model(torch.from_numpy(ts.user), torch.from_numpy(ts.item), torch.arange(len(ts)))
         base = torch.sigmoid(logits).numpy()
     opts = RerankOptions(seed=seed, epochs=epochs, max_clicks=max_clicks, threads=threads)
-    try:
-        reranker, metrics = train_reranker(ts, base, opts)
-    except TrainingFileError as exc:
-        raise click.ClickException(str(exc)) from exc
+    reranker, metrics = train_reranker(ts, base, opts)
     saved = save_reranker(out_dir, reranker, ts, metrics, max_clicks)
     click.echo(
         f"{metrics['rows']['train']} training rows, {metrics['rows']['holdout']} holdout rows"

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.registry.config import (
     DEFAULT_FEATURES,
     KafkaConfig,
@@ -14,7 +16,7 @@ from headwater.registry.config import (
 from headwater.registry.init import scaffold
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--kafka-bootstrap", default=KafkaConfig().bootstrap, show_default=True, help="Kafka brokers.")
 @click.option("--redis-url", default=RedisConfig().url, show_default=True, help="The online store.")
@@ -27,7 +29,7 @@ def init(directory: Path, kafka_bootstrap: str, redis_url: str) -> None:
     """
     try:
         config = scaffold(directory, kafka_bootstrap, redis_url)
-    except ValueError as exc:  # pydantic's ValidationError of a bad --kafka-bootstrap / --redis-url
+    except ValidationError as exc:  # a bad --kafka-bootstrap / --redis-url
         raise click.BadParameter(str(exc)) from exc
     click.echo(f"Created feature repo {directory.resolve()}")
     click.echo(f"  config:   {config}")

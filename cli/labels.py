@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.cli.offline import LAKE, MASTER, STATE, tier_plan
 
 
@@ -29,7 +30,7 @@ def day_range(day: str | None, first: str | None, last: str | None) -> tuple[dat
     return lo, hi
 
 
-@click.command("labels")
+@click.command("labels", cls=HeadwaterCommand)
 @click.option("--date", "day", default=None, help="Label the impressions of this UTC day (YYYY-MM-DD).")
 @click.option("--from", "first", default=None, help="First UTC day (inclusive; default: the first landed).")
 @click.option("--to", "last", default=None, help="Last UTC day (inclusive; default: the last landed).")
@@ -53,23 +54,17 @@ def labels(
     Writes what `headwater training-set --labels` reads: group (slate = session page), user_id,
     item_id, event_time (ms), label, session_id, position.
     """
-    from headwater.pipelines.offline.job import OfflineJobError, read_bronze
-    from headwater.pipelines.offline.labels import LabelsError, derive_labels, labels_source, write_labels
+    from headwater.pipelines.offline.job import read_bronze
+    from headwater.pipelines.offline.labels import derive_labels, labels_source, write_labels
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
     lo, hi = day_range(day, first, last)
     root = lake_root(lake)
-    try:
-        source = labels_source(tier_plan(state_dir, "offline").sources, source_name)
-    except LabelsError as exc:
-        raise click.ClickException(str(exc)) from exc
+    source = labels_source(tier_plan(state_dir, "offline").sources, source_name)
     spark = offline_session("headwater-labels", master)
-    try:
-        frame = derive_labels(read_bronze(spark, root, source), source, lo, hi, horizon_s)
-        result = write_labels(frame, out, root / "_staging")
-    except (OfflineJobError, LabelsError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    frame = derive_labels(read_bronze(spark, root, source), source, lo, hi, horizon_s)
+    result = write_labels(frame, out, root / "_staging")
     click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,
                            "horizon_s": horizon_s, "from": str(lo) if lo else None,
                            "to": str(hi) if hi else None}))  # fmt: skip

@@ -13,6 +13,7 @@ import click
 
 from headwater.cli.client import feedback, rank
 from headwater.cli.costs import calibrate, costs
+from headwater.cli.errors import HeadwaterGroup
 from headwater.cli.events import events
 from headwater.cli.events_import import import_cmd
 from headwater.cli.experiment import experiment
@@ -31,10 +32,10 @@ from headwater.cli.serve import model, serve
 from headwater.cli.setup import setup
 from headwater.cli.skew import skew_command
 from headwater.cli.topics import topics
-from headwater.registry.config import REPO_ENV, ConfigError, resolve, use_repo
+from headwater.registry.config import REPO_ENV, resolve, use_repo
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=HeadwaterGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="headwater")
 @click.option(
     "--repo",
@@ -55,12 +56,9 @@ def main(ctx: click.Context, repo: Path | None) -> None:
     """
     if ctx.invoked_subcommand == "init":
         return  # a new repo: whatever config is around (or broken) is not its concern
-    try:
-        if repo is not None:
-            use_repo(repo)  # exported as $HEADWATER_REPO: the tiers' worker processes see it too
-        resolve()  # a broken headwater.yaml stops here, with its file and line, before any work
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    if repo is not None:
+        use_repo(repo)  # exported as $HEADWATER_REPO: the tiers' worker processes see it too
+    resolve()  # a broken headwater.yaml stops here, with its file and line, before any work
 
 
 @main.group("run")

@@ -16,6 +16,7 @@ from types import FrameType
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.cli.options import STATE_HELP, resolved_state_dir
 from headwater.pipelines.nearline.plan import NearlinePlan
 from headwater.pipelines.nearline.runner import NearlineConfig, run_worker
@@ -25,7 +26,7 @@ from headwater.registry.plans import read_plan
 RESTART_BACKOFF_S = 5.0
 
 
-@click.command("nearline")
+@click.command("nearline", cls=HeadwaterCommand)
 @click.option(
     "--processes",
     type=click.IntRange(1, 64),
@@ -119,10 +120,8 @@ def run_nearline(
     event-time rules come from it. Stop with Ctrl-C (each worker finishes its batch). Stats per
     worker go to <store-dir>/stats-<i>.json.
     """
-    try:  # a plan that cannot run stops here, not in a worker the supervisor restarts forever
-        NearlinePlan.from_plan(read_plan(state_dir, "nearline"), sources)
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    # a plan that cannot run stops here, not in a worker the supervisor restarts forever
+    NearlinePlan.from_plan(read_plan(state_dir, "nearline"), sources)
     root = store_dir if store_dir is not None else state_dir / "nearline" / group_id
     root.mkdir(parents=True, exist_ok=True)
     configs = [

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.registry.config import state_dir as resolved_state_dir
 from headwater.registry.tiers import TIER_NAMES
 
@@ -44,20 +45,19 @@ def _state(state_dir: Path | None) -> Path:
 
 
 def tier_plan(state_dir: Path | None, tier: str) -> TierPlan:
-    """Return the applied plan of ``tier``; a missing or unreadable plan is a usage error."""
+    """Return the applied plan of ``tier``; raises NoPlanError or PlanError (the CLI prints them)."""
     from headwater.registry.plans import read_plan
 
-    try:
-        return read_plan(_state(state_dir), tier)
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    return read_plan(_state(state_dir), tier)
 
 
 def tier_views(state_dir: Path | None, tier: str) -> list[PlanView]:
-    """Return the views of one tier's applied plan (none when that tier has no plan)."""
+    """Return the views of one tier's applied plan (none when that tier has no plan, or none readable)."""
+    from headwater.registry.plans import NoPlanError, PlanError
+
     try:
         return list(tier_plan(state_dir, tier).views)
-    except click.ClickException:
+    except (NoPlanError, PlanError):
         return []
 
 
@@ -81,7 +81,7 @@ def _named(items: list[_Named], names: tuple[str, ...], what: str, tier: str) ->
     return [known[n] for n in names]
 
 
-@click.command("landing")
+@click.command("landing", cls=HeadwaterCommand)
 @LAKE
 @STATE
 @MASTER
@@ -98,7 +98,7 @@ def landing(
 ) -> None:  # fmt: skip
     """Land each source's topic in its bronze Delta table (exactly once; malformed, future, late -> DLQ)."""
     from headwater.pipelines.offline.lake import bronze_path, lake_root
-    from headwater.pipelines.offline.landing import LandingConfig, LandingError, LandingStats, land_sources
+    from headwater.pipelines.offline.landing import LandingConfig, LandingStats, land_sources
     from headwater.pipelines.offline.session import offline_session
     from headwater.pipelines.settings import Settings
 
@@ -117,10 +117,7 @@ def landing(
                    f"({s.records_per_s:,.0f} records/s)")  # fmt: skip
 
     spark = offline_session("headwater-landing", master)
-    try:
-        done = land_sources(spark, configs, follow=follow, progress=report)
-    except LandingError as exc:
-        raise click.ClickException(str(exc)) from exc
+    done = land_sources(spark, configs, follow=follow, progress=report)
     for config in configs:
         stats = done[config.source.name]
         click.echo(json.dumps({"source": config.source.name, "table": str(config.table),
@@ -157,7 +154,7 @@ def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
     return chosen
 
 
-@click.command("offline")
+@click.command("offline", cls=HeadwaterCommand)
 @click.option(
     "--date", "day", default=None, help="Day D to compute, values as of its end (default: yesterday UTC)."
 )
@@ -177,7 +174,7 @@ def offline(
     chunk_days: int, no_zorder: bool, lake: Path | None, state_dir: Path | None, master: str | None,
 ) -> None:  # fmt: skip
     """Compute the views of a tier plan per day into Delta tables (partitioned by date, Z-ordered)."""
-    from headwater.pipelines.offline.job import BronzeTables, DayRun, OfflineJobError, record_cpu, run_view
+    from headwater.pipelines.offline.job import BronzeTables, DayRun, record_cpu, run_view
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
@@ -194,18 +191,15 @@ def offline(
         record_cpu(_state(state_dir) / "offline" / "reported", run)  # `headwater costs`: reported
 
     spark = offline_session("headwater-offline", master)
-    try:
-        bronze = BronzeTables(spark, root, plan.sources)
-        for i, view in enumerate(views, start=1):
-            click.echo(f"[{i}/{len(views)}] {view.name} (source {view.source}): {len(days)} day(s) "
-                       f"{days[0]}..{days[-1]}")  # fmt: skip
-            table, source = bronze.for_view(view)
-            run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report)
-    except OfflineJobError as exc:
-        raise click.ClickException(str(exc)) from exc
+    bronze = BronzeTables(spark, root, plan.sources)
+    for i, view in enumerate(views, start=1):
+        click.echo(f"[{i}/{len(views)}] {view.name} (source {view.source}): {len(days)} day(s) "
+                   f"{days[0]}..{days[-1]}")  # fmt: skip
+        table, source = bronze.for_view(view)
+        run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report)
 
 
-@click.command("training-set")
+@click.command("training-set", cls=HeadwaterCommand)
 @click.option("--labels", required=True, help="Parquet/Delta labels (user_id, item_id, event_time ms, label,"
               " [group]) as `headwater labels` writes them, or `bronze` to derive them here from the"
               " behaviour source (all landed days, default horizon).")  # fmt: skip
@@ -224,12 +218,12 @@ def training_set(
     master: str | None, redis_url: str | None,
 ) -> None:  # fmt: skip
     """Build a point-in-time training set (never a future value) for `headwater model train`."""
-    from headwater.pipelines.offline.job import BronzeTables, OfflineJobError
-    from headwater.pipelines.offline.labels import LabelsError, derive_labels, labels_source
+    from headwater.pipelines.offline.job import BronzeTables
+    from headwater.pipelines.offline.labels import derive_labels, labels_source
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
     from headwater.pipelines.windows import RedisDictionary
-    from headwater.ranking.training_set import TrainingSetError, build_training_set, read_labels
+    from headwater.ranking.training_set import build_training_set, read_labels
 
     plan = tier_plan(state_dir, "offline")
     every = [v for tier in TIER_NAMES for v in tier_views(state_dir, tier)]
@@ -237,19 +231,16 @@ def training_set(
     root = lake_root(lake)
     store = online_store(redis_url)
     spark = offline_session("headwater-training-set", master)
-    try:
-        bronze = BronzeTables(spark, root, plan.sources)
-        if labels == "bronze":
-            behaviour = labels_source(plan.sources)
-            frame = derive_labels(bronze.table(behaviour.name), behaviour)
-        else:
-            frame = read_labels(spark, Path(labels))
-        ids = RedisDictionary(store.client, store.namespace).ids
-        result = build_training_set(
-            spark, frame, views, root, out, plan.registry_hash, ids, bronze, plan.on_demand
-        )
-    except (TrainingSetError, OfflineJobError, LabelsError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    bronze = BronzeTables(spark, root, plan.sources)
+    if labels == "bronze":
+        behaviour = labels_source(plan.sources)
+        frame = derive_labels(bronze.table(behaviour.name), behaviour)
+    else:
+        frame = read_labels(spark, Path(labels))
+    ids = RedisDictionary(store.client, store.namespace).ids
+    result = build_training_set(
+        spark, frame, views, root, out, plan.registry_hash, ids, bronze, plan.on_demand
+    )
     click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,
                            "columns": len(result.columns)}))  # fmt: skip
 
@@ -263,7 +254,7 @@ def online_store(redis_url: str | None, namespace: str | None = None) -> OnlineS
     return OnlineStore.from_url(url) if namespace is None else OnlineStore.from_url(url, namespace=namespace)
 
 
-@click.command("materialize")
+@click.command("materialize", cls=HeadwaterCommand)
 @click.option("--tier", type=TIER_CHOICE, default="offline", show_default=True)
 @click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
 @LAKE
@@ -277,7 +268,7 @@ def materialize(
 ) -> None:  # fmt: skip
     """Write the latest offline values of each view into the online store."""
     from headwater.pipelines.offline.lake import lake_root
-    from headwater.pipelines.offline.materialize import Materialized, MaterializeError
+    from headwater.pipelines.offline.materialize import Materialized
     from headwater.pipelines.offline.materialize import materialize as run
     from headwater.pipelines.offline.session import offline_session
 
@@ -288,13 +279,10 @@ def materialize(
         click.echo(f"{m.view}: {m.rows} rows of {m.date}, {m.written} written, {m.rows_per_s:,.0f} rows/s")
 
     spark = offline_session("headwater-materialize", master)
-    try:
-        run(spark, online_store(redis_url, namespace), views, lake_root(lake), report)
-    except MaterializeError as exc:
-        raise click.ClickException(str(exc)) from exc
+    run(spark, online_store(redis_url, namespace), views, lake_root(lake), report)
 
 
-@click.command("consistency")
+@click.command("consistency", cls=HeadwaterCommand)
 @click.option("--tier", "tiers", multiple=True, type=TIER_CHOICE,
               help="Tiers whose views to check (default: realtime and nearline).")  # fmt: skip
 @click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
@@ -313,7 +301,7 @@ def consistency(
 ) -> None:  # fmt: skip
     """Recompute sampled online values offline at their own boundary; report mismatch rates."""
     from headwater.pipelines.offline.consistency import check_view
-    from headwater.pipelines.offline.job import BronzeTables, OfflineJobError
+    from headwater.pipelines.offline.job import BronzeTables
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
 
@@ -321,15 +309,12 @@ def consistency(
     store = online_store(redis_url, namespace)
     spark = offline_session("headwater-consistency", master)
     results = []
-    try:
-        for tier in tiers or ("realtime", "nearline"):
-            plan = tier_plan(state_dir, tier)
-            bronze = BronzeTables(spark, root, plan.sources)
-            for view in [v for v in plan.views if not view_names or v.name in view_names]:
-                table, source = bronze.for_view(view)
-                results.append(check_view(spark, table, store, view, source, root, sample))
-    except OfflineJobError as exc:
-        raise click.ClickException(str(exc)) from exc
+    for tier in tiers or ("realtime", "nearline"):
+        plan = tier_plan(state_dir, tier)
+        bronze = BronzeTables(spark, root, plan.sources)
+        for view in [v for v in plan.views if not view_names or v.name in view_names]:
+            table, source = bronze.for_view(view)
+            results.append(check_view(spark, table, store, view, source, root, sample))
     if as_json:
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
     else:

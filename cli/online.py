@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from headwater.cli.errors import HeadwaterGroup
 from headwater.cli.options import STATE_HELP, resolved_state_dir
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store.layout import ViewLayout
@@ -45,7 +46,7 @@ def applied_layout(state_dir: Path, view: str) -> ViewLayout:
     raise click.UsageError(msg)
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def online() -> None:
     """Read the online store."""
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from headwater.registry.config import ConfigError, lake_dir, state_dir
+from headwater.registry.errors import HeadwaterError
 
 STATE_HELP = "[default: $HEADWATER_STATE_DIR, else state_dir in headwater.yaml, else ./.headwater]"
 LAKE_HELP = "[default: $HEADWATER_LAKE, else lake in headwater.yaml, else <state folder>/lake]"
@@ -66,7 +67,7 @@ def models_out_option(what: str) -> Callable[[F], F]:
     )
 
 
-class NotComputed(click.ClickException):
+class NotComputed(HeadwaterError, click.ClickException):
     """A check could not compute its figures: exit 2, so that exit 1 stays the verdict (flagged, breached)."""
 
     exit_code = 2

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.cli.options import STATE_HELP, resolved_state_dir
 from headwater.pipelines.settings import Settings
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from headwater.registry.plans import TierPlan
 
 
-@click.command("realtime")
+@click.command("realtime", cls=HeadwaterCommand)
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
@@ -132,14 +133,8 @@ def realtime(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
-    try:
-        plan = read_plan(state_dir, "realtime")
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    try:
-        running = [s.name for s in check_plan(plan, sources)]
-    except RealtimePlanError as exc:
-        raise click.ClickException(str(exc)) from exc
+    plan = read_plan(state_dir, "realtime")
+    running = [s.name for s in check_plan(plan, sources)]
     options = JobOptions(
         kafka_bootstrap=settings.kafka_bootstrap,
         dlq_topic=dlq_topic or settings.dlq_topic,

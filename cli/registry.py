@@ -16,8 +16,9 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand, HeadwaterGroup
 from headwater.registry.compiled import CheckResult
-from headwater.registry.config import ConfigError, features_dir, resolve, state_dir
+from headwater.registry.config import features_dir, resolve, state_dir
 from headwater.registry.durations import format_seconds
 from headwater.registry.plan import (
     default_state_dir,
@@ -60,7 +61,7 @@ def _checked(repo: Path | None, quiet: bool = False) -> CheckResult:
     return result
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @_repo_arg
 @_format_opt
 def check(repo: Path | None, fmt: str) -> None:
@@ -85,7 +86,7 @@ def check(repo: Path | None, fmt: str) -> None:
     sys.exit(0 if result.ok else 1)
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @_repo_arg
 @_state_opt
 @_format_opt
@@ -114,7 +115,7 @@ def plan(repo: Path | None, state_dir: Path | None, fmt: str) -> None:
             click.echo(line)
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @_repo_arg
 @_state_opt
 @click.option("--redis-url", default=None, help="Online store for Feast [default: the resolved redis.url].")
@@ -140,7 +141,7 @@ def apply(repo: Path | None, state_dir: Path | None, redis_url: str | None, no_f
         click.echo(f"  deleted view: {name}")
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def features() -> None:
     """List and describe the feature views of a repo."""
 
@@ -203,7 +204,7 @@ def describe(view: str, repo: Path | None) -> None:
                 )
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def config(fmt: str) -> None:
     """Show where everything is: the config file used, each folder and address, and where it came from.
@@ -211,10 +212,7 @@ def config(fmt: str) -> None:
     Precedence: command-line option, then HEADWATER_* environment variable, then headwater.yaml
     (found with --repo, $HEADWATER_REPO, or from the current folder up), then the default.
     """
-    try:
-        found = resolve()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    found = resolve()
     values: dict[str, str | int | None] = {
         "config_file": str(found.config_file) if found.config_file else None,
         "root": str(found.root),

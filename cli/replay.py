@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
-from headwater.serving.recording import RecordFileError, read_records, read_topic_records
+from headwater.cli.errors import HeadwaterCommand
+from headwater.serving.recording import read_records, read_topic_records
 from headwater.serving.replay import replay
 
 
-@click.command("replay")
+@click.command("replay", cls=HeadwaterCommand)
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--topic", default=None, help="Read the recording from this Kafka topic (recording.topic) instead."
@@ -55,15 +56,12 @@ def replay_command(
     if bool(files) == (topic is not None):
         msg = "pass recording FILES or --topic, one of the two"
         raise click.UsageError(msg)
-    try:
-        if topic is not None:
-            from headwater.pipelines.settings import Settings
+    if topic is not None:
+        from headwater.pipelines.settings import Settings
 
-            records = read_topic_records(bootstrap or Settings.from_env().kafka_bootstrap, topic)
-        else:
-            records = read_records(list(files))
-    except RecordFileError as exc:
-        raise click.ClickException(str(exc)) from exc
+        records = read_topic_records(bootstrap or Settings.from_env().kafka_bootstrap, topic)
+    else:
+        records = read_records(list(files))
     if not records:
         raise click.ClickException(f"no records in {topic or ', '.join(map(str, files))}")
     report = asyncio.run(replay(records, url, speed, max_in_flight, timeout_s, log_impressions))

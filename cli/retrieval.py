@@ -10,10 +10,11 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterGroup
 from headwater.cli.options import models_out_option, training_set_option
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def retrieval() -> None:
     """Retrieve from the whole catalog: the two-tower model and its item index."""
 
@@ -35,13 +36,10 @@ def train(
     """Train the two-tower model on the clicks; print holdout recall@10/100 against popularity."""
     from headwater.ranking.tower_artifact import save_towers
     from headwater.ranking.towers import TowerOptions, train_two_tower
-    from headwater.ranking.trainset import TrainingFileError, read_parquet
+    from headwater.ranking.trainset import read_parquet
 
-    try:
-        ts = read_parquet(training_set)
-        report = train_two_tower(ts, TowerOptions(seed=seed, epochs=epochs, threads=threads, device=device))
-    except TrainingFileError as exc:
-        raise click.ClickException(str(exc)) from exc
+    ts = read_parquet(training_set)
+    report = train_two_tower(ts, TowerOptions(seed=seed, epochs=epochs, threads=threads, device=device))
     artifact = save_towers(out_dir, report, ts)
     h, rows = report.metrics["holdout"], report.metrics["rows"]
     click.echo(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand, HeadwaterGroup
 from headwater.cli.options import STATE_HELP, models_out_option, training_set_option
 from headwater.registry.config import state_dir as resolved_state_dir
 
@@ -24,7 +25,7 @@ MODELS = "models"
 """The models' folder in the state folder: `model train` writes there, `serve` reads from there."""
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def model() -> None:
     """Train the ranking model from a point-in-time training set."""
 
@@ -49,22 +50,16 @@ def train(
     Prints holdout AUC and NDCG@10 (the latest slates, split by time) next to popularity.
     """
     from headwater.ranking.train import TrainOptions, train_and_save
-    from headwater.ranking.trainset import TrainingFileError, read_parquet
+    from headwater.ranking.trainset import read_parquet
 
-    try:
-        ts = read_parquet(training_set)
-    except TrainingFileError as exc:
-        raise click.ClickException(str(exc)) from exc
+    ts = read_parquet(training_set)
     click.echo(
         f"training set {training_set}: {len(ts)} rows, {len(ts.user_features)} user and"
         f" {len(ts.item_features)} item slots, registry {ts.registry_version},"
         f" positive rate {float(ts.label.mean()):.4f}"
     )
     opts = TrainOptions(seed=seed, epochs=epochs, holdout=holdout, device=device)
-    try:
-        report = train_and_save(ts, out_dir, opts)
-    except TrainingFileError as exc:
-        raise click.ClickException(str(exc)) from exc
+    report = train_and_save(ts, out_dir, opts)
     m = report.metrics
     click.echo(
         f"device {m['device']}, {m['seconds']} s;"
@@ -78,7 +73,7 @@ def train(
     click.echo(f"wrote {report.metrics_path}")
 
 
-@click.command()
+@click.command(cls=HeadwaterCommand)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option(
@@ -143,7 +138,7 @@ def serve(
 
     from headwater.pipelines.freshness.metrics import FreshnessCollector
     from headwater.pipelines.settings import Settings
-    from headwater.ranking.features import RegistryBindingError, load_registry
+    from headwater.ranking.features import load_registry
     from headwater.serving.app import create_app, runtimes
     from headwater.serving.config import load_config
     from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
@@ -156,10 +151,7 @@ def serve(
         edge = config.admission.model_copy(update={"enabled": admission})
         config = config.model_copy(update={"admission": edge})
     plans = state_dir or config.state_dir or resolved_state_dir()
-    try:
-        registry = load_registry(plans, config.popularity)
-    except RegistryBindingError as exc:
-        raise click.ClickException(str(exc)) from exc
+    registry = load_registry(plans, config.popularity)
     if model_path is None and (plans / MODELS).is_dir():
         model_path = plans / MODELS
     threads = configure_torch_threads(config.torch_threads)
@@ -226,13 +218,10 @@ def _experiment_and_recorder(
     config: ServingConfig, registry: BoundRegistry, device: str | None, plans: Path, bootstrap: str
 ) -> tuple[dict[str, LoadedModels], Recorder | None]:
     """Load the experiment arms' models and make the request recorder the config asks for."""
-    from headwater.serving.experiments import ExperimentModelError, load_arm_models
+    from headwater.serving.experiments import load_arm_models
     from headwater.serving.recording import Recorder, recording_path
 
-    try:
-        arm_loaded = load_arm_models(config.experiment, registry, device)
-    except ExperimentModelError as exc:
-        raise click.ClickException(str(exc)) from exc
+    arm_loaded = load_arm_models(config.experiment, registry, device)
     if config.experiment is not None:
         shares = ", ".join(f"{k} {v:.1%}" for k, v in config.experiment.shares().items())
         click.echo(f"experiment {config.experiment.name}: {shares}")

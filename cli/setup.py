@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
-from headwater.registry.config import ConfigError, jvm_lib_dir
+from headwater.cli.errors import HeadwaterGroup
+from headwater.registry.config import jvm_lib_dir
 from headwater.registry.jars import build_jars
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def setup() -> None:
     """One-time setup of what the tiers need besides Python packages."""
 
@@ -32,10 +33,7 @@ def jars(lib: Path | None, maven: str, offline: bool, verbose: bool) -> None:
     Runs Maven (3.6+, with a JDK 17+) on the project shipped inside headwater; downloads go to
     ~/.m2 as usual. Run it once per machine (and after upgrading headwater).
     """
-    try:
-        target = lib if lib is not None else jvm_lib_dir()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    target = lib if lib is not None else jvm_lib_dir()
     click.echo(f"resolving the JVM jars into {target} with Maven (a first run downloads ~270 MB to ~/.m2)")
     for group in build_jars(target, maven, offline, quiet=not verbose):
         click.echo(f"  {group}: {sum(1 for _ in group.glob('*.jar'))} jars")

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.errors import HeadwaterCommand
 from headwater.cli.offline import LAKE, MASTER, NAMESPACE, REDIS, STATE
 from headwater.ranking.skew_pit import DEFAULT_THRESHOLD
 from headwater.registry.tiers import TIER_NAMES
 from headwater.serving.skew import DEFAULT_TOPIC, summary_line
 
 
-@click.command("skew")
+@click.command("skew", cls=HeadwaterCommand)
 @click.option("--topic", default=DEFAULT_TOPIC, show_default=True, help="The service's prediction log topic.")
 @click.option(
     "--models", "models_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
@@ -75,12 +76,13 @@ def skew_command(
         point_in_time,
     )
     from headwater.registry.config import state_dir as resolved_state
+    from headwater.registry.plans import NoPlanError, PlanError
 
     models = models_dir or resolved_state(state_dir) / "models"
     try:
         plan = tier_plan(state_dir, "offline")
-    except click.ClickException as exc:
-        raise NotComputed(exc.message) from exc
+    except (NoPlanError, PlanError) as exc:
+        raise NotComputed(str(exc)) from exc
     views = [v for tier in TIER_NAMES for v in tier_views(state_dir, tier)]
     root = lake_root(lake)
     scorers, notes = load_scorers(models)

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 from kafka.errors import KafkaError
 
+from headwater.cli.errors import HeadwaterGroup
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.topics import ensure_topics, platform_topics, round_trip
 
 
-@click.group()
+@click.group(cls=HeadwaterGroup)
 def topics() -> None:
     """Kafka topics: create the platform's topics, check the broker."""
 
@@ -36,14 +37,11 @@ def create_command(partitions: int | None, replication_factor: int | None, state
 
     Before any `headwater apply`, the example repo's sources are used.
     """
-    from headwater.pipelines.events.sources import SourceError, sources_or_examples
+    from headwater.pipelines.events.sources import sources_or_examples
 
     settings = Settings.from_env()
     count = partitions or settings.partitions
-    try:
-        sources, why = sources_or_examples(state_dir)
-    except SourceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    sources, why = sources_or_examples(state_dir)
     if why is not None:
         click.echo(f"creating the example repo's source topics: {why}", err=True)
     wanted = platform_topics(settings, sources)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.registry.config import jvm_lib_dir, state_dir
+from headwater.registry.errors import HeadwaterError
 
 if TYPE_CHECKING:
     from pyflink.datastream import StreamExecutionEnvironment
@@ -36,7 +37,7 @@ def __getattr__(name: str) -> Path:
     raise AttributeError(msg)
 
 
-class MissingJarsError(RuntimeError):
+class MissingJarsError(HeadwaterError, RuntimeError):
     """The JVM artifacts for an engine have not been resolved on this machine."""
 
 

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from headwater.ranking.features import BoundRegistry
+from headwater.registry.errors import HeadwaterError
 
 FORMAT = "headwater.ranker/1"
 KINDS = ("dcn", "linear")
@@ -34,7 +35,7 @@ LATEST = "latest.json"
 _UNHASHED = ("model_version", "created_at")
 
 
-class ArtifactError(ValueError):
+class ArtifactError(HeadwaterError, ValueError):
     """A model artifact is missing, unreadable, corrupt or bound to other features."""
 
 

@@ -36,6 +36,7 @@ from headwater.ranking.experiment_stats import (
     ratio_interval,
     sample_ratio_test,
 )
+from headwater.registry.errors import HeadwaterError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -46,7 +47,7 @@ ARM_FIELD = "arm"
 REPORT_FIELDS = (ARM_FIELD, "user_id", "event_type")
 
 
-class ExperimentReportError(ValueError):
+class ExperimentReportError(HeadwaterError, ValueError):
     """The report cannot be computed (no arm column, no such experiment, bad weights)."""
 
 

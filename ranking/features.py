@@ -27,6 +27,7 @@ import numpy.typing as npt
 from headwater.pipelines.store import ViewLayout
 from headwater.pipelines.windows import compile_view, empty_values, to_vectors, view_layout
 from headwater.ranking.on_demand import OnDemandProgram, slot_index
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanView, TierPlan, read_plan, short_version
 from headwater.registry.tiers import TIER_NAMES
 
@@ -34,7 +35,7 @@ SIDES = {"user": "user_id", "item": "item_id"}
 """The two sides of a ranking pair and the join key a view of that side must have."""
 
 
-class RegistryBindingError(ValueError):
+class RegistryBindingError(HeadwaterError, ValueError):
     """The applied registry cannot feed the ranker (no plans, no user or item view, bad popularity)."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr_value import REQUEST, Value, evaluate, from_json, refs_of, request_columns
 from headwater.registry.plans import PlanOnDemandView
 
@@ -30,7 +31,7 @@ PAIR_PREFIX = "pair."
 """Prefix of the on-demand columns of a training-set Parquet (``pair.<feature>``)."""
 
 
-class OnDemandBindingError(ValueError):
+class OnDemandBindingError(HeadwaterError, ValueError):
     """An on-demand feature reads a slot the bound user and item views do not have."""
 
 

@@ -31,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from headwater.registry.errors import HeadwaterError
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -47,7 +49,7 @@ RELATIVE_TOLERANCE = 1e-5
 Score = Callable[[npt.NDArray[np.float32], npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 
 
-class SkewError(ValueError):
+class SkewError(HeadwaterError, ValueError):
     """The skew cannot be computed; the message says what is missing and what to do."""
 
 

@@ -50,6 +50,7 @@ from headwater.pipelines.offline.lake import DAY_MS, FEATURE_TIME, feature_path,
 from headwater.pipelines.offline.vectors import IdLookup, pack
 from headwater.pipelines.windows import compile_view, slot_names
 from headwater.ranking.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanOnDemandView, PlanView, short_version, view_versions
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ SLATE_TIME = "__slate_time"
 _ROW_TIME = "__row_time"
 
 
-class TrainingSetError(ValueError):
+class TrainingSetError(HeadwaterError, ValueError):
     """Labels or feature tables do not allow a point-in-time join; the message says what to do."""
 
 

@@ -27,12 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.ranking.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
+from headwater.registry.errors import HeadwaterError
 
 ORACLE_COLUMNS = ("oracle", "oracle_relevance")
 """Optional columns of scores known from outside the features (see the module docstring)."""
 
 
-class TrainingFileError(ValueError):
+class TrainingFileError(HeadwaterError, ValueError):
     """A training-set file is missing columns or holds no usable rows."""
 
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headwater.registry.compiled import CheckResult
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.feast_compile import apply_to_feast
 from headwater.registry.plan import SNAPSHOT_FILE, snapshot
 from headwater.registry.plans import PlanSource, build_plans, plan_path, registry_hash
 
 
-class ApplyError(RuntimeError):
+class ApplyError(HeadwaterError, RuntimeError):
     """``apply`` was asked to apply a repo that does not pass ``check``."""
 
 

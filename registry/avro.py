@@ -21,6 +21,8 @@ from typing import Any
 from fastavro import parse_schema
 from fastavro import schema as avro_schema
 
+from headwater.registry.errors import HeadwaterError
+
 # Field kinds as the registry types them; the pipelines map them back to Avro.
 NUMERIC_KINDS = frozenset({"int", "long", "float", "double", "timestamp"})
 INTEGER_KINDS = frozenset({"int", "long", "timestamp"})
@@ -42,7 +44,7 @@ _PROMOTIONS = {
 }
 
 
-class SchemaError(ValueError):
+class SchemaError(HeadwaterError, ValueError):
     """The Avro schema file is missing, not JSON, or uses a shape the registry cannot read.
 
     Attributes:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from headwater.registry import resources
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.yamlsrc import YamlDoc, YamlSyntaxError, parse_yaml
 
 CONFIG_FILE = "headwater.yaml"
@@ -47,7 +48,7 @@ DEFAULT_STATE_DIR = ".headwater"
 DEFAULT_DLQ_TOPIC = "events.dlq"
 
 
-class ConfigError(ValueError):
+class ConfigError(HeadwaterError, ValueError):
     """The config file is missing, unreadable or invalid; the message names the file, line and fix."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from headwater.registry.errors import HeadwaterError
+
 SHORT_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _ISO = re.compile(
@@ -20,7 +22,7 @@ _ISO_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
 EXPECTED_FORMS = "a duration such as 30s, 5m, 1h, 7d, or ISO-8601 PT30S, PT5M, PT1H, P7D"
 
 
-class DurationError(ValueError):
+class DurationError(HeadwaterError, ValueError):
     """A text that is not a duration; the message says what was found and what is accepted."""
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from dataclasses import field as _field
 from typing import Any
 
+from headwater.registry.errors import HeadwaterError
+
 Literal = str | int | float | bool
 COMPARE_OPS = ("=", "!=", "<", "<=", ">", ">=")
 _OP_ALIASES = {"==": "=", "<>": "!="}
@@ -46,7 +48,7 @@ _TOKEN = re.compile(
 )
 
 
-class ExprError(ValueError):
+class ExprError(HeadwaterError, ValueError):
     """A ``where`` text that does not parse or type-check; ``pos`` is the 0-based character offset."""
 
     def __init__(self, message: str, pos: int, hint: str | None = None) -> None:

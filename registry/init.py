@@ -10,8 +10,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import click
-
 from headwater.registry import resources
 from headwater.registry.config import (
     CONFIG_FILE,
@@ -21,6 +19,7 @@ from headwater.registry.config import (
     RedisConfig,
     load_config,
 )
+from headwater.registry.errors import HeadwaterError
 
 TEMPLATE = """\
 # headwater.yaml: where this feature repo's platform is (what feature_store.yaml is to Feast).
@@ -44,7 +43,7 @@ redis:
 GITIGNORE = f"# written by `headwater apply` and the tiers\n{DEFAULT_STATE_DIR}/\n"
 
 
-class InitError(click.ClickException):
+class InitError(HeadwaterError):
     """The target already holds a feature repo (nothing is overwritten)."""
 
 

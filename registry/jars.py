@@ -16,15 +16,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import click
-
 from headwater.registry import resources
+from headwater.registry.errors import HeadwaterError
 
 RESOLVED_MARK = ".resolved"
 GROUPS = ("kafka", "flink", "flink-udfs", "delta")
 
 
-class JarsError(click.ClickException):
+class JarsError(HeadwaterError):
     """Maven is missing or failed; the message says what to install or where the log is."""
 
 

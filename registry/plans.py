@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from headwater.registry.compiled import (
     CheckResult,
@@ -26,6 +26,7 @@ from headwater.registry.compiled import (
     CompiledView,
     Operand,
 )
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import Compare, Expr, InList, IsNull, fields_of, from_json, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
 from headwater.registry.expr_value import to_json as value_json
@@ -33,6 +34,14 @@ from headwater.registry.sources import resolve_timing
 from headwater.registry.tiers import TIER_NAMES, TIERS
 
 SCHEMA_VERSION = 2
+
+
+class NoPlanError(HeadwaterError, FileNotFoundError):
+    """No plan of a tier was applied: run `headwater apply` first."""
+
+
+class PlanError(HeadwaterError, ValueError):
+    """An applied plan this code cannot read: not JSON, not a plan, or of another schema_version."""
 
 
 class PlanModel(BaseModel):
@@ -440,18 +449,27 @@ def read_plan(state_dir: Path, tier: str) -> TierPlan:
     """Read the plan of ``tier`` written by ``headwater apply``.
 
     Raises:
-        FileNotFoundError: when no plan was applied (run ``headwater apply``).
-        ValueError: when the plan's schema_version is not the one this code reads.
+        NoPlanError: when no plan was applied (run ``headwater apply``); a FileNotFoundError.
+        PlanError: when the plan is not JSON, not a plan, or of another schema_version; a ValueError.
     """
     path = plan_path(state_dir, tier)
     if not path.is_file():
         msg = f"no {tier} plan at {path}; run `headwater apply` first"
-        raise FileNotFoundError(msg)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("schema_version") != SCHEMA_VERSION:
+        raise NoPlanError(msg)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        msg = f"{path} is not JSON ({exc}); re-run `headwater apply`"
+        raise PlanError(msg) from exc
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        found = data.get("schema_version") if isinstance(data, dict) else None
         msg = (
-            f"{path} has plan schema_version {data.get('schema_version')}, this code reads "
+            f"{path} has plan schema_version {found}, this code reads "
             f"{SCHEMA_VERSION}; re-run `headwater apply` with this version"
         )
-        raise ValueError(msg)
-    return TierPlan.model_validate(data)
+        raise PlanError(msg)
+    try:
+        return TierPlan.model_validate(data)
+    except ValidationError as exc:
+        msg = f"{path} is not a {tier} plan this code reads: {exc}; re-run `headwater apply`"
+        raise PlanError(msg) from exc

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from headwater.registry.errors import HeadwaterError
+
 Path_ = tuple[str | int, ...]
 
 #: Deepest nesting of lists/mappings a registry file may have (the real files nest 4 deep); deeper
@@ -38,7 +40,7 @@ _BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": Fal
 _SPECIAL_FLOATS = {".inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan")}
 
 
-class YamlSyntaxError(ValueError):
+class YamlSyntaxError(HeadwaterError, ValueError):
     """The text is not YAML (or not the kind this registry reads); carries a 1-based line.
 
     ``code`` is the diagnostic code (``bad-yaml`` unless a more precise one applies) and ``hint``

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from headwater.registry.errors import HeadwaterError
 from headwater.serving.batcher import PRIORITIES
 from headwater.serving.config import AdmissionConfig
 
@@ -43,7 +44,7 @@ CLASS_HEADER = "x-user-class"
 MAX_CLASS_LENGTH = 64
 
 
-class Throttled(Exception):
+class Throttled(HeadwaterError):
     """The class is over its quota; a token comes back in ``retry_after_s`` seconds."""
 
     def __init__(self, user_class: str, rate_per_s: float, retry_after_s: float) -> None:

@@ -26,12 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from headwater.registry.errors import HeadwaterError
+
 P = TypeVar("P")
 R = TypeVar("R")
 PRIORITIES = ("high", "normal", "low")
 
 
-class QueueFullError(RuntimeError):
+class QueueFullError(HeadwaterError, RuntimeError):
     """The queue of a priority class is full; retry after ``retry_after_s`` seconds."""
 
     def __init__(self, priority: str, limit: int, retry_after_s: int) -> None:
@@ -44,7 +46,7 @@ class QueueFullError(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
-class DeadlineExceededError(TimeoutError):
+class DeadlineExceededError(HeadwaterError, TimeoutError):
     """The request's deadline passed before the model could score it."""
 
 

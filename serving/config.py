@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.yamlsrc import YamlSyntaxError, parse_yaml
 from headwater.serving.experiments import ExperimentConfig
 from headwater.serving.funnel.config import FunnelConfig
@@ -23,7 +24,7 @@ CPU_BATCH_ROWS = 1024
 CUDA_BATCH_ROWS = 8192
 
 
-class ServingConfigError(ValueError):
+class ServingConfigError(HeadwaterError, ValueError):
     """The serving configuration file is missing or not valid."""
 
 

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from headwater.registry.errors import HeadwaterError
+
 if TYPE_CHECKING:
     from headwater.pipelines.events.schema import BehaviorEvent
     from headwater.ranking.features import BoundRegistry
@@ -216,7 +218,7 @@ def arm_models(arm: ArmConfig, loaded: LoadedModels) -> Models:
     return Models(absent_reason=EXPERIMENT_REASON)
 
 
-class ExperimentModelError(ValueError):
+class ExperimentModelError(HeadwaterError, ValueError):
     """An arm's model cannot be used: the experiment would not compare what it says."""
 
 

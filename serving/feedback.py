@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from headwater.pipelines.events.codec import EncodeError, EventCodec
 from headwater.pipelines.events.schema import BehaviorEvent, Device, EventType
+from headwater.registry.errors import HeadwaterError
 from headwater.serving.impressions import AnswerEncoder, Impressions
 from headwater.serving.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -672,7 +673,7 @@ HEADER, KEY_FIELD, TIME_FIELD, BODY = "Idempotency-Key", "idempotency_key", "eve
 """The fields a refusal names."""
 
 
-class FeedbackRefused(ValueError):
+class FeedbackRefused(HeadwaterError, ValueError):
     """A feedback post that cannot be accepted; ``field`` names the offending field."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -40,6 +40,8 @@ import orjson
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from headwater.registry.errors import HeadwaterError
+
 logger = logging.getLogger(__name__)
 RECORD_VERSION = 1
 MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -286,7 +288,7 @@ def recording_path(config: RecordingConfig, state_dir: Path) -> Path:
 # --- reading a recording back -------------------------------------------------------------------
 
 
-class RecordFileError(ValueError):
+class RecordFileError(HeadwaterError, ValueError):
     """A recording that cannot be read; the message names the file and the line."""
 
 

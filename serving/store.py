@@ -26,9 +26,10 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.pipelines.store import OnlineStore, StoreError, ViewLayout
+from headwater.registry.errors import HeadwaterError
 
 
-class FeatureReadError(RuntimeError):
+class FeatureReadError(HeadwaterError, RuntimeError):
     """The online store could not answer a read (down, timed out, or an error reply)."""
 
 

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from headwater.pipelines.events.wire_check import Noncanonical, WireError, compile_checker
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import from_json
 from headwater.registry.expr_eval import compile_rule
 from headwater.registry.plans import PlanSource
@@ -116,7 +117,7 @@ class DecodeError:
     detail: str
 
 
-class EncodeError(ValueError):
+class EncodeError(HeadwaterError, ValueError):
     """An event could not be encoded with the writer schema (a bug in the caller, or a bad input row)."""
 
 

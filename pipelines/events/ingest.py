@@ -27,6 +27,7 @@ from headwater.pipelines.events.readers import FileRow, RowReader
 from headwater.pipelines.events.rows import CheckedRow, RowChecker, RowError
 from headwater.pipelines.events.sending import RunStats, Sender
 from headwater.registry.durations import DurationError, parse_duration
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ SHIFT_TO_NOW = "to-now"
 SHIFT_FROM_NOW = "from-now"
 
 
-class IngestError(ValueError):
+class IngestError(HeadwaterError, ValueError):
     """The run cannot start (bad option, or a file with no usable event time); says what to change."""
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from headwater.pipelines.events.codec import HEADER_PRODUCE_TS, EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig, base_rate_for
+from headwater.registry.errors import HeadwaterError
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -36,7 +37,7 @@ MAX_MODE_SIM_RATE = 5_000.0
 PROGRESS_EVERY_S = 1.0
 
 
-class ProduceError(RuntimeError):
+class ProduceError(HeadwaterError, RuntimeError):
     """The broker or topic cannot be used; the message says which and what to do."""
 
 

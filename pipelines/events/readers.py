@@ -19,6 +19,8 @@ from typing import IO, Any, Literal, cast
 
 import orjson
 
+from headwater.registry.errors import HeadwaterError
+
 Format = Literal["jsonl", "csv", "tsv", "parquet"]
 FORMATS: tuple[Format, ...] = ("jsonl", "csv", "tsv", "parquet")
 _EXTENSIONS: dict[str, Format] = {
@@ -36,7 +38,7 @@ PARQUET_BATCH_ROWS = 8_192
 _BOM = b"\xef\xbb\xbf"
 
 
-class FileFormatError(ValueError):
+class FileFormatError(HeadwaterError, ValueError):
     """The file cannot be read as the format (missing, unreadable, broken structure); says which and why."""
 
 

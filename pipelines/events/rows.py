@@ -31,6 +31,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from headwater.pipelines.events.codec import EncodeError, EventCodec
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import Compare, InList, IsNull, fields_of, from_json
 from headwater.registry.plans import PlanField, PlanSource
 
@@ -92,7 +93,7 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-class CoerceError(ValueError):
+class CoerceError(HeadwaterError, ValueError):
     """One value that does not fit its field; the message says what was expected."""
 
 

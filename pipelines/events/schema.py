@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict, get_args
 
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource
 
 EXAMPLE_REPO_ENV = "HEADWATER_EXAMPLE_REPO"
@@ -51,7 +52,7 @@ class BehaviorEvent(TypedDict):
 FIELD_NAMES: tuple[str, ...] = tuple(BehaviorEvent.__annotations__)
 
 
-class ExampleRepoError(ValueError):
+class ExampleRepoError(HeadwaterError, ValueError):
     """The example repo is missing, or its behaviour source does not check."""
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource, read_plan
 
 PLAN_TIER = "offline"
 """The tier plan the sources are read from (each plan carries every source of the registry)."""
 
 
-class SourceError(LookupError):
+class SourceError(HeadwaterError, LookupError):
     """No applied plan, or no such source in it; the message says which and what to do."""
 
 

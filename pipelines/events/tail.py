@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headwater.pipelines.events.codec import DecodedEvent, DecodeError, EventCodec
+from headwater.registry.errors import HeadwaterError
 
 
-class TailError(RuntimeError):
+class TailError(HeadwaterError, RuntimeError):
     """The broker or topic cannot be read; the message says which and what to do."""
 
 

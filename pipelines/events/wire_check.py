@@ -23,11 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from headwater.registry.errors import HeadwaterError
+
 # One step reads the value that starts at ``pos`` in ``data`` and returns the position after it.
 Step = Callable[[bytes, int], int]
 
 
-class WireError(ValueError):
+class WireError(HeadwaterError, ValueError):
     """The bytes are not a valid encoding of the schema; the message says what and at which byte."""
 
 

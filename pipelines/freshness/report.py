@@ -20,12 +20,13 @@ from typing import Any
 from headwater.pipelines.freshness.samples import Entry, read_since
 from headwater.pipelines.freshness.stats import Progress, lag_samples, weighted_quantiles
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.tiers import TIER_NAMES
 
 OK, BREACH, NO_DATA = "ok", "breach", "no data"
 
 
-class NoPlansError(RuntimeError):
+class NoPlansError(HeadwaterError, RuntimeError):
     """No tier plan was applied: there are no views to report on."""
 
 

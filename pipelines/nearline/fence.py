@@ -43,6 +43,8 @@ from typing import Any
 from kafka import KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
+from headwater.registry.errors import HeadwaterError
+
 log = logging.getLogger("headwater.nearline")
 
 TRANSACTION_TIMEOUT_MS = 300_000
@@ -50,7 +52,7 @@ TRANSACTION_TIMEOUT_MS = 300_000
 one); a dead owner's open transaction is aborted sooner, by the next owner's ``init_transactions``."""
 
 
-class NearlineFencedError(RuntimeError):
+class NearlineFencedError(HeadwaterError, RuntimeError):
     """A newer owner took a partition of this worker: its transaction or online write was refused."""
 
 

@@ -30,6 +30,7 @@ from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import ViewLayout
 from headwater.pipelines.topics import ensure_topics
 from headwater.pipelines.windows import ViewSpec, compile_view, view_layout
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource, TierPlan, read_plan
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ OUTAGE_BUDGET_MS = DAY_MS
 """How long stage B (the repartitioned views) may be down or behind without losing forwarded events."""
 
 
-class NearlinePlanError(ValueError):
+class NearlinePlanError(HeadwaterError, ValueError):
     """The applied nearline plan cannot run (no views, an unknown --source, a missing topic)."""
 
 

@@ -76,6 +76,7 @@ from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
 from headwater.pipelines.store.store import FencedError
 from headwater.pipelines.windows import RedisDictionary, to_vectors
+from headwater.registry.errors import HeadwaterError
 
 log = logging.getLogger("headwater.nearline")
 
@@ -113,11 +114,11 @@ class NearlineConfig:
     """Run only these sources of the plan (empty: every source with a nearline view)."""
 
 
-class NearlineCommitError(RuntimeError):
+class NearlineCommitError(HeadwaterError, RuntimeError):
     """A step of the commit protocol failed; nothing of the batch is committed."""
 
 
-class NearlineSetupError(RuntimeError):
+class NearlineSetupError(HeadwaterError, RuntimeError):
     """Opening or closing partitions in the rebalance callback failed; the worker must restart."""
 
 

@@ -27,6 +27,7 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from headwater.registry.aggs import AGG_NAMES
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ VALUE_OPERAND_AGGS = frozenset({"distinct_count"})
 """Ratio operands computed from per-value counts, not from per-pane partials."""
 
 
-class AggregationError(ValueError):
+class AggregationError(HeadwaterError, ValueError):
     """A view cannot be computed as asked (unknown aggregation, slide not dividing the step)."""
 
 

@@ -45,6 +45,7 @@ from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
 from headwater.pipelines.offline.bronze import events_table
 from headwater.pipelines.offline.lake import bronze_path, is_delta_table
 from headwater.pipelines.offline.source_columns import BRONZE_WRITE_OPTIONS, with_date
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ UNPARSABLE = "unparsable"
 """Reject reason: the reader could not parse the row (bad JSON, wrong CSV cell count)."""
 
 
-class HistoryImportError(RuntimeError):
+class HistoryImportError(HeadwaterError, RuntimeError):
     """An import cannot run (no such file, unreadable format); the message says what to do."""
 
 

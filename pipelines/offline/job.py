@@ -28,6 +28,7 @@ from headwater.pipelines.offline.lake import (
     is_delta_table,
 )
 from headwater.pipelines.offline.source_columns import time_between
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource, PlanView
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def computed_days(spark: SparkSession, table: Path) -> set[date]:
     return out
 
 
-class OfflineJobError(RuntimeError):
+class OfflineJobError(HeadwaterError, RuntimeError):
     """The job cannot run (no bronze table, unknown view); the message says what to do."""
 
 

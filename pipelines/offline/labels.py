@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
 from headwater.pipelines.offline.lake import day_start_ms
 from headwater.pipelines.offline.source_columns import event_ms
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ LABEL_FIELDS = ("user_id", "item_id", "session_id", "event_type", "position")
 """The behaviour fields labels are derived from: a source with all of them is a behaviour stream."""
 
 
-class LabelsError(ValueError):
+class LabelsError(HeadwaterError, ValueError):
     """No labels can be derived (empty range); the message says what to do."""
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from headwater.pipelines.events.codec import Reason
 from headwater.pipelines.offline.lake import is_delta_table
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ CHUNK_RECORDS = 50_000
 """Records per poll: decoded into Arrow at once, then released."""
 
 
-class LandingError(RuntimeError):
+class LandingError(HeadwaterError, RuntimeError):
     """Landing cannot go on (broker, topic or table problem); the message says what to do."""
 
 

@@ -34,6 +34,7 @@ from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.store.layout import ViewLayout
 from headwater.pipelines.store.transport import StoreUnavailableError
 from headwater.pipelines.windows import RedisDictionary, ViewSpec, compile_view, view_layout
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanView
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ REDIS_PATIENCE_S = 300.0
 REDIS_DOWN = (StoreUnavailableError, RedisConnectionError, RedisTimeoutError)
 
 
-class MaterializeError(RuntimeError):
+class MaterializeError(HeadwaterError, RuntimeError):
     """A view has no feature table to materialize; the message says which command makes it."""
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
 from headwater.pipelines.offline.lake import is_delta_table
 from headwater.pipelines.offline.landing_lock import LandingLock
+from headwater.registry.errors import HeadwaterError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -55,7 +56,7 @@ BATCH_RECORDS = 50_000
 """Records per Delta commit (each commit holds the positions of its own rows)."""
 
 
-class PredictionLandingError(ValueError):
+class PredictionLandingError(HeadwaterError, ValueError):
     """The prediction topic cannot be landed; the message names the topic and what to do."""
 
 

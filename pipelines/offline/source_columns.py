@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanSource, PlanView
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ column in place (Delta type widening, enabled when the table is created).
 """
 
 
-class SourceColumnsError(ValueError):
+class SourceColumnsError(HeadwaterError, ValueError):
     """A source cannot be stored in bronze as declared (a field name or kind the table cannot hold)."""
 
 

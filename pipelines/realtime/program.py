@@ -32,6 +32,7 @@ from headwater.pipelines.store.store import WRITE_SCRIPT
 from headwater.pipelines.windows import compile_view, view_layout
 from headwater.pipelines.windows.vector import ASSIGN_LUA
 from headwater.registry.aggs import FIELD_REQUIRED
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanSource, PlanView, PlanWhere, TierPlan
 
 FORMAT = 3
@@ -44,7 +45,7 @@ DEFAULT_IDLE_ADVANCE_MS = 2_000
 so windows still slide (counts decay) when the traffic stops."""
 
 
-class RealtimePlanError(ValueError):
+class RealtimePlanError(HeadwaterError, ValueError):
     """The realtime plan asks for something this job cannot run; the message says what to do."""
 
 

@@ -14,10 +14,12 @@ from urllib.parse import urlsplit
 
 import redis
 
+from headwater.registry.errors import HeadwaterError
+
 CLUSTER_SCHEME = "redis-cluster"
 
 
-class StoreURLError(ValueError):
+class StoreURLError(HeadwaterError, ValueError):
     """The online store's URL cannot be used; the message says what a valid one looks like."""
 
 

@@ -34,6 +34,7 @@ from pydantic import StrictStr
 from headwater.pipelines.store.feast_yaml import PLUGIN_TYPE, online_store_section
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE, ViewLayout
 from headwater.pipelines.store.store import OnlineStore
+from headwater.registry.errors import HeadwaterError
 
 __all__ = ["HeadwaterOnlineStore", "HeadwaterOnlineStoreConfig", "layout_for", "online_store_section"]
 
@@ -47,7 +48,7 @@ _READERS: dict[ValueType, Callable[[float], ValueProto]] = {
 }
 
 
-class HeadwaterFeastError(ValueError):
+class HeadwaterFeastError(HeadwaterError, ValueError):
     """A Feast object cannot be served by the headwater online store."""
 
 

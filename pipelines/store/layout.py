@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 
 from redis.crc import key_slot
 
+from headwater.registry.errors import HeadwaterError
+
 DEFAULT_NAMESPACE = "hw"
 FRESHNESS_MAXLEN = 20_000  # entries kept per view in the freshness log; write.lua uses the same cap
 MAX_VERSION_BYTES = 32
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
-class LayoutError(ValueError):
+class LayoutError(HeadwaterError, ValueError):
     """A view layout (view name, features, TTL or version) is not valid."""
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import redis
 
+from headwater.registry.errors import HeadwaterError
 
-class OwnRedisError(RuntimeError):
+
+class OwnRedisError(HeadwaterError, RuntimeError):
     """The private redis-server could not be started."""
 
 

@@ -27,6 +27,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from headwater.registry.errors import HeadwaterError
+
 _hiredis_pack: Callable[[Any], bytes] | None
 try:
     from hiredis import pack_command as _hiredis_pack
@@ -43,7 +45,7 @@ _KEYED = frozenset({"MGET", "GET", "SET", "DEL", "UNLINK", "XADD", "XRANGE", "XR
 """Commands whose first argument is their key (the store's own commands; others go through redis-py)."""
 
 
-class StoreError(RuntimeError):
+class StoreError(HeadwaterError, RuntimeError):
     """The online store answered with an error."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headwater.registry.aggs import AGG_NAMES
+from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import Compare, InList, from_json
 from headwater.registry.expr_eval import compile_predicate
 from headwater.registry.plans import PlanFeature, PlanOperand, PlanView, PlanWhere
@@ -26,7 +27,7 @@ ALL_AGGS = frozenset(AGG_NAMES)
 SCALAR_AGGS = ALL_AGGS - {"top_k", "ratio"}
 
 
-class WindowSpecError(ValueError):
+class WindowSpecError(HeadwaterError, ValueError):
     """A plan feature cannot be turned into a window (unknown aggregation, bad window)."""
 
 

@@ -30,6 +30,7 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from headwater.registry.errors import HeadwaterError
 from headwater.serving.slots import ids_from_arrays, ids_to_arrays
 
 DEFAULT_CONNECTIVITY = 16
@@ -48,7 +49,7 @@ the run-to-run noise) and loses recall at small ef; 300 candidates instead of 50
 answers' planted signal (``bench_recommend.py --variants current,retrieve300 --quality-users 300``)."""
 
 
-class ItemIndexError(ValueError):
+class ItemIndexError(HeadwaterError, ValueError):
     """Vectors of the wrong shape, or ids and vectors of different lengths."""
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headwater.ranking.features import SideViews
+from headwater.registry.errors import HeadwaterError
 from headwater.serving.retrieval.index import ItemIndex
 from headwater.serving.retrieval.refresh import IndexRefresher
 from headwater.serving.store import now_ms
@@ -55,7 +56,7 @@ LEFTOVER_AGE_S = 3600.0
 """Files of a save that did not finish (a crash) are deleted by the next save once this old."""
 
 
-class SnapshotError(Exception):
+class SnapshotError(HeadwaterError):
     """A snapshot that cannot be used; the message says why (the index is then built from the store)."""
 
 
