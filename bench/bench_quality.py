@@ -62,19 +62,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quality_data
 
+from headwater.ranking.inputs import input_norm, split_by_time, standardized
+from headwater.ranking.losses import fit_position_bias, slate_softmax_loss
 from headwater.ranking.model import linear_logits
 from headwater.ranking.quality_sets import NEIGHBOUR_FEATURES, generator_set
 from headwater.ranking.train import (
     TrainOptions,
     _score_dcn,
-    _standardized,
     at_position,
     choose_linear_l2,
-    fit_position_bias,
     holdout_metrics,
-    input_norm,
-    slate_softmax_loss,
-    split_by_time,
     train_linear,
     train_ranker,
 )
@@ -137,7 +134,7 @@ def within_slate_bound(fit_on: TrainingSet, norm: tuple[Any, ...]) -> npt.NDArra
     can use within a slate); fitted to convergence (L-BFGS) on the rows it then scores, so its NDCG@10
     bounds what any linear combination of these inputs can reach on them: a ceiling, not a model.
     """
-    users, items = _standardized(fit_on, norm)
+    users, items = standardized(fit_on, norm)
     x = torch.cat([items, (users[:, :, None] * items[:, None, :]).reshape(len(fit_on), -1)], dim=1)
     _, slate = np.unique(fit_on.group, return_inverse=True)
     slates, labels = torch.from_numpy(slate.astype(np.int64)), torch.from_numpy(fit_on.label)
@@ -191,9 +188,9 @@ def evaluate(ts: TrainingSet, seed: int, epochs: int, variants: list[str]) -> di
         chosen, _ = choose_linear_l2(train, TrainOptions(seed=seed, log_counts=mode))
         state = train_linear(train, chosen, norm)
         seconds[name] = round(time.process_time() - started, 1)
-        scores[name] = linear_logits(state, *_standardized(test, norm)).detach().numpy()
+        scores[name] = linear_logits(state, *standardized(test, norm)).detach().numpy()
         if train.position is not None:  # the same per-slot offsets on the linear model's logits
-            fitted = linear_logits(state, *_standardized(train, norm)).detach().numpy()
+            fitted = linear_logits(state, *standardized(train, norm)).detach().numpy()
             bias = fit_position_bias(fitted, train.position, train.label)
             scores[f"{name}_at_position"] = at_position(scores[name], bias, test)
     train, test = full.take(train_rows), full.take(test_rows)

@@ -39,9 +39,9 @@ from headwater.ranking.artifact import (
     write_versioned,
 )
 from headwater.ranking.evaluation import auc, ndcg_at_k
+from headwater.ranking.inputs import moments, split_by_time
 from headwater.ranking.model import CLAMP
 from headwater.ranking.onnx_scorer import OnnxBacked, OnnxReranker
-from headwater.ranking.train import moments, split_by_time
 from headwater.ranking.trainset import TrainingFileError, TrainingSet
 
 FORMAT = "headwater.reranker/1"

@@ -136,7 +136,7 @@ class TowerReport:
 
 
 def _moments(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    from headwater.ranking.train import moments  # one definition of the input scaling
+    from headwater.ranking.inputs import moments
 
     return moments(x)
 
@@ -179,7 +179,7 @@ def train_two_tower(ts: TrainingSet, opts: TowerOptions | None = None) -> TowerR
 
 
 def _train(ts: TrainingSet, opts: TowerOptions) -> TowerReport:
-    from headwater.ranking.train import split_by_time
+    from headwater.ranking.inputs import split_by_time
 
     started = time.perf_counter()
     device = pick_device(opts.device)

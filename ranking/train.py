@@ -37,7 +37,6 @@ import json
 import math
 import platform
 import time
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,12 +49,17 @@ from torch import nn
 
 from headwater.ranking.artifact import Artifact, point_latest, save_artifact
 from headwater.ranking.evaluation import auc, feature_scores, ndcg_at_k, popularity_scores
+from headwater.ranking.inputs import (
+    LOG_COUNTS,
+    input_norm,
+    split_by_time,
+    standardized,
+)
+from headwater.ranking.losses import PositionBias, fit_position_bias, slate_pairwise_loss, slate_softmax_loss
 from headwater.ranking.model import (
     LOG_MASKS,
     DCNRanker,
     linear_logits,
-    log_counts,
-    log_counts_np,
     pick_device,
 )
 from headwater.ranking.trainset import TrainingSet
@@ -139,12 +143,6 @@ class TrainOptions:
 
 
 LOSSES = ("pointwise", "listwise", "mixed")
-LOG_COUNTS = ("auto", "none")
-COUNT_MIN_MAX = 10.0
-"""A count column reaches at least this in the training rows (a 0/1 flag or a share is no count)."""
-COUNT_MIN_SKEW = 2.0
-"""A non-whole non-negative column (a sum of amounts) is logged when its skewness is at least this
-and its 99th percentile at least :data:`COUNT_MIN_MAX`."""
 POSITION_BIAS = ("after", "joint", "none")
 
 
@@ -156,52 +154,6 @@ class TrainReport:
     linear: Artifact
     metrics: dict[str, Any] = field(default_factory=dict)
     metrics_path: Path | None = None
-
-
-def split_by_time(ts: TrainingSet, holdout: float) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """(train rows, holdout rows): whole slates, the latest ``holdout`` share of them held out."""
-    groups, first = np.unique(ts.group, return_index=True)
-    order = groups[np.argsort(ts.event_time_ms[first], kind="mergesort")]
-    cut = round(len(order) * (1.0 - holdout))
-    test_groups = order[cut:]
-    is_test = np.isin(ts.group, test_groups)
-    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
-
-
-def moments(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """Return per-column mean and scale of model inputs (NaN-aware), the one input scaling of every model."""
-    with warnings.catch_warnings():  # an all-NaN column (a feature never set) gets mean 0, scale 1
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(x, axis=0)
-        std = np.nanstd(x, axis=0)
-    mean = np.where(np.isfinite(mean), mean, 0.0)
-    std = np.where(np.isfinite(std) & (std > 1e-6), std, 1.0)
-    return mean.astype(np.float32), std.astype(np.float32)
-
-
-def count_columns(x: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
-    """Return which columns of ``x`` (training rows) are counts, to be taken as ``log(1 + x)``.
-
-    Decided from the data, not the registry (a training set carries slot names only, and the
-    quality sets have no registry): a column is a count when its known values are all non-negative
-    and either all whole numbers reaching at least :data:`COUNT_MIN_MAX` (a ``count``,
-    ``distinct_count`` or a sum of whole amounts), or heavy-tailed (skewness at least
-    :data:`COUNT_MIN_SKEW` and 99th percentile at least :data:`COUNT_MIN_MAX`: a sum of amounts).
-    Rates, shares and COEC-like ratios stay as they are. On the quality sets this picks exactly
-    the user's and the item's clicks and impressions.
-    """
-    mask = np.zeros(x.shape[1], dtype=bool)
-    for j in range(x.shape[1]):
-        v = x[:, j][np.isfinite(x[:, j])].astype(np.float64)
-        if len(v) == 0 or v.min() < 0.0 or v.max() < COUNT_MIN_MAX:
-            continue
-        if np.all(v == np.round(v)):
-            mask[j] = True
-            continue
-        sd = v.std()
-        skew = float(((v - v.mean()) ** 3).mean() / sd**3) if sd > 0 else 0.0
-        mask[j] = skew >= COUNT_MIN_SKEW and float(np.quantile(v, 0.99)) >= COUNT_MIN_MAX
-    return mask
 
 
 LINEAR_L2_VALIDATION = 0.1
@@ -228,30 +180,12 @@ def choose_linear_l2(train: TrainingSet, opts: TrainOptions) -> tuple[TrainOptio
     best, best_figure = opts.linear_l2, -math.inf
     for l2 in grid:
         state = train_linear(fit, replace(opts, linear_l2=l2), norm)
-        scores = linear_logits(state, *_standardized(valid, norm)).detach().numpy()
+        scores = linear_logits(state, *standardized(valid, norm)).detach().numpy()
         figure = auc(valid.label, scores) + ndcg_at_k(valid.group, valid.label, scores)
         figures[f"{l2:g}"] = round(figure, 4)
         if figure > best_figure:
             best, best_figure = l2, figure
     return replace(opts, linear_l2=best), figures
-
-
-def input_norm(train: TrainingSet, mode: str = "auto") -> tuple[npt.NDArray[Any], ...]:
-    """Return ``(user_mean, user_scale, item_mean, item_scale, user_log, item_log)`` for ``train``.
-
-    The masks are :func:`count_columns` (``mode="auto"``) or all False (``none``); the
-    moments are those of the inputs after ``log(1 + x)`` in the masked columns, what the models
-    standardise. Every function taking a ``norm`` also takes the 4 moments alone (no column logged).
-    """
-    if mode not in LOG_COUNTS:
-        msg = f"log_counts: expected one of {LOG_COUNTS}, found {mode!r}"
-        raise ValueError(msg)
-    auto = mode == "auto"
-    user_log = count_columns(train.user) if auto else np.zeros(train.user.shape[1], bool)
-    item_log = count_columns(train.item) if auto else np.zeros(train.item.shape[1], bool)
-    user = log_counts_np(train.user, user_log)
-    item = log_counts_np(train.item, item_log)
-    return (*moments(user), *moments(item), user_log, item_log)
 
 
 def _batches(n: int, size: int, rng: np.random.Generator) -> list[npt.NDArray[np.intp]]:
@@ -280,100 +214,8 @@ def _slate_batches(
     return batches
 
 
-def slate_softmax_loss(logits: torch.Tensor, labels: torch.Tensor, slate: torch.Tensor) -> torch.Tensor:
-    """Listwise loss: softmax cross-entropy within each slate, averaged over the slates with a click.
-
-    Per slate: the cross-entropy between the softmax of its ``logits`` and its clicks as a
-    distribution (``labels / sum(labels)`` within the slate).
-
-    ``slate`` is a dense index (0..S-1) per row. For a slate of scores (1, 0, 0) and clicks (1, 0, 0)
-    the loss is ``-log(e / (e + 2)) = 0.5514``. Slates without a click carry no order to learn and
-    contribute nothing; a batch without any click gives 0 (still differentiable).
-    """
-    n = int(slate.max()) + 1 if len(slate) else 0
-    top = torch.full((n,), -torch.inf, device=logits.device, dtype=logits.dtype)
-    top = top.scatter_reduce(0, slate, logits.detach(), reduce="amax")
-    shifted = logits - top[slate]
-    log_norm = (
-        torch.zeros(n, device=logits.device, dtype=logits.dtype).index_add(0, slate, shifted.exp()).log()
-    )
-    log_p = shifted - log_norm[slate]
-    clicks = torch.zeros(n, device=logits.device, dtype=logits.dtype).index_add(0, slate, labels)
-    has = clicks > 0
-    target = labels / clicks[slate].clamp(min=1e-12)
-    per_slate = -torch.zeros(n, device=logits.device, dtype=logits.dtype).index_add(0, slate, target * log_p)
-    if not bool(has.any()):
-        return logits.sum() * 0.0
-    return per_slate[has].mean()
-
-
 PATIENCE = 2
 """Epochs without a better validation figure before early stopping ends training."""
-
-
-def slate_pairwise_loss(logits: torch.Tensor, labels: torch.Tensor, slate: torch.Tensor) -> torch.Tensor:
-    """Pairwise (RankNet) loss within slates: ``log(1 + exp(s_neg - s_pos))``, mean over the pairs.
-
-    The pairs are every (clicked, not clicked) pair of rows of one slate (``slate``: dense index per
-    row). For scores (1, 0) with clicks (1, 0) the loss is ``log(1 + e^-1) = 0.3133``. A batch without such
-    a pair gives 0 (still differentiable).
-    """
-    same = slate[:, None] == slate[None, :]
-    pairs = same & (labels[:, None] > 0.5) & (labels[None, :] < 0.5)
-    if not bool(pairs.any()):
-        return logits.sum() * 0.0
-    pos, neg = pairs.nonzero(as_tuple=True)
-    return nn.functional.softplus(logits[neg] - logits[pos]).mean()
-
-
-MAX_POSITION = 20
-"""Slots past this share :class:`PositionBias`'s last offset."""
-
-
-class PositionBias(nn.Module):
-    """A learned logit offset per slot an impression was shown at, relative to the top slot.
-
-    Fitted on the DCN's logits (``after``: :func:`fit_position_bias`) or trained beside it (``joint``:
-    their logits add up), and never served: the service ranks by the DCN's logit alone, the score of
-    an item shown at the top. Position 0 (unknown) gets no offset.
-    """
-
-    def __init__(self, slots: int = MAX_POSITION, *, scaled: bool = False) -> None:
-        super().__init__()
-        self.slots = slots
-        self.weight = nn.Parameter(torch.zeros(slots + 1))
-        self.scale = nn.Parameter(torch.ones(()), requires_grad=scaled)
-        """Multiplies the DCN's logits in :func:`at_position` (fitted by ``after``; 1 when joint)."""
-
-    def start_from(self, position: npt.NDArray[np.int64], label: npt.NDArray[np.float32]) -> None:
-        """Start from each slot's log click rate against the top slot's (smoothed toward the mean rate).
-
-        Adam moves a weight by about the learning rate a step; a few hundred steps from zero could
-        not reach the offsets a slot 10 has (about -1.8 in the generator's click model).
-        """
-        known = (position > 0) & (position <= self.slots)
-        base = max(float(label[known].mean()) if known.any() else 0.0, 1e-4)
-        shown = np.bincount(position[known], minlength=self.slots + 1).astype(np.float64)
-        clicked = np.bincount(position[known], weights=label[known], minlength=self.slots + 1)
-        rate = (clicked + 1.0) / (shown + 1.0 / base)
-        with torch.no_grad():
-            self.weight.copy_(torch.from_numpy(np.log(rate) - np.log(rate[1])).float())
-
-    def forward(self, position: torch.Tensor) -> torch.Tensor:
-        """Offsets (B,) for ``position`` (B,) int64."""
-        clipped = position.clamp(0, self.slots)
-        offset = self.weight[clipped] - self.weight[1]
-        return torch.where(clipped > 0, offset, torch.zeros_like(offset))
-
-    def describe(self, mode: str) -> dict[str, Any]:
-        """Return the mode, the scale and the offsets, for an artifact's metadata (never read back)."""
-        return {"mode": mode, "scale": round(float(self.scale.detach()), 4), "offsets": self.offsets()}
-
-    def offsets(self) -> list[float]:
-        """Return the learned offsets of positions 1..slots (position 1 is 0 by construction)."""
-        with torch.no_grad():
-            values = self(torch.arange(1, self.slots + 1))
-        return [round(float(v), 4) for v in values]
 
 
 def train_dcn(
@@ -526,29 +368,6 @@ class _Best:
         model.load_state_dict(self.state)
 
 
-def fit_position_bias(
-    logits: npt.NDArray[np.floating[Any]], position: npt.NDArray[np.int64], label: npt.NDArray[np.float32]
-) -> PositionBias:
-    """Fit a scale of the fixed ``logits`` and the per-slot offsets: full-batch L-BFGS of the log loss.
-
-    The loss is convex in (scale, offsets). The scale recalibrates a listwise-trained DCN, whose
-    logits are only defined up to a shift within a slate; it is positive for any useful model.
-    """
-    bias = PositionBias(scaled=True)
-    fixed = torch.from_numpy(np.asarray(logits, np.float32))
-    slots, labels = torch.from_numpy(position), torch.from_numpy(label)
-    optimizer = torch.optim.LBFGS(bias.parameters(), lr=1.0, max_iter=100, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.binary_cross_entropy_with_logits(bias.scale * fixed + bias(slots), labels)
-        torch.autograd.backward(loss)
-        return loss
-
-    optimizer.step(closure)  # type: ignore[no-untyped-call]  # torch leaves LBFGS.step untyped
-    return bias.eval()
-
-
 def train_linear(train: TrainingSet, opts: TrainOptions, norm: tuple[Any, ...]) -> dict[str, torch.Tensor]:
     """Fit the logistic-regression fallback on ``train``: full-batch L-BFGS, L2 on every weight.
 
@@ -558,7 +377,7 @@ def train_linear(train: TrainingSet, opts: TrainOptions, norm: tuple[Any, ...]) 
     weights mostly fitting noise, which ranked the holdout below chance.
     """
     torch.manual_seed(opts.seed + 1)
-    users, items = _standardized(train, norm)
+    users, items = standardized(train, norm)
     labels = torch.from_numpy(train.label)
     du, di = users.shape[1], items.shape[1]
     rate = min(max(float(labels.mean()), 1e-6), 1.0 - 1e-6)
@@ -686,7 +505,7 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     linear_state = train_linear(train, opts, norm)
     dcn, bias = train_ranker(train, opts, device, norm, linear_state)
     # Step 5
-    linear_scores = linear_logits(linear_state, *_standardized(test, norm)).detach().numpy()
+    linear_scores = linear_logits(linear_state, *standardized(test, norm)).detach().numpy()
     scores = {"dcn": _score_dcn(dcn, test), "linear": linear_scores}
     if bias is not None:  # the click logit where each holdout row was shown: against the oracle's AUC
         scores["dcn_at_position"] = at_position(scores["dcn"], bias, test)
@@ -739,15 +558,3 @@ def train_and_save(ts: TrainingSet, out_dir: Path, opts: TrainOptions) -> TrainR
     for kind, path in (("dcn", dcn_artifact.path), ("linear", linear.path), ("metrics", metrics_path)):
         point_latest(out_dir, kind, path)
     return TrainReport(dcn_artifact, linear, metrics, metrics_path)
-
-
-def _standardized(ts: TrainingSet, norm: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``ts``'s inputs as the models see them: counts logged (6-entry ``norm``), standardised."""
-    u_mean, u_scale, i_mean, i_scale = (torch.as_tensor(a) for a in norm[:4])
-    user, item = torch.from_numpy(ts.user), torch.from_numpy(ts.item)
-    if len(norm) == 6:
-        user = log_counts(user, torch.as_tensor(np.asarray(norm[4], dtype=bool)))
-        item = log_counts(item, torch.as_tensor(np.asarray(norm[5], dtype=bool)))
-    users = torch.nan_to_num((user - u_mean) / u_scale).clamp(-8.0, 8.0)
-    items = torch.nan_to_num((item - i_mean) / i_scale).clamp(-8.0, 8.0)
-    return users, items

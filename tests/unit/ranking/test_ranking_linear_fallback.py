@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from headwater.ranking.evaluation import auc, ndcg_at_k, popularity_scores
+from headwater.ranking.inputs import moments, split_by_time, standardized
 from headwater.ranking.model import LinearRanker, linear_logits
 from headwater.ranking.synthetic import make_world, small_registry, training_set
-from headwater.ranking.train import TrainOptions, _standardized, moments, split_by_time, train_linear
+from headwater.ranking.train import TrainOptions, train_linear
 from headwater.ranking.trainset import TrainingSet
 
 MARGIN = 0.05
@@ -30,7 +31,7 @@ def test_linear_fallback_beats_popularity_on_the_holdout(split: tuple[TrainingSe
     train, test = split
     norm = (*moments(train.user), *moments(train.item))
     state = train_linear(train, TrainOptions(seed=0), norm)
-    linear = linear_logits(state, *_standardized(test, norm)).numpy()
+    linear = linear_logits(state, *standardized(test, norm)).numpy()
     popular = popularity_scores(train.item_ids, train.label, test.item_ids)
     linear_auc, popular_auc = auc(test.label, linear), auc(test.label, popular)
     assert linear_auc > popular_auc + MARGIN, (linear_auc, popular_auc)

@@ -23,18 +23,11 @@ from hypothesis import strategies as st
 
 from headwater.ranking.accel import ONNXRUNTIME, TORCH
 from headwater.ranking.artifact import load_artifact, save_artifact
+from headwater.ranking.inputs import count_columns, input_norm, split_by_time, standardized
 from headwater.ranking.model import DCNRanker, LinearRanker, NeuralScorer, linear_logits
 from headwater.ranking.quality_sets import generator_set
 from headwater.ranking.scorers import linear_from_artifact, neural_from_artifact
-from headwater.ranking.train import (
-    TrainOptions,
-    _score_dcn,
-    _standardized,
-    count_columns,
-    input_norm,
-    split_by_time,
-    train_and_save,
-)
+from headwater.ranking.train import TrainOptions, _score_dcn, train_and_save
 
 USER_DIM, ITEM_DIM = 4, 5
 USER_LOG = np.array([True, False, True, False])
@@ -191,7 +184,7 @@ def test_train_and_save_writes_the_masks_and_the_loaders_score_as_training_did(t
     slate = test.take(np.flatnonzero(test.group == test.group[0]))
     norm = input_norm(ranked.take(train_rows), "auto")
     weights = {k: v for k, v in report.linear.state.items() if k.startswith(("w_", "bias"))}
-    trained_linear = linear_logits(weights, *_standardized(slate, norm)).numpy()
+    trained_linear = linear_logits(weights, *standardized(slate, norm)).numpy()
     linear = linear_from_artifact(load_artifact(report.linear.path))
     np.testing.assert_allclose(linear.score(slate.user[0], slate.item), trained_linear, atol=1e-4)
     dcn = neural_from_artifact(load_artifact(report.dcn.path), "cpu")

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig
 from headwater.ranking.evaluation import auc, feature_scores, ndcg_at_k
+from headwater.ranking.inputs import moments, split_by_time, standardized
+from headwater.ranking.losses import PositionBias, fit_position_bias, slate_pairwise_loss, slate_softmax_loss
 from headwater.ranking.model import DCNRanker, linear_logits
 from headwater.ranking.quality_sets import (
     NEIGHBOUR_FEATURES,
@@ -31,18 +33,11 @@ from headwater.ranking.quality_sets import (
 )
 from headwater.ranking.synthetic import make_world, small_registry, training_set
 from headwater.ranking.train import (
-    PositionBias,
     TrainOptions,
     _Best,
     _score_dcn,
-    _standardized,
     at_position,
-    fit_position_bias,
     holdout_metrics,
-    moments,
-    slate_pairwise_loss,
-    slate_softmax_loss,
-    split_by_time,
     train_dcn,
     train_linear,
     train_ranker,
@@ -328,8 +323,8 @@ def generator_runs() -> dict[str, Any]:
         scores = {"dcn": _score_dcn(model, test)}
         scores["dcn_at_position"] = at_position(scores["dcn"], bias, test)
         # the fallback the DCN started from, with its own offsets fitted the same way
-        scores["linear"] = linear_logits(linear, *_standardized(test, norm)).numpy()
-        fitted = linear_logits(linear, *_standardized(train, norm)).numpy()
+        scores["linear"] = linear_logits(linear, *standardized(test, norm)).numpy()
+        fitted = linear_logits(linear, *standardized(train, norm)).numpy()
         linear_bias = fit_position_bias(fitted, train.position, train.label)
         scores["linear_at_position"] = at_position(scores["linear"], linear_bias, test)
         out[name] = holdout_metrics(train, test, scores)
