@@ -5,8 +5,8 @@ the wheel from the unpacked sdist, so MANIFEST.in is proven too) with setuptools
 backend, and installed with ``--no-deps`` into a new venv made without pip. The heavy
 dependencies (Flink, Spark, torch...) are not installed again: a ``.pth`` file appends the
 project venv's site-packages to the new venv's path. That directory holds no ``headwater``
-package (the editable install maps it with an import hook that only its own ``.pth`` starts,
-and a ``.pth`` in a directory added by another ``.pth`` is not read), and the test asserts that
+package (the strict editable install is a ``.pth`` naming a tree of links under the checkout's
+``build/``, and a ``.pth`` in a directory added by another ``.pth`` is not read), and the test asserts that
 every ``headwater`` module the tool imports is the wheel's.
 
 A ``sitecustomize`` in the new venv records every path any of the tool's Python processes opens
