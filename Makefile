@@ -9,7 +9,7 @@ HW := $(VENV)/bin/headwater
 SHELL := /bin/bash
 
 .DEFAULT_GOAL := help
-.PHONY: FORCE help setup grpc-code redis-server chromium services-up services-down cluster-up cluster-down test-cluster demo test test-unit lint check bench wheel clean
+.PHONY: FORCE help setup docs grpc-code redis-server chromium services-up services-down cluster-up cluster-down test-cluster demo test test-unit lint check bench wheel clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -85,11 +85,18 @@ test-cluster: setup  ## The failure tests on the cluster profile (needs make clu
 demo: setup  ## The end-to-end demo on the local default
 	bash infra/with-services.sh bash infra/demo.sh
 
-lint: setup  ## ruff, formatting, mypy and the import contracts (the layers of DESIGN.md)
+lint: setup  ## ruff, formatting, mypy, the import contracts (the layers of DESIGN.md) and the docs build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(foreach d,$(CODE_FOLDERS),-p headwater.$(d))
 	$(VENV)/bin/lint-imports
+	$(MAKE) --no-print-directory docs
+
+# The docs site (docs/, mkdocs.yml): concepts, tutorials, operations, benchmarks, and the reference
+# generated at build time from the code (CLI, YAML models, OpenAPI, proto). --strict: a broken link
+# or a warning fails the build, and so `make lint`.
+docs: setup  ## Build the docs site strictly into build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d build/site
 
 check: setup  ## The registry gate CI runs: validate features/ against SLAs and the budget
 	$(HW) check features/

@@ -9,7 +9,7 @@ import java.util.TreeMap;
 import org.apache.flink.types.Row;
 
 /**
- * One feature's aggregation, with the semantics of pipelines/windows/aggs.py (binding, WINDOWS.md).
+ * One feature's aggregation, with the semantics of pipelines/windows/aggs.py (binding, docs/concepts/windows.md).
  *
  * <p>Two kinds of state: a <em>partial</em> per slice (the events of one slide-long slice of one
  * entity) and a <em>running</em> accumulator per entity, the merge of the partials of the slices

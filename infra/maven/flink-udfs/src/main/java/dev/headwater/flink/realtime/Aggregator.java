@@ -13,7 +13,7 @@ import org.apache.flink.types.Row;
  * The window arithmetic of one group (one join key and slide), on one entity's {@link KeyState};
  * no Flink runtime here, so {@link AggregateCheck} drives the same code in tests.
  *
- * <p>Semantics (pipelines/windows, WINDOWS.md): a feature with window W and slide S has, as of
+ * <p>Semantics (pipelines/windows, docs/concepts/windows.md): a feature with window W and slide S has, as of
  * boundary B (a multiple of S), the events with event time in {@code [B - W, B)}. The value of an
  * entity changes only at a boundary where one of its slices enters ({@code s + S}) or leaves
  * ({@code s + S + W}) a window, so {@link #fire} visits just those boundaries: work follows events,
