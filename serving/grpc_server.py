@@ -1,11 +1,12 @@
 """The ranking service over gRPC (``headwater.v1.Ranking``), in the same process as the REST app.
 
-:class:`GrpcEdge` is a ``grpc.aio`` server on its own port that runs on the REST app's event loop
-and calls the very function ``POST /v1/rank`` calls (``app.state.rank``): the same admission, engine,
-fallback chain, impressions and metrics. ``Recommend`` likewise calls ``app.state.recommend`` (the
-funnel of ``POST /v1/recommend``); an app without the funnel answers it UNIMPLEMENTED, as REST's 404.
-The edge is one of ``app.state.servers``, so it starts after the app's engine and stops before it
-(``headwater serve --grpc-port``).
+:class:`GrpcEdge` is the gRPC adapter of the service core
+(:class:`~headwater.serving.core.RankingService`): a ``grpc.aio`` server on its own port, on the
+event loop the core runs on, that decodes protobuf into the core's typed requests, calls the very
+methods the REST adapter calls (``rank``, ``recommend``: the same admission, engine, fallback chain,
+impressions and metrics) and encodes their answers. A service without the funnel answers
+``Recommend`` UNIMPLEMENTED, as REST's 404. The edge is one of the core's ``servers``, so it starts
+after the engine and stops before it (``headwater serve --grpc-port``).
 
 Errors are status codes with the REST message:
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -36,11 +37,13 @@ from pydantic import BaseModel, ValidationError
 
 from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.admission import CLASS_HEADER, Throttled
-from headwater.serving.app import FunnelOff
 from headwater.serving.batcher import QueueFullError
+from headwater.serving.core import FunnelOff, RankingService
 from headwater.serving.schemas import (
     OPTION_FIELDS,
+    RankAnswer,
     RankRequest,
+    RecommendAnswer,
     RecommendRequest,
     known_fields,
     readable_errors,
@@ -48,39 +51,32 @@ from headwater.serving.schemas import (
 
 logger = logging.getLogger(__name__)
 SERVICE = "headwater.v1.Ranking"
-RankFunction = Callable[[RankRequest, str | None], Awaitable[dict[str, Any]]]
-RecommendFunction = Callable[[RecommendRequest, str | None], Awaitable[dict[str, Any]]]
 M = TypeVar("M", bound=Message)
 B = TypeVar("B", bound=BaseModel)
+A = TypeVar("A")
 
 
 class GrpcEdge:
-    """A ``grpc.aio`` server of ``headwater.v1.Ranking`` on ``host:port``, sharing ``rank`` with REST."""
+    """A ``grpc.aio`` server of ``headwater.v1.Ranking`` on ``host:port`` over a service core."""
 
-    def __init__(
-        self,
-        rank: RankFunction,
-        host: str,
-        port: int,
-        on_invalid: Callable[[], None],
-        recommend: RecommendFunction | None = None,
-    ) -> None:
-        self._rank = rank
-        self._recommend = recommend
+    def __init__(self, service: RankingService, host: str, port: int) -> None:
+        self._service = service
         self.address = f"{host}:{port}"
-        self._on_invalid = on_invalid
         self._server: grpc.aio.Server | None = None
         self.port = port
         """The bound port (the chosen one when ``port`` is 0), known after :meth:`start`."""
 
     @classmethod
-    def for_app(cls, app: Any, host: str, port: int) -> GrpcEdge:
-        """Return the edge of a :func:`headwater.serving.app.create_app` app, added to its servers."""
-        telemetry = app.state.telemetry
-        on_invalid = lambda: telemetry.rejected.labels("invalid").inc()  # noqa: E731
-        edge = cls(app.state.rank, host, port, on_invalid, getattr(app.state, "recommend", None))
-        app.state.servers.append(edge)
+    def for_service(cls, service: RankingService, host: str, port: int) -> GrpcEdge:
+        """Return the edge of ``service``, added to its servers (it starts and stops with the service)."""
+        edge = cls(service, host, port)
+        service.servers.append(edge)
         return edge
+
+    @classmethod
+    def for_app(cls, app: Any, host: str, port: int) -> GrpcEdge:
+        """Return the edge of the core of a ``create_app`` app (``app.state.service``)."""
+        return cls.for_service(app.state.service, host, port)
 
     async def start(self) -> None:
         """Bind and start; raises OSError naming the address when it cannot be bound."""
@@ -88,13 +84,12 @@ class GrpcEdge:
         handler = grpc.unary_unary_rpc_method_handler(
             self._serve, request_deserializer=None, response_serializer=pb.RankResponse.SerializeToString
         )
-        handlers = {"Rank": handler}
-        if self._recommend is not None:
-            handlers["Recommend"] = grpc.unary_unary_rpc_method_handler(
-                self._serve_recommend,
-                request_deserializer=None,
-                response_serializer=pb.RecommendResponse.SerializeToString,
-            )
+        recommend = grpc.unary_unary_rpc_method_handler(
+            self._serve_recommend,
+            request_deserializer=None,
+            response_serializer=pb.RecommendResponse.SerializeToString,
+        )
+        handlers = {"Rank": handler, "Recommend": recommend}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         try:
             bound = server.add_insecure_port(self.address)
@@ -119,18 +114,17 @@ class GrpcEdge:
     async def _serve(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RankResponse:
         message = await self._decode(pb.RankRequest, raw, context)
         body = await self._validate(RankRequest, to_fields(message), context)
-        answer = await self._answer(self._rank(body, _metadata(context, CLASS_HEADER)), context, "Rank")
-        return to_message(answer)
+        call = self._service.rank(body, _metadata(context, CLASS_HEADER))
+        return to_message(await self._answer(call, context, "Rank"))
 
     async def _serve_recommend(
         self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RecommendResponse:
-        assert self._recommend is not None  # the handler is registered only with one
         message = await self._decode(pb.RecommendRequest, raw, context)
         fields: dict[str, Any] = {"user_id": message.user_id, "k": message.k}
         fields.update({n: getattr(message, n) for n in OPTION_FIELDS if message.HasField(n)})
         body = await self._validate(RecommendRequest, fields, context)
-        call = self._recommend(body, _metadata(context, CLASS_HEADER))
+        call = self._service.recommend(body, _metadata(context, CLASS_HEADER))
         return recommend_message(await self._answer(call, context, "Recommend"))
 
     async def _decode(self, kind: type[M], raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> M:
@@ -139,27 +133,27 @@ class GrpcEdge:
             message: M = kind.FromString(raw)
             return message
         except DecodeError as exc:
-            self._on_invalid()
+            self._service.count_invalid()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.DESCRIPTOR.full_name}: {exc}")
             raise  # abort raises; this line only tells the type checker
 
     async def _validate(
         self, model: type[B], fields: dict[str, Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> B:
-        """Validate ``fields`` as REST's body model, or abort INVALID_ARGUMENT with REST's field messages."""
+        """Validate ``fields`` as the core's request model, or abort INVALID_ARGUMENT with REST's messages."""
         try:
             return model.model_validate(fields)
         except ValidationError as exc:
-            self._on_invalid()
+            self._service.count_invalid()
             errors = readable_errors(exc.errors(), known_fields(model))
             detail = "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
             raise  # abort raises; this line only tells the type checker
 
     async def _answer(
-        self, call: Awaitable[dict[str, Any]], context: grpc.aio.ServicerContext[Any, Any], method: str
-    ) -> dict[str, Any]:
-        """Await ``call`` and return its answer, or abort with REST's errors as the table above maps them."""
+        self, call: Awaitable[A], context: grpc.aio.ServicerContext[Any, Any], method: str
+    ) -> A:
+        """Await the core's ``call`` and return its answer, or abort with its refusal as the table maps it."""
         try:
             return await call
         except Throttled as exc:
@@ -176,11 +170,11 @@ class GrpcEdge:
         raise AssertionError(unreachable)
 
 
-def recommend_message(answer: dict[str, Any]) -> pb.RecommendResponse:
-    """Return the gRPC answer of a REST recommend answer (``app.state.recommend``'s dict)."""
+def recommend_message(answer: RecommendAnswer) -> pb.RecommendResponse:
+    """Return the gRPC answer of the core's recommend answer."""
     out = pb.RecommendResponse(
-        items=[pb.RecommendedItem(**{k: v for k, v in i.items() if v is not None}) for i in answer["items"]],
-        stages=[pb.FunnelStage(**{k: v for k, v in s.items() if v is not None}) for s in answer["stages"]],
+        items=[pb.RecommendedItem(**_present(i)) for i in answer["items"]],
+        stages=[pb.FunnelStage(**_present(s)) for s in answer["stages"]],
         fallback=answer["fallback"],
         latency_ms=answer["latency_ms"],
         request_id=answer["request_id"],
@@ -192,7 +186,7 @@ def recommend_message(answer: dict[str, Any]) -> pb.RecommendResponse:
 
 
 def to_fields(message: pb.RankRequest) -> dict[str, Any]:
-    """Return the REST body of a gRPC request: every field set, optional ones only when present."""
+    """Return the fields of the core's ``RankRequest`` in a gRPC request: optional ones only when present."""
     fields: dict[str, Any] = {
         "user_id": message.user_id,
         "candidates": list(message.candidates),
@@ -204,12 +198,12 @@ def to_fields(message: pb.RankRequest) -> dict[str, Any]:
     return fields
 
 
-def to_message(answer: dict[str, Any]) -> pb.RankResponse:
-    """Return the gRPC answer of a REST answer (``app.state.rank``'s dict)."""
+def to_message(answer: RankAnswer) -> pb.RankResponse:
+    """Return the gRPC answer of the core's rank answer."""
     ages = answer["feature_ages_s"]
     out = pb.RankResponse(
         items=[pb.RankedItem(item_id=i["item_id"], score=i["score"]) for i in answer["items"]],
-        feature_ages_s=pb.FeatureAges(**{k: v for k, v in ages.items() if v is not None}),
+        feature_ages_s=pb.FeatureAges(**_present(ages)),
         latency_ms=answer["latency_ms"],
         request_id=answer["request_id"],
         user_feature_event_ms=answer["user_feature_event_ms"],
@@ -218,6 +212,11 @@ def to_message(answer: dict[str, Any]) -> pb.RankResponse:
         if answer[name] is not None:
             setattr(out, name, answer[name])
     return out
+
+
+def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``fields`` less those that are None (absent in the message: its ``optional`` fields)."""
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _metadata(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str | None:

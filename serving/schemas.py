@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -350,3 +350,76 @@ def readable_errors(errors: Sequence[Any], fields: Sequence[str] = ()) -> list[d
             field, message = match.group(1), match.group(2)
         out.append({"field": field, "message": message})
     return out
+
+
+class RankedItemAnswer(TypedDict):
+    """One ranked item of :class:`RankAnswer` (the dict form of :class:`ItemScore`)."""
+
+    item_id: str
+    score: float
+
+
+class FeatureAgesAnswer(TypedDict):
+    """The feature ages of :class:`RankAnswer` (the dict form of :class:`FeatureAgesOut`)."""
+
+    user: float | None
+    items_p50: float | None
+    items_max: float | None
+
+
+class RankAnswer(TypedDict):
+    """The service core's rank answer; the fields of :class:`RankResponse`, as a plain dict.
+
+    A TypedDict, not a model: the core builds it once per request, orjson writes it as it is (REST)
+    and the gRPC adapter reads its keys, so the hot path validates nothing twice.
+    """
+
+    items: list[RankedItemAnswer]
+    model_version: str | None
+    fallback: str | None
+    fallback_reason: str | None
+    feature_ages_s: FeatureAgesAnswer
+    latency_ms: float
+    request_id: str
+    user_feature_event_ms: dict[str, int]
+    arm: str | None
+
+
+class RecommendedItemAnswer(TypedDict):
+    """One item of :class:`RecommendAnswer` (the dict form of :class:`RecommendedItem`)."""
+
+    item_id: str
+    score: float | None
+    category: str | None
+
+
+class StageAnswer(TypedDict):
+    """One funnel stage of :class:`RecommendAnswer` (the dict form of :class:`StageOut`)."""
+
+    stage: str
+    ms: float
+    candidates: int
+    fallback: str | None
+    fallback_reason: str | None
+
+
+class RecommendAnswer(TypedDict):
+    """The service core's recommend answer; the fields of :class:`RecommendResponse`, as a plain dict."""
+
+    items: list[RecommendedItemAnswer]
+    stages: list[StageAnswer]
+    fallback: bool
+    model_version: str | None
+    reranker_version: str | None
+    retrieval_version: str | None
+    latency_ms: float
+    request_id: str
+
+
+class FeedbackAnswer(TypedDict):
+    """The service core's feedback answer; the fields of :class:`FeedbackResponse`, as a plain dict."""
+
+    event_id: str
+    event_time_ms: int
+    queued: bool
+    replayed: bool
