@@ -277,7 +277,7 @@ def parse_args() -> argparse.Namespace:
         "--http-stack",
         action="store_true",
         help="Only the in-process HTTP stack: CPU per /v1/rank and /v1/recommend request through FastAPI's"
-        " routing against the lean routes (serving/app.py FastRoutes), no server, no store; writes"
+        " routing against the lean routes (serving/rest.py FastRoutes), no server, no store; writes"
         " bench/results/http_stack.json.",
     )
     return ap.parse_args()

@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 
 from headwater.ranking.features import BoundRegistry
 from headwater.ranking.model import gpu_memory_used_percent
+from headwater.registry.errors import HeadwaterError
 from headwater.serving.admission import Admission, Admitted, Throttled
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.business import BusinessMetrics
@@ -68,11 +69,11 @@ logger = logging.getLogger(__name__)
 Batcher = MicroBatcher[Job, npt.NDArray[np.float32]]
 
 
-class FunnelOff(RuntimeError):
+class FunnelOff(HeadwaterError, RuntimeError):
     """``recommend`` was called on a service built without a funnel."""
 
 
-class NotStarted(RuntimeError):
+class NotStarted(HeadwaterError, RuntimeError):
     """A request reached the service before :meth:`RankingService.start` (or after its stop)."""
 
 
