@@ -283,9 +283,11 @@ def _topic_overrides(values: tuple[str, ...], running: list[str]) -> dict[str, s
 
 def _end_offsets(bootstrap: str, topics: dict[str, str]) -> dict[str, dict[int, int]]:
     """Return, per source, each partition's end offset of its topic at this moment."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="headwater-realtime-start")
+    from headwater.pipelines import kafka as kafka_clients
+
+    consumer = kafka_clients.consumer(bootstrap, client_id="headwater-realtime-start")
     try:
         out: dict[str, dict[int, int]] = {}
         for source, topic in topics.items():

@@ -14,10 +14,11 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.settings import Settings
 from headwater.registry.plans import PlanSource
 
@@ -46,7 +47,7 @@ def ensure_topics(
     :func:`replication_factor`.
     """
     factor = replication or replication_factor()
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="headwater-admin")
+    admin = kafka_clients.admin(settings.kafka_bootstrap, client_id="headwater-admin")
     try:
         existing = set(admin.list_topics())
         missing = [
@@ -88,12 +89,12 @@ def round_trip(settings: Settings, timeout_s: float) -> float:
     started = time.monotonic()
     ensure_topics(settings, {HEALTH_TOPIC: {"retention.ms": "3600000"}}, partitions=1)
     token = uuid.uuid4().hex.encode()
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_clients.producer(settings.kafka_bootstrap, acks="all")
     try:
         meta = producer.send(HEALTH_TOPIC, token).get(timeout=timeout_s)
     finally:
         producer.close(timeout=timeout_s)
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    consumer = kafka_clients.consumer(settings.kafka_bootstrap, enable_auto_commit=False)
     try:
         partition = TopicPartition(HEALTH_TOPIC, meta.partition)
         consumer.assign([partition])

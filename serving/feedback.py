@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import EncodeError, EventCodec
 from headwater.pipelines.events.schema import BehaviorEvent, Device, EventType
 from headwater.registry.errors import HeadwaterError
@@ -172,11 +173,11 @@ class ConfluentSink:
     """
 
     def __init__(self, bootstrap: str, linger_ms: int) -> None:
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import KafkaException
 
-        self._producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
+        self._producer = kafka_clients.confluent_producer(
+            bootstrap,
+            **{
                 "client.id": "headwater-serving-feedback",
                 "acks": 1,
                 "enable.idempotence": False,  # acks=1: an impression lost in a broker failover is acceptable
@@ -192,7 +193,7 @@ class ConfluentSink:
                 "queue.buffering.max.messages": 200_000,
                 "allow.auto.create.topics": False,
                 "logger": _LIBRDKAFKA_LOG,
-            }
+            },
         )
         try:
             self._producer.list_topics(timeout=1.0)
@@ -271,10 +272,8 @@ def python_kafka_sink_factory(bootstrap: str, linger_ms: int) -> SinkFactory:
     """Return a factory of kafka-python ``KafkaProducer``s that give up quickly when the broker is down."""
 
     def connect() -> EventSink:
-        from kafka import KafkaProducer
-
-        producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
+        producer = kafka_clients.producer(
+            bootstrap,
             client_id="headwater-serving-feedback",
             acks=1,
             enable_idempotence=False,  # acks=1: an impression lost in a broker failover is acceptable

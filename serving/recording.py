@@ -40,6 +40,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.registry.errors import HeadwaterError
 
 logger = logging.getLogger(__name__)
@@ -411,10 +412,9 @@ def read_topic_records(bootstrap: str, topic: str, timeout_s: float = 10.0) -> l
         RecordFileError: the topic does not exist, Kafka stops answering, or a record is not one
             (the message names the topic, partition and offset).
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             client_id="headwater-replay")  # fmt: skip
+    consumer = kafka_clients.consumer(bootstrap, enable_auto_commit=False, client_id="headwater-replay")
     try:
         partitions = sorted(consumer.partitions_for_topic(topic) or ())
         if not partitions:

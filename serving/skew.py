@@ -167,7 +167,7 @@ def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]
     """
 
     def connect() -> Any:
-        from kafka import KafkaProducer
+        from headwater.pipelines import kafka as kafka_clients
 
         if topic is not None:  # the brokers do not auto-create topics (infra/config)
             from headwater.pipelines.settings import Settings
@@ -175,8 +175,8 @@ def kafka_connect(bootstrap: str, topic: str | None = None) -> Callable[[], Any]
 
             settings = dataclasses.replace(Settings.from_env(), kafka_bootstrap=bootstrap)
             ensure_topics(settings, {topic: {"retention.ms": PREDICTIONS_RETENTION_MS}}, partitions=1)
-        return KafkaProducer(bootstrap_servers=bootstrap, client_id="headwater-serving-predictions", acks=1,
-                             linger_ms=20, compression_type="zstd", max_block_ms=1000)  # fmt: skip
+        return kafka_clients.producer(bootstrap, client_id="headwater-serving-predictions", acks=1,
+                                      linger_ms=20, compression_type="zstd", max_block_ms=1000)  # fmt: skip
 
     return connect
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import HEADER_PRODUCE_TS, EventCodec
 from headwater.pipelines.events.generator import EventGenerator, GeneratorConfig, base_rate_for
 from headwater.registry.errors import HeadwaterError
@@ -71,11 +72,10 @@ class ProducerSettings:
             msg = "history mode needs a positive history and --max-events (events spread over the history)"
             raise ValueError(msg)
 
-    def kafka_config(self) -> dict[str, Any]:
-        """Keyword arguments for ``kafka.KafkaProducer``."""
+    def client_options(self) -> dict[str, Any]:
+        """Return the options for :func:`headwater.pipelines.kafka.producer` (all but the bootstrap)."""
         durable = self.acks == "all"
         return {
-            "bootstrap_servers": self.bootstrap,
             "client_id": "headwater-events-producer",
             "acks": "all" if durable else int(self.acks),
             "enable_idempotence": durable,
@@ -87,6 +87,14 @@ class ProducerSettings:
             "max_block_ms": int(self.connect_timeout_s * 1000),
             "bootstrap_timeout_ms": int(self.connect_timeout_s * 1000),
         }
+
+    def kafka_config(self) -> dict[str, Any]:
+        """Keyword arguments for ``kafka.KafkaProducer``: the bootstrap and :meth:`client_options`.
+
+        For the benchmarks (``bench/``), which build their producer themselves; headwater's own code
+        builds it with :func:`headwater.pipelines.kafka.producer`.
+        """
+        return {"bootstrap_servers": self.bootstrap, **self.client_options()}
 
 
 @dataclass
@@ -120,7 +128,6 @@ def open_producer(settings: ProducerSettings, also: tuple[str, ...] = ()) -> Kaf
     Raises:
         ProduceError: no broker at ``settings.bootstrap``, or a topic does not exist.
     """
-    from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
     module = _COMPRESSION_MODULES.get(settings.compression)
@@ -130,7 +137,7 @@ def open_producer(settings: ProducerSettings, also: tuple[str, ...] = ()) -> Kaf
         )
         raise ProduceError(msg)
     try:
-        producer = KafkaProducer(**settings.kafka_config())
+        producer = kafka_clients.producer(settings.bootstrap, **settings.client_options())
     except KafkaTimeoutError:
         msg = (
             f"no Kafka broker answers at {settings.bootstrap} within {settings.connect_timeout_s:g}s; "

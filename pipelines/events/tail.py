@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import DecodedEvent, DecodeError, EventCodec
 from headwater.registry.errors import HeadwaterError
 
@@ -74,13 +75,13 @@ def tail(
     Raises:
         TailError: no broker at ``bootstrap`` or no such topic.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.errors import KafkaTimeoutError
 
     codec = codec or EventCodec()
     try:
-        consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
+        consumer = kafka_clients.consumer(
+            bootstrap,
             client_id="headwater-events-tail",
             group_id=None,
             enable_auto_commit=False,

@@ -43,8 +43,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.nearline.repartition import marker_headers
 from headwater.pipelines.nearline.restore import check_crcs
 from headwater.pipelines.nearline.task import BatchOutput, PartitionTask
@@ -154,8 +155,8 @@ def _replay(
     end = report.end_offset
     t0 = replay_start_ms(task, report.views, reforward_window_ms)
     report.needed_from_ms = t0
-    consumer = KafkaConsumer(
-        bootstrap_servers=worker.config.settings.kafka_bootstrap,
+    consumer = kafka_clients.consumer(
+        worker.config.settings.kafka_bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=8 * 1024 * 1024,
         fetch_max_bytes=32 * 1024 * 1024,

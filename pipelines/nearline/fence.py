@@ -40,9 +40,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kafka import KafkaProducer, TopicPartition
+from kafka import TopicPartition
 from kafka.errors import KafkaError
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.registry.errors import HeadwaterError
 
 log = logging.getLogger("headwater.nearline")
@@ -98,8 +99,8 @@ class TaskProducer:
     def __init__(self, bootstrap: str, txn_id: str, compression: str | None) -> None:
         """Create the producer and fence every previous owner (``init_transactions``)."""
         self.txn_id = txn_id
-        self.producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
+        self.producer = kafka_clients.producer(
+            bootstrap,
             transactional_id=txn_id,
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             acks="all",

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.nearline.repartition import repartition_changelog, repartition_topic
 from headwater.pipelines.nearline.task import EVENT_ID, EVENT_TIME
@@ -221,7 +221,7 @@ def ensure_changelog(config: NearlineConfig, sp: SourcePlan) -> None:
         NearlinePlanError: the source's topic does not exist.
     """
     s = config.settings
-    consumer = KafkaConsumer(bootstrap_servers=s.kafka_bootstrap)
+    consumer = kafka_clients.consumer(s.kafka_bootstrap)
     try:
         parts = consumer.partitions_for_topic(sp.topic)
     finally:
@@ -247,7 +247,7 @@ def raise_retention(settings: Settings, topics: list[str], retention_ms: int) ->
     """Set ``retention.ms`` of each topic to ``retention_ms`` where it is shorter (or unset)."""
     if not topics:
         return
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="headwater-admin")
+    admin = kafka_clients.admin(settings.kafka_bootstrap, client_id="headwater-admin")
     try:
         found = admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, t, {"retention.ms": None}) for t in topics]

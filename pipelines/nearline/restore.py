@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import logging
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.nearline.state import PartitionStore
 from headwater.pipelines.nearline.task import PartitionTask
 from headwater.pipelines.settings import Settings
@@ -26,8 +27,8 @@ def restore_partition(
 ) -> int:
     """Bring ``store`` up to the changelog's end, load it into ``task``; return records replayed."""
     tp = TopicPartition(changelog, partition)
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
+    consumer = kafka_clients.consumer(
+        settings.kafka_bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=16 * 1024 * 1024,
         fetch_max_bytes=64 * 1024 * 1024,

@@ -51,9 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.nearline.backfill import backfill
 from headwater.pipelines.nearline.fence import NearlineFencedError, TaskProducer, transactional_id
@@ -167,8 +168,8 @@ class NearlineWorker:
             for sp in plan.sources
         }
         """Source topic -> its repartition topics (empty: no view behind a repartition)."""
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap,
+        self.consumer = kafka_clients.consumer(
+            s.kafka_bootstrap,
             group_id=config.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -183,7 +184,7 @@ class NearlineWorker:
         # zstd only without the C crc32c module (fewer bytes through the pure-Python CRC); with
         # it, compression costs more (sender-thread CPU, 2x the flush wall time) than it saves
         self.compression = None if check_crcs(None) else "zstd"
-        self.producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        self.producer = kafka_clients.producer(s.kafka_bootstrap)
         """Metadata only (partition counts); every record goes through a task's ``TaskProducer``."""
         self.txn: dict[TopicPartition, TaskProducer] = {}
         """The transactional producer of each task (``fence.py``)."""

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import EventCodec, dead_letter
 from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
@@ -259,19 +260,18 @@ class Lander:
         return pa.concat_tables(tables), checkpoint
 
     def _open(self) -> tuple[KafkaConsumer, KafkaProducer]:
-        from kafka import KafkaConsumer, KafkaProducer
         from kafka.errors import KafkaError
 
         cfg = self.config
         try:
-            consumer = KafkaConsumer(
-                bootstrap_servers=cfg.bootstrap, group_id=None, enable_auto_commit=False,
+            consumer = kafka_clients.consumer(
+                cfg.bootstrap, group_id=None, enable_auto_commit=False,
                 auto_offset_reset="earliest", max_poll_records=cfg.batch_records,
                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
                 client_id="headwater-landing",
             )  # fmt: skip
-            producer = KafkaProducer(
-                bootstrap_servers=cfg.bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+            producer = kafka_clients.producer(
+                cfg.bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
                 client_id="headwater-landing-dlq",
             )  # fmt: skip
         except KafkaError:

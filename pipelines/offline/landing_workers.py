@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.timing import SourceTiming
 from headwater.pipelines.offline.landing_state import Checkpoint
 from headwater.registry.plans import PlanSource
@@ -58,20 +59,19 @@ class SliceResult:
 
 def _init(bootstrap: str, source: PlanSource, dlq_topic: str, poll_timeout_ms: int) -> None:
     """Open this worker's consumer, dead-letter producer and the source's codec (once per process)."""
-    from kafka import KafkaConsumer, KafkaProducer
-
     from headwater.pipelines.events.codec import EventCodec
 
     _WORKER.update(
         topic=source.topic, dlq_topic=dlq_topic, rules=SourceTiming.of(source),
         poll_timeout_ms=poll_timeout_ms,
         codec=EventCodec(source),
-        consumer=KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                               auto_offset_reset="earliest",
-                               fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
-                               client_id="headwater-landing-worker"),
-        producer=KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
-                               client_id="headwater-landing-dlq"),
+        consumer=kafka_clients.consumer(bootstrap, group_id=None, enable_auto_commit=False,
+                                        auto_offset_reset="earliest",
+                                        fetch_max_bytes=64 * 1024 * 1024,
+                                        max_partition_fetch_bytes=16 * 1024 * 1024,
+                                        client_id="headwater-landing-worker"),
+        producer=kafka_clients.producer(bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+                                        client_id="headwater-landing-dlq"),
     )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.offline.arrow_io import arrow_to_spark, staging_dir
 from headwater.pipelines.offline.lake import is_delta_table
 from headwater.pipelines.offline.landing_lock import LandingLock
@@ -140,12 +141,12 @@ def land_predictions(
         PredictionLandingError: the topic does not exist, or Kafka stops answering before the end.
         LandingError: another process is landing the same table.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
     path = predictions_path(lake, topic)
     with LandingLock(path, f"predictions:{topic}"):
-        consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
+        consumer = kafka_clients.consumer(
+            bootstrap,
             enable_auto_commit=False,
             client_id="headwater-skew-landing",
             consumer_timeout_ms=int(timeout_s * 1000),

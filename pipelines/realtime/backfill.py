@@ -61,8 +61,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
+from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
 from headwater.pipelines.realtime.program import RealtimeProgram
 from headwater.pipelines.realtime.sql import RAW, JobOptions
@@ -320,7 +321,7 @@ def replay_range(
     (a lower bound of the operator's clock, so ``T0`` errs early: more replay, never less).
     """
     codec = EventCodec(src)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = kafka_clients.consumer(bootstrap, enable_auto_commit=False)
     try:
         tps = {p: TopicPartition(topic, p) for p in boundary}
         first = consumer.beginning_offsets(list(tps.values()))
