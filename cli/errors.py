@@ -9,6 +9,7 @@ is caught: a plain ValueError or KeyError is a bug and shows its traceback. Clic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -23,17 +24,22 @@ def clean_error(exc: HeadwaterError) -> click.ClickException:
     return out
 
 
+def translated(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
+    """Call ``invoke(ctx)``; a HeadwaterError (not already a click exception) becomes :func:`clean_error`."""
+    try:
+        return invoke(ctx)
+    except click.ClickException:
+        raise
+    except HeadwaterError as exc:
+        raise clean_error(exc) from exc
+
+
 class HeadwaterCommand(click.Command):
     """A click command whose HeadwaterError prints ``Error: <message>`` instead of a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; translate a HeadwaterError (not already a click exception)."""
-        try:
-            return super().invoke(ctx)
-        except click.ClickException:
-            raise
-        except HeadwaterError as exc:
-            raise clean_error(exc) from exc
+        return translated(super().invoke, ctx)
 
 
 class HeadwaterGroup(click.Group):
@@ -44,9 +50,4 @@ class HeadwaterGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the group and its sub-command; translate a HeadwaterError (not already a click exception)."""
-        try:
-            return super().invoke(ctx)
-        except click.ClickException:
-            raise
-        except HeadwaterError as exc:
-            raise clean_error(exc) from exc
+        return translated(super().invoke, ctx)
