@@ -100,11 +100,21 @@ def backfill(worker: NearlineWorker, tp: TopicPartition, task: PartitionTask) ->
     """Replay ``tp`` into the views ``task.restored`` left to backfill, then commit the switch.
 
     Also forwards the history by each join key of ``task.restored.reforward``. Commits the drop of
-    stale state even when nothing is to replay. Returns None when the restore changed nothing.
+    stale state even when nothing is to replay, and the migration of records found under old-format
+    keys (``state.py``: one tombstone and one new key each, on the changelog too, once). Returns None
+    when the restore changed nothing.
     """
     restored = task.restored
-    if not restored.changed:
+    migration = task.store.migration
+    if not restored.changed and not migration:
         return None
+    if migration:
+        log.info(
+            "%s partition %d: %d records rewritten from old-format (\\x1f-separated) keys",
+            tp.topic,
+            tp.partition,
+            len(migration) // 2,
+        )
     for view, why in restored.dropped.items():
         log.info("%s partition %d: state of view %s dropped (%s)", tp.topic, tp.partition, view, why)
         if why == "removed from the plan":
@@ -115,7 +125,7 @@ def backfill(worker: NearlineWorker, tp: TopicPartition, task: PartitionTask) ->
             )
     end = task.next_offset if task.next_offset is not None else 0
     report = BackfillReport(list(restored.backfill), list(restored.reforward), end, end)
-    changes = dict(restored.changes)
+    changes = {**migration, **restored.changes}  # a dropped view's tombstones win over its migration
     if restored.backfill or restored.reforward:
         started = time.monotonic()
         helper = task.helper(restored.backfill, restored.reforward)
@@ -137,6 +147,7 @@ def backfill(worker: NearlineWorker, tp: TopicPartition, task: PartitionTask) ->
     out = BatchOutput(changes={**changes, **task.meta_change()})
     pos = worker._transact({tp: out})  # the forwarded history, the panes and the meta: one transaction
     task.store.commit(out.changes, pos[tp])
+    task.store.migration = {}
     task.backfill_report = report.as_dict()
     if report.views or report.reforward:
         worker.write_stats()  # the status shows the backfill (and a short history) at once

@@ -1,9 +1,11 @@
 r"""One partition's nearline state: a rocksdict store on disk, mirrored in memory, with its changelog.
 
-Keys (bytes, ``\\x1f``-separated) and values (JSON, written with orjson):
+Keys (bytes: a kind byte, then the parts of :func:`headwater.pipelines.keycodec.pack_parts`, each
+``<length>:<bytes>``, so an entity id of any bytes is data, never a separator) and values (JSON,
+written with orjson):
 
-- ``p|<view>|<entity>|<pane start>``: a pane record (:mod:`headwater.pipelines.windows.panes`);
-- ``d|<bucket>|<first offset>``: event ids first seen in that batch and bucket, ``{id: offset}``
+- ``p <view> <entity> <pane start>``: a pane record (:mod:`headwater.pipelines.windows.panes`);
+- ``d <bucket> <first offset>``: event ids first seen in that batch and bucket, ``{id: offset}``
   (deduplication; buckets are minutes of event time, dropped once older than the lateness horizon);
 - ``o``: the outbox, ``{view: {"live": bool, "entities": [...]}}``: values to (re)publish at the
   view's boundary (live: also every entity with a pane before it);
@@ -17,10 +19,20 @@ Keys (bytes, ``\\x1f``-separated) and values (JSON, written with orjson):
 Every key but ``c`` is mirrored on the compacted changelog topic, partition = source partition,
 so another process (or this one after the folder was deleted) rebuilds the store by replaying
 it; a surviving local store or RocksDB checkpoint only replays the changelog after its ``c``.
+
+**Keys written before the length-prefixed format** (``p\\x1f<view>\\x1f<entity>\\x1f<pane>`` and
+``d\\x1f<bucket>\\x1f<offset>``, in a local store or on the compacted changelog) are still read: a
+view name holds no ``\\x1f`` (registry names are ``[A-Za-z0-9_.-]``) and the last part is the pane
+start, so the entity is everything between, ``\\x1f`` included (the key that stopped the tier, issue
+33). :meth:`PartitionStore.load` lists each such record in :attr:`Loaded.migration` (a tombstone for
+the old key, the record under its new key); the restore commits that once, on the changelog too
+(``backfill.py``). A key that decodes in neither format is counted (:attr:`PartitionStore.skipped`),
+logged and skipped: it never stops a restore.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,21 +42,66 @@ from typing import Any, cast
 import orjson
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
-SEP = "\x1f"
+from headwater.pipelines.keycodec import KeyFormatError, pack_parts, to_int, to_text, unpack_parts
+
+LEGACY_SEP = b"\x1f"
+"""The separator of the keys written before the length-prefixed format (read, then migrated)."""
 META_KEY = b"m"
 OUTBOX_KEY = b"o"
 CHANGELOG_POS_KEY = b"c"
 DEDUP_BUCKET_MS = 60_000
+log = logging.getLogger("headwater.nearline")
 
 
 def pane_key(view: str, entity: str, pane: int) -> bytes:
-    """Return the store key of one pane record."""
-    return f"p{SEP}{view}{SEP}{entity}{SEP}{pane}".encode()
+    """Return the store key of one pane record (:func:`decode_pane_key` reads it back)."""
+    return b"p" + pack_parts((view, entity, pane))
 
 
 def dedup_key(bucket: int, first_offset: int) -> bytes:
-    """Return the store key of one batch's new event ids in one bucket."""
-    return f"d{SEP}{bucket}{SEP}{first_offset}".encode()
+    """Return the store key of one batch's new event ids in one bucket (:func:`decode_dedup_key`)."""
+    return b"d" + pack_parts((bucket, first_offset))
+
+
+def is_legacy(key: bytes) -> bool:
+    r"""Return whether ``key`` is a pane or dedup key of the ``\x1f``-separated format."""
+    return key[1:2] == LEGACY_SEP
+
+
+def decode_pane_key(key: bytes) -> tuple[str, str, int]:
+    """Return (view, entity, pane start) of a pane key, in either format.
+
+    Raises:
+        KeyFormatError: ``key`` is not a pane key.
+    """
+    if key[:1] != b"p":
+        msg = f"store key {key[:60]!r} is not a pane key (kind {key[:1]!r})"
+        raise KeyFormatError(msg)
+    if is_legacy(key):
+        view, sep, rest = key[2:].partition(LEGACY_SEP)
+        entity, sep2, pane = rest.rpartition(LEGACY_SEP)
+        if not sep or not sep2:
+            msg = f"store key {key[:60]!r}: a pane key of the old format needs 4 parts"
+            raise KeyFormatError(msg)
+        return to_text(view), to_text(entity), to_int(pane)
+    view, entity, pane = unpack_parts(key[1:], 3)
+    return to_text(view), to_text(entity), to_int(pane)
+
+
+def decode_dedup_key(key: bytes) -> tuple[int, int]:
+    """Return (bucket, first offset) of a dedup key, in either format.
+
+    Raises:
+        KeyFormatError: ``key`` is not a dedup key.
+    """
+    if key[:1] != b"d":
+        msg = f"store key {key[:60]!r} is not a dedup key (kind {key[:1]!r})"
+        raise KeyFormatError(msg)
+    parts = key[2:].split(LEGACY_SEP) if is_legacy(key) else unpack_parts(key[1:])
+    if len(parts) != 2:
+        msg = f"store key {key[:60]!r}: a dedup key has 2 parts; got {len(parts)}"
+        raise KeyFormatError(msg)
+    return to_int(parts[0]), to_int(parts[1])
 
 
 def dumps(value: Any) -> bytes:
@@ -67,6 +124,10 @@ class Loaded:
     """bucket -> {store key: {event id: offset}}."""
     outbox: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    migration: dict[bytes, bytes | None] = field(default_factory=dict)
+    """Store changes that rewrite the records found under old-format keys (module docstring)."""
+    skipped: int = 0
+    """Records whose key (or value) did not decode: left out, counted and logged."""
 
 
 class PartitionStore:
@@ -77,6 +138,10 @@ class PartitionStore:
         self.db_path = self.dir / "db"
         self.checkpoint_path = self.dir / "checkpoint"
         self.restored_from = "empty"
+        self.migration: dict[bytes, bytes | None] = {}
+        """What the last :meth:`load` found to migrate, until the restore commits it (``backfill.py``)."""
+        self.skipped = 0
+        """Records the last :meth:`load` could not decode (left out of the state)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.db_path.exists() and (self.checkpoint_path / "CURRENT").exists():
             shutil.copytree(self.checkpoint_path, self.db_path)
@@ -125,21 +190,59 @@ class PartitionStore:
         yield from self.db.items()
 
     def load(self) -> Loaded:
-        """Read the whole store into plain structures (one scan)."""
+        """Read the whole store into plain structures (one scan).
+
+        Old-format keys are read and listed in :attr:`Loaded.migration` (also kept in
+        :attr:`migration` until the restore commits it); a record that does not decode is skipped,
+        counted in :attr:`Loaded.skipped` and logged.
+        """
         out = Loaded()
-        for raw_key, value in self.db.items():
-            key = cast(bytes, raw_key)
+        first_bad: tuple[bytes, str] | None = None
+        for raw_key, raw_value in self.db.items():
+            key, value = cast(bytes, raw_key), cast(bytes, raw_value)
             kind = key[:1]
-            if kind == b"p":
-                _, view, entity, pane = key.decode().split(SEP)
-                out.panes.setdefault(view, []).append((entity, int(pane), loads(value)))
-            elif kind == b"d":
-                bucket = int(key.decode().split(SEP)[1])
-                out.dedup.setdefault(bucket, {})[key] = loads(value)
-            elif key == OUTBOX_KEY:
-                out.outbox = loads(value)
-            elif key == META_KEY:
-                out.meta = loads(value)
+            try:
+                if kind == b"p":
+                    view, entity, pane = decode_pane_key(key)
+                    out.panes.setdefault(view, []).append((entity, pane, loads(value)))
+                    new = pane_key(view, entity, pane)
+                elif kind == b"d":
+                    bucket, first_offset = decode_dedup_key(key)
+                    new = dedup_key(bucket, first_offset)
+                    out.dedup.setdefault(bucket, {})[new] = loads(value)
+                elif key == OUTBOX_KEY:
+                    out.outbox = loads(value)
+                    continue
+                elif key == META_KEY:
+                    out.meta = loads(value)
+                    continue
+                else:
+                    continue
+            except (KeyFormatError, orjson.JSONDecodeError) as exc:
+                out.skipped += 1
+                first_bad = first_bad or (key, str(exc))
+                continue
+            if new != key:
+                out.migration[key] = None
+                out.migration[new] = value
+        if first_bad is not None:
+            log.warning(
+                "nearline store %s: %d records do not decode and are left out of the state (first: key "
+                "%r: %s)",
+                self.db_path,
+                out.skipped,
+                first_bad[0][:80],
+                first_bad[1],
+            )
+        if out.migration:
+            log.info(
+                "nearline store %s: %d records under keys of the old \\x1f-separated format; they are "
+                "rewritten under length-prefixed keys when the restore commits",
+                self.db_path,
+                len(out.migration) // 2,
+            )
+        self.migration = dict(out.migration)
+        self.skipped = out.skipped
         return out
 
     def checkpoint(self) -> None:
@@ -174,7 +277,10 @@ class PartitionStore:
             size = len(key) + len(cast(bytes, value))
             kind = key[:1]
             if kind == b"p":
-                name = "panes:" + key.split(SEP.encode(), 2)[1].decode()
+                try:
+                    name = "panes:" + decode_pane_key(key)[0]
+                except KeyFormatError:
+                    name = "other"
             elif kind == b"d":
                 name = "dedup"
             else:

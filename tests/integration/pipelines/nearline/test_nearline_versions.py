@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from rocksdict import Options, Rdict
 
-from headwater.pipelines.nearline.state import SEP
+from headwater.pipelines.nearline.state import decode_pane_key
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore
 from headwater.pipelines.windows import compile_view, view_layout
@@ -110,7 +110,7 @@ def pane_views(env: h.Env) -> dict[str, int]:
         try:
             for key, _ in store.items():
                 if key[:1] == b"p":
-                    view = key.decode().split(SEP)[1]
+                    view = decode_pane_key(key)[0]
                     out[view] = out.get(view, 0) + 1
         finally:
             store.close()
@@ -126,7 +126,7 @@ def changelog_views(env: h.Env) -> tuple[dict[str, int], dict[str, int]]:
     gone: dict[str, int] = {}
     for key, value in last.items():
         if key[:1] == b"p":
-            view = key.decode().split(SEP)[1]
+            view = decode_pane_key(key)[0]
             counts = live if value is not None else gone
             counts[view] = counts.get(view, 0) + 1
     return live, gone

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headwater.pipelines.nearline.state import CHANGELOG_POS_KEY, SEP, PartitionStore
+from headwater.pipelines.nearline.state import CHANGELOG_POS_KEY, PartitionStore, dedup_key, pane_key
 
 
 def test_live_bytes_sum_keys_and_values_by_view(tmp_path: Path) -> None:
     store = PartitionStore(tmp_path, 0)
     try:
-        a = f"p{SEP}view_a{SEP}u1{SEP}1000".encode()
-        b = f"p{SEP}view_b{SEP}u1{SEP}1000".encode()
-        d = f"d{SEP}17{SEP}0".encode()
+        a = pane_key("view_a", "u1", 1000)
+        b = b"p\x1fview_b\x1fu1\x1f1000"  # a key of the old format counts for its view too
+        d = dedup_key(17, 0)
         store.commit({a: b"x" * 10, b: b"y" * 30, d: b"z" * 5}, changelog_pos=4)
         live = store.live_bytes()
         assert live["panes:view_a"] == len(a) + 10
