@@ -19,6 +19,7 @@ from headwater.registry.config import state_dir as resolved_state_dir
 from headwater.registry.tiers import TIER_NAMES
 
 if TYPE_CHECKING:
+    from headwater.pipelines.offline.job import BronzeTables
     from headwater.pipelines.store import OnlineStore
     from headwater.registry.plans import PlanSource, PlanView, TierPlan
 
@@ -97,8 +98,8 @@ def landing(
     batch_records: int, workers: int, follow: bool,
 ) -> None:  # fmt: skip
     """Land each source's topic in its bronze Delta table (exactly once; malformed, future, late -> DLQ)."""
-    from headwater.pipelines.offline.lake import bronze_path, lake_root
-    from headwater.pipelines.offline.landing import LandingConfig, LandingStats, land_sources
+    from headwater.pipelines.offline.lake import bronze_path, is_delta_table, lake_root
+    from headwater.pipelines.offline.landing import LandingConfig, LandingError, LandingStats, land_sources
     from headwater.pipelines.offline.session import offline_session
     from headwater.pipelines.settings import Settings
 
@@ -120,11 +121,22 @@ def landing(
     done = land_sources(spark, configs, follow=follow, progress=report)
     for config in configs:
         stats = done[config.source.name]
+        if stats.skipped is not None:
+            click.echo(f"warning: skipping {stats.skipped}; the views of source {config.source.name!r} "
+                       "are skipped by `headwater run offline` until it has data", err=True)  # fmt: skip
+            continue
+        if not stats.records and not is_delta_table(config.table):
+            click.echo(f"warning: source {config.source.name!r}: topic {config.topic!r} has no events yet, "
+                       f"so it has no bronze table; produce some with `headwater events produce --source "
+                       f"{config.source.name}`", err=True)  # fmt: skip
         click.echo(json.dumps({"source": config.source.name, "table": str(config.table),
                                "batches": stats.batches, "records": stats.records, "landed": stats.landed,
                                "malformed": stats.malformed,
                                "future_dated": stats.future, "late": stats.late,
                                "seconds": round(stats.seconds, 2)}))  # fmt: skip
+    if configs and all(done[c.source.name].skipped is not None for c in configs):
+        msg = "no source landed: none of their topics exists yet; produce events first"
+        raise LandingError(msg)
 
 
 def _sources(plan: TierPlan, names: tuple[str, ...]) -> list[PlanSource]:
@@ -192,11 +204,36 @@ def offline(
 
     spark = offline_session("headwater-offline", master)
     bronze = BronzeTables(spark, root, plan.sources)
+    views = _with_data(views, bronze, named=bool(view_names))
     for i, view in enumerate(views, start=1):
         click.echo(f"[{i}/{len(views)}] {view.name} (source {view.source}): {len(days)} day(s) "
                    f"{days[0]}..{days[-1]}")  # fmt: skip
         table, source = bronze.for_view(view)
         run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report)
+
+
+def _with_data(views: list[PlanView], bronze: BronzeTables, named: bool) -> list[PlanView]:
+    """Drop the views whose source has no bronze table yet, with one warning each (stderr).
+
+    A view the user named (``--view``) is not dropped: its run fails with the reason. When every
+    view would be dropped the command fails too: nothing to compute is not a success.
+    """
+    from headwater.pipelines.offline.job import NoBronzeError, skip_warning
+
+    if named:
+        return views
+    kept = []
+    for view in views:
+        if bronze.has_data(view.source) or view.source not in bronze.sources:
+            kept.append(view)  # an unknown source fails below with its own message
+        else:
+            click.echo(skip_warning(view.name, view.source), err=True)
+    if views and not kept:
+        sources = sorted({v.source for v in views})
+        msg = (f"no view has data to compute: no bronze table for source(s) {sources}; land events first"
+               " with `headwater run landing` (or `headwater events import --source NAME`)")  # fmt: skip
+        raise NoBronzeError(msg, sources[0])
+    return kept
 
 
 @click.command("training-set", cls=HeadwaterCommand)
@@ -274,12 +311,37 @@ def materialize(
 
     plan = tier_plan(state_dir, tier)
     views = _views(plan, view_names)
+    root = lake_root(lake)
+    if not view_names:
+        views = _materializable(views, root)
 
     def report(m: Materialized) -> None:
         click.echo(f"{m.view}: {m.rows} rows of {m.date}, {m.written} written, {m.rows_per_s:,.0f} rows/s")
 
     spark = offline_session("headwater-materialize", master)
-    run(spark, online_store(redis_url, namespace), views, lake_root(lake), report)
+    run(spark, online_store(redis_url, namespace), views, root, report)
+
+
+def _materializable(views: list[PlanView], root: Path) -> list[PlanView]:
+    """Drop the views that have no feature table because their source has no data yet (one warning each).
+
+    A view whose source has data but no feature table still fails (run ``headwater run offline``).
+    """
+    from headwater.pipelines.offline.job import NoBronzeError, skip_warning
+    from headwater.pipelines.offline.lake import bronze_path, feature_path, is_delta_table
+
+    kept = []
+    for view in views:
+        if is_delta_table(feature_path(root, view.name)) or is_delta_table(bronze_path(root, view.source)):
+            kept.append(view)
+        else:
+            click.echo(skip_warning(view.name, view.source), err=True)
+    if views and not kept:
+        sources = sorted({v.source for v in views})
+        msg = (f"no view to materialize: no bronze table for source(s) {sources}; land events first"
+               " with `headwater run landing`, then `headwater run offline`")  # fmt: skip
+        raise NoBronzeError(msg, sources[0])
+    return kept
 
 
 @click.command("consistency", cls=HeadwaterCommand)

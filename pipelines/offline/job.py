@@ -59,6 +59,29 @@ class OfflineJobError(HeadwaterError, RuntimeError):
     """The job cannot run (no bronze table, unknown view); the message says what to do."""
 
 
+class NoBronzeError(OfflineJobError):
+    """A source has no bronze table yet: nothing of it was landed or imported.
+
+    ``headwater run offline`` and ``materialize`` skip the views of such a source with one warning
+    (:func:`skip_warning`) instead of failing the whole run; a view asked for by name still fails.
+    """
+
+    def __init__(self, message: str, source: str) -> None:
+        """Keep the source's name beside the message (the CLI's skip warning names it)."""
+        super().__init__(message)
+        self.source = source
+
+
+def skip_warning(view: str, source: str) -> str:
+    """Return the one warning of a view skipped because its source has no data yet (view, source, fixes)."""
+    return (
+        f"warning: skipping view {view}: its source {source!r} has no data yet (no bronze table). "
+        f"Produce events (`headwater events produce --source {source}`) and land them (`headwater run "
+        f"landing`), or import a history (`headwater events import --source {source}`); "
+        f"or name only the views that have data with --view"
+    )
+
+
 @dataclass(frozen=True)
 class DayRun:
     """One view over one chunk of days: what was written and how long it took."""
@@ -76,14 +99,14 @@ def read_bronze(spark: SparkSession, lake: Path, source: PlanSource) -> DataFram
     """Return the bronze table of ``source``.
 
     Raises:
-        OfflineJobError: no table yet (run ``headwater run landing`` or ``headwater events import`` first).
+        NoBronzeError: no table yet (run ``headwater run landing`` or ``headwater events import`` first).
     """
     path = bronze_path(lake, source.name)
     if not is_delta_table(path):
         msg = (f"no bronze table of source {source.name!r} at {path}; land its events first with "
                f"`headwater run landing` (or import a history with `headwater events import --source "
                f"{source.name}`)")  # fmt: skip
-        raise OfflineJobError(msg)
+        raise NoBronzeError(msg, source.name)
     return spark.read.format("delta").load(str(path))
 
 
@@ -116,8 +139,17 @@ class BronzeTables:
             self._frames[name] = read_bronze(self.spark, self.lake, self.source(name))
         return self._frames[name]
 
+    def has_data(self, name: str) -> bool:
+        """Whether source ``name`` has a bronze table (something of it was landed or imported)."""
+        return is_delta_table(bronze_path(self.lake, name))
+
     def for_view(self, view: PlanView) -> tuple[DataFrame, PlanSource]:
-        """Return the bronze table ``view`` reads and its source."""
+        """Return the bronze table ``view`` reads and its source.
+
+        Raises:
+            NoBronzeError: the view's source has no bronze table yet.
+            OfflineJobError: the plan declares no such source.
+        """
         try:
             source = self.source(view.source)
         except OfflineJobError as exc:

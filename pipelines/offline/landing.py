@@ -56,6 +56,7 @@ from headwater.pipelines.offline.landing_state import (
     LandingConfig,
     LandingError,
     LandingStats,
+    SourceTopicMissingError,
     read_checkpoint,
 )
 from headwater.pipelines.offline.source_columns import BRONZE_WRITE_OPTIONS, with_date
@@ -283,10 +284,14 @@ class Lander:
         from kafka import TopicPartition
 
         ids = consumer.partitions_for_topic(self.config.topic)
-        missing = [name for name in (self.config.topic, self.config.dlq_topic)
-                   if not consumer.partitions_for_topic(name)]  # fmt: skip
-        if not ids or missing:
-            msg = (f"topic(s) {missing} not found on {self.config.bootstrap}; "
+        if not ids:
+            source = self.config.source.name
+            msg = (f"source {source!r}: topic {self.config.topic!r} not found on {self.config.bootstrap}"
+                   f" (nothing produced to it yet): produce events with `headwater events produce --source"
+                   f" {source}` (or create the topics with `headwater topics create`)")  # fmt: skip
+            raise SourceTopicMissingError(msg)
+        if not consumer.partitions_for_topic(self.config.dlq_topic):
+            msg = (f"topic(s) {[self.config.dlq_topic]} not found on {self.config.bootstrap}; "
                    "create them with `headwater topics create`")  # fmt: skip
             raise LandingError(msg)
         partitions = [TopicPartition(self.config.topic, p) for p in sorted(ids)]
@@ -329,7 +334,8 @@ def land_sources(
     """Land every source of ``configs`` side by side (one :class:`Lander` thread each, one Spark session).
 
     Each source keeps its own table, checkpoint and commits, so exactly-once holds per source. The
-    first failure stops the others (after their commit in flight) and is raised.
+    first failure stops the others (after their commit in flight) and is raised; a source whose topic
+    does not exist yet is skipped (its stats' ``skipped`` says why) and the others land.
 
     Raises:
         LandingError: a source cannot be landed (broker, topic or table problem).
@@ -344,6 +350,8 @@ def land_sources(
 
         try:
             return Lander(spark, config).run(follow=follow, progress=report, stop=stop)
+        except SourceTopicMissingError as exc:  # the others land: one source without events is no failure
+            return LandingStats(skipped=str(exc))
         except BaseException:
             stop.set()
             raise

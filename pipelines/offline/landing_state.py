@@ -24,6 +24,14 @@ class LandingError(HeadwaterError, RuntimeError):
     """Landing cannot go on (broker, topic or table problem); the message says what to do."""
 
 
+class SourceTopicMissingError(LandingError):
+    """The source's topic does not exist yet: nothing was ever produced to it (or it was never created).
+
+    :func:`~headwater.pipelines.offline.landing.land_sources` skips such a source with this message
+    (:attr:`LandingStats.skipped`) and lands the others.
+    """
+
+
 class BrokerUnavailableError(LandingError):
     """No Kafka broker answered; the lander retries for ``kafka_patience_s`` before raising it."""
 
@@ -105,6 +113,8 @@ class LandingStats:
     reasons: dict[str, int] = field(default_factory=dict)
     retries: int = 0
     """Runs started again after a Kafka failure (each resumes from the table's checkpoint)."""
+    skipped: str | None = None
+    """Why the source was not landed (its topic does not exist yet); None when it was."""
 
     def count_reasons(self) -> None:
         """Set ``late``, ``future`` and ``malformed`` from the dead-letter ``reasons``."""
