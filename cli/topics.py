@@ -42,8 +42,8 @@ def create_command(partitions: int | None, replication_factor: int | None, state
     settings = Settings.from_env()
     count = partitions or settings.partitions
     sources, why = sources_or_examples(state_dir)
-    if why is not None:
-        click.echo(f"creating the example repo's source topics: {why}", err=True)
+    if why is not None:  # a plan exists but cannot be read; none at all (before any apply) is silent
+        click.echo(f"warning: creating the example repo's source topics: {why}", err=True)
     wanted = platform_topics(settings, sources)
     try:
         created = ensure_topics(settings, wanted, count, replication_factor)

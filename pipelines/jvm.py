@@ -62,6 +62,44 @@ def jars(group: str) -> list[Path]:
     return found
 
 
+SPARK_LOG4J2 = """\
+# Written by headwater (pipelines/jvm.py): Spark's own log goes to {log}, not the console.
+status = error
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss}} %p %c{{1}}: %m%n
+"""
+
+
+def engine_log_dir() -> Path:
+    """Return the folder the JVM engines (Spark, Flink) log to: ``<state folder>/logs``, created.
+
+    The console is for headwater's own lines (progress per view and day, warnings, errors); an
+    engine's warnings there (``WARN NativeCodeLoader``, log-profile notices) read like problems a
+    newcomer must fix. An engine's failure still reaches the console as the exception it raises.
+    """
+    folder = state_dir() / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def spark_log_options() -> str:
+    """Return the driver JVM option that sends Spark's log4j2 output to ``<logs>/spark.log``."""
+    folder = engine_log_dir()
+    config = folder / "spark-log4j2.properties"
+    text = SPARK_LOG4J2.format(log=folder / "spark.log")
+    if not config.is_file() or config.read_text(encoding="utf-8") != text:
+        tmp = config.with_name(f"{config.name}.{os.getpid()}.tmp")  # concurrent sessions: whole files
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(config)
+    return f"-Dlog4j2.configurationFile={config.as_uri()}"
+
+
 def spark_session(app_name: str, master: str | None = None) -> SparkSession:
     """Build a Spark session with Delta Lake from the resolved jars.
 
@@ -87,6 +125,8 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         # Our jobs print their own progress per view and day; Spark's stage bars would interleave.
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(state_dir() / "spark-warehouse"))
+        # Read when spark-submit starts the driver JVM: Spark's log goes to a file (engine_log_dir).
+        .config("spark.driver.extraJavaOptions", spark_log_options())
         .config("spark.driver.memory", os.environ.get("HEADWATER_SPARK_DRIVER_MEMORY", "4g"))
         # The training set's user side chains ~7 sort-merge joins on (user_id, event_time) and
         # their aggregations into one task; each operator takes a page of the task's ~1.1 GB of
@@ -142,6 +182,7 @@ def set_flink_java_args(jvm_heap: str | None = None) -> None:
     A folder of ours inherited from a parent process's ``JVM_ARGS`` is replaced by this process's
     own: the parent's is removed once the parent ends, even while this process's JVM still uses it.
     """
+    os.environ.setdefault("FLINK_LOG_DIR", str(engine_log_dir()))  # not site-packages/pyflink/log
     root = _temp_root("flink")
     ours, mine = f"-Djava.io.tmpdir={root}{os.sep}", f"-Djava.io.tmpdir={root / str(os.getpid())}"
     given = os.environ.get("JVM_ARGS") or (f"-Xmx{jvm_heap} -XX:+UseG1GC" if jvm_heap else "")

@@ -91,12 +91,15 @@ def _example_sources(repo: Path) -> tuple[PlanSource, ...]:
 
 
 def sources_or_examples(state_dir: Path | None = None) -> tuple[list[PlanSource], str | None]:
-    """Return the applied sources, else the example repo's with the reason no plan was read.
+    """Return the applied sources, else the example repo's with the reason the plan could not be read.
 
     ``infra/services.sh`` creates the topics before anything is applied: the example repo's
-    sources stand in for the plan then.
+    sources stand in for the plan then, and the reason is None (no plan yet is the normal state
+    before the first ``headwater apply``, nothing to warn about). A plan that exists but cannot be
+    read (another plan version, an invalid config) is a reason worth showing.
     """
     try:
         return applied_sources(state_dir), None
     except SourceError as exc:
-        return example_sources(), str(exc)
+        not_applied_yet = isinstance(exc.__cause__, FileNotFoundError)
+        return example_sources(), None if not_applied_yet else str(exc)

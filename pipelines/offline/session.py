@@ -17,10 +17,10 @@ def offline_session(app_name: str, master: str | None = None) -> SparkSession:
 
     ``master`` (``spark://HOST:PORT``) sends the jobs to a standalone cluster; its executors start
     Python UDF workers with this interpreter (PySpark's default is ``python3`` from the PATH, which
-    has no headwater outside an activated venv) unless ``PYSPARK_PYTHON`` says otherwise.
+    has no headwater outside an activated venv) unless ``PYSPARK_PYTHON`` says otherwise. Spark's
+    own log goes to ``<state folder>/logs/spark.log`` (:func:`headwater.pipelines.jvm.engine_log_dir`).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = spark_session(app_name, master)
     spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")
-    spark.sparkContext.setLogLevel("ERROR")
     return spark
