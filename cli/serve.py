@@ -192,6 +192,8 @@ def serve(
         f" feedback={feedback.topic if feedback else 'off'}"
         f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
         f" admission={'on' if config.admission.enabled else 'off'}"
+        f" max_body_bytes={config.max_body_bytes} max_connections={config.edge.max_connections}"
+        f" grpc_max_rpcs={config.edge.grpc_max_rpcs}"
         + "".join(f" {name}={value or 'none'}" for name, value in runtimes(loaded, funnel).items())
     )
     app = create_app(
@@ -211,7 +213,11 @@ def serve(
         GrpcEdge.for_app(app, host, grpc_port)  # starts and stops with the app's lifespan
     # /metrics also carries every view's pipeline lag and read-time age (the `headwater freshness` figures).
     app.state.telemetry.registry.register(FreshnessCollector.for_store(reader.store, plans))
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    from headwater.serving.edge import uvicorn_options
+
+    # The edge limits: connections, backlog, keep-alive and the header deadline (the body's is the app's).
+    limits = uvicorn_options(config.edge)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **limits)
 
 
 def _experiment_and_recorder(

@@ -54,7 +54,7 @@ def create_app(
         funnel,
     )  # fmt: skip
     service = RankingService(parts)
-    app = rest_app(service, config.max_body_bytes, fast_routes)
+    app = rest_app(service, config.max_body_bytes, fast_routes, config.edge.body_timeout_s)
     # What tests, the CLI and benchmarks read (the engine itself: app.state.engine, set at start).
     app.state.telemetry = parts.telemetry
     app.state.cache = parts.cache

@@ -127,6 +127,40 @@ class AdmissionConfig(BaseModel):
         return self
 
 
+class EdgeConfig(BaseModel):
+    """Limits at the service's edges (REST and gRPC) beyond the body size (``max_body_bytes``).
+
+    A client holds a worker only as long as these allow: a connection must send its request's
+    headers within ``header_timeout_s`` and its body within ``body_timeout_s`` (else 408 and the
+    connection is closed); at most ``max_connections`` REST connections and ``grpc_max_rpcs`` gRPC
+    calls are served at once (REST: 503 past it; gRPC: RESOURCE_EXHAUSTED). The gRPC message limit
+    is ``max_body_bytes``, the same as REST's body limit.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_connections: int = Field(default=512, ge=1)
+    """REST connections (and requests in flight) at once (uvicorn ``limit_concurrency``); past it 503."""
+    backlog: int = Field(default=256, ge=1)
+    """Connections the kernel queues before the service accepts them (``listen`` backlog)."""
+    keep_alive_s: float = Field(default=5.0, gt=0.0, le=300.0)
+    """An idle keep-alive connection is closed after this long (uvicorn ``timeout_keep_alive``)."""
+    header_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
+    """From a connection's first byte (or its accept) to the end of the request's headers; then closed."""
+    body_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
+    """From the end of the headers to the end of the body; a body still arriving then is answered 408."""
+    grpc_max_rpcs: int = Field(default=256, ge=1)
+    """gRPC calls served at once (``grpc.aio`` ``maximum_concurrent_rpcs``); past it RESOURCE_EXHAUSTED."""
+    grpc_max_connections: int = Field(default=256, ge=1)
+    """gRPC connections at once (``grpc.max_allowed_incoming_connections``); more are refused."""
+    grpc_max_streams: int = Field(default=64, ge=1)
+    """Concurrent calls on one gRPC connection (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``)."""
+    request_id_ttl_s: float = Field(default=300.0, gt=0.0, le=86_400.0)
+    """How long a caller's ``X-Request-Id`` is remembered: a retry within it logs no impressions again."""
+    request_id_entries: int = Field(default=100_000, ge=1)
+    """Request ids remembered at most; past it the oldest is forgotten early (counted and logged)."""
+
+
 class ServingConfig(BaseModel):
     """Everything ``headwater serve`` needs besides the model and the store address."""
 
@@ -170,6 +204,9 @@ class ServingConfig(BaseModel):
     runs Python, each hand-back can wait a whole interval, which lands in the tail latency."""
     io_threads: int = Field(default=4, ge=1)
     max_body_bytes: int = Field(default=512 * 1024, ge=1024)
+    """The one size limit of a request: REST bodies (413 past it) and gRPC messages, received and sent."""
+    edge: EdgeConfig = EdgeConfig()
+    """Connections, concurrency, read timeouts and the request-id ledger at the edges."""
 
     @model_validator(mode="after")
     def _deadlines(self) -> ServingConfig:

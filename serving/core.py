@@ -44,6 +44,7 @@ from headwater.serving.feedback import (
 )
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.funnel.stages import Funnel, FunnelMetrics, FunnelParts, RecommendQuery
+from headwater.serving.impressions import ImpressionLedger
 from headwater.serving.item_mirror import ItemMirror
 from headwater.serving.recording import Recorder
 from headwater.serving.runtime import LoadedModels
@@ -223,6 +224,9 @@ class RankingService:
         self.telemetry = parts.telemetry
         self._engine: RankingEngine | None = None
         self._batcher: Batcher | None = None
+        edge = parts.config.edge
+        self.ledger = ImpressionLedger(edge.request_id_ttl_s, edge.request_id_entries)
+        """The callers' request ids answered lately: a retry of one logs its impressions once."""
         self.servers: list[Server] = [parts.arms]  # the experiment's engines: before any other server
         """Run with :meth:`start` and :meth:`stop`, in this order (an adapter adds its server here)."""
         for extra in (parts.recorder, parts.predictions, parts.funnel):  # the funnel: its refresh thread
@@ -272,15 +276,19 @@ class RankingService:
             self.telemetry.rejected.labels("throttled").inc()
             raise
 
-    async def rank(self, body: RankRequest, header_class: str | None = None) -> RankAnswer:
+    async def rank(
+        self, body: RankRequest, header_class: str | None = None, request_id: str | None = None
+    ) -> RankAnswer:
         """Rank the candidates: admission, the engine (degrading to the editorial list), the impressions.
 
-        ``header_class``: the protocol's user-class header, which wins over the body's.
+        ``header_class``: the protocol's user-class header, which wins over the body's;
+        ``request_id``: the caller's id of this logical request (checked by the adapter), the same on
+        its retries, whose impressions are logged once (:attr:`ledger`); None: a fresh id.
         """
         p = self.parts
         admitted = self._admit(body, header_class)
         query = RankQuery(body.user_id, body.candidates, body.k, admitted.priority, body.deadline_ms)
-        request_id = new_request_id()
+        given, request_id = request_id is not None, request_id or new_request_id()
         # Recorded: a sample of what users see (log_impressions); replays and benchmarks send false.
         arrived_ms = now_ms()  # the record's at_ms
         recording = p.recorder is not None and body.log_impressions and p.recorder.sampled()
@@ -288,7 +296,7 @@ class RankingService:
         async with p.admission.slot(admitted):
             ranked = await self._ranked(routed.engine, query)
         answer = rank_answer(ranked, request_id, routed.arm)
-        if body.log_impressions:
+        if body.log_impressions and (not given or self.ledger.first(body.user_id, request_id)):
             self._shown(body, ranked, answer, routed.arm, arrived_ms)
         if recording and p.recorder is not None:
             sent = body.model_dump(mode="json", exclude_unset=True)
@@ -333,14 +341,19 @@ class RankingService:
                               used.user, used.items, used.items_found, used.user_event_ms)
         )  # fmt: skip
 
-    async def recommend(self, body: RecommendRequest, header_class: str | None = None) -> RecommendAnswer:
-        """Recommend k items from the whole catalog: admission, the funnel, the impressions and seen set."""
+    async def recommend(
+        self, body: RecommendRequest, header_class: str | None = None, request_id: str | None = None
+    ) -> RecommendAnswer:
+        """Recommend k items from the whole catalog: admission, the funnel, the impressions and seen set.
+
+        ``request_id`` as :meth:`rank`'s: a retry's impressions are logged once.
+        """
         p = self.parts
         if p.recommender is None or p.funnel is None:
             msg = "this service runs without the funnel (/v1/recommend); start it with `headwater serve`"
             raise FunnelOff(msg)
         admitted = self._admit(body, header_class)
-        request_id = new_request_id()
+        given, request_id = request_id is not None, request_id or new_request_id()
         arrived_ms = now_ms()
         query = RecommendQuery(body.user_id, body.k, admitted.priority, body.deadline_ms)
         async with p.admission.slot(admitted):
@@ -350,7 +363,7 @@ class RankingService:
                 self.telemetry.rejected.labels("queue_full").inc()
                 raise
         shown = [item for item, _, _ in got.items]
-        if body.log_impressions and shown:
+        if body.log_impressions and shown and (not given or self.ledger.first(body.user_id, request_id)):
             p.funnel.recent.served(body.user_id, shown, arrived_ms)
             if p.feedback is not None:
                 p.feedback.offer(impressions(request_id, body.user_id, shown, body.session_id, body.device))

@@ -17,8 +17,17 @@ REST                                           gRPC
 429 over the class's quota or a full queue     RESOURCE_EXHAUSTED; trailing metadata ``retry-after``
                                                (whole seconds, as HTTP's) and ``retry-after-ms``
 404 recommend on a service without the funnel  UNIMPLEMENTED
-503 (a bug's net)                              UNAVAILABLE ("retry"), never UNKNOWN or INTERNAL
+503 (a bug's net)                              UNAVAILABLE ("internal error, request id X; retry",
+                                               the detail in the log), never UNKNOWN or INTERNAL
+413 (over ``max_body_bytes``)                  RESOURCE_EXHAUSTED (grpc's own message-size check)
 =============================================  ==================================================
+
+Limits (the serving config's ``max_body_bytes`` and ``edge``): a message received or sent is at
+most ``max_body_bytes``, REST's body limit; at most ``edge.grpc_max_rpcs`` calls run at once (more
+are RESOURCE_EXHAUSTED), ``edge.grpc_max_streams`` on one connection, and
+``edge.grpc_max_connections`` connections. A request with more candidates than a ranking takes is
+refused before they are copied out of the message. The ``x-request-id`` metadata is REST's
+``X-Request-Id``: the caller's id of the logical request, whose impressions are logged once.
 
 The request is decoded here, not by grpc (no ``request_deserializer``), so bytes that are not a
 ``RankRequest`` are INVALID_ARGUMENT with protobuf's reason rather than grpc's INTERNAL.
@@ -38,8 +47,13 @@ from pydantic import BaseModel, ValidationError
 from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.admission import CLASS_HEADER, Throttled
 from headwater.serving.batcher import QueueFullError
+from headwater.serving.config import EdgeConfig
 from headwater.serving.core import FunnelOff, RankingService
+from headwater.serving.edge import internal_error
+from headwater.serving.feedback import new_request_id
+from headwater.serving.impressions import REQUEST_ID_HEADER, InvalidRequestId, checked_request_id
 from headwater.serving.schemas import (
+    MAX_CANDIDATES,
     OPTION_FIELDS,
     RankAnswer,
     RankRequest,
@@ -51,6 +65,8 @@ from headwater.serving.schemas import (
 
 logger = logging.getLogger(__name__)
 SERVICE = "headwater.v1.Ranking"
+_ID_KEY = REQUEST_ID_HEADER.lower()
+GRPC_IDLE_MS = 300_000
 M = TypeVar("M", bound=Message)
 B = TypeVar("B", bound=BaseModel)
 A = TypeVar("A")
@@ -80,7 +96,11 @@ class GrpcEdge:
 
     async def start(self) -> None:
         """Bind and start; raises OSError naming the address when it cannot be bound."""
-        server = grpc.aio.server()
+        config = self._service.parts.config
+        server = grpc.aio.server(
+            options=server_options(config.max_body_bytes, config.edge),
+            maximum_concurrent_rpcs=config.edge.grpc_max_rpcs,
+        )
         handler = grpc.unary_unary_rpc_method_handler(
             self._serve, request_deserializer=None, response_serializer=pb.RankResponse.SerializeToString
         )
@@ -112,20 +132,38 @@ class GrpcEdge:
             self._server = None
 
     async def _serve(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RankResponse:
+        request_id = await self._request_id(context)
         message = await self._decode(pb.RankRequest, raw, context)
+        if len(message.candidates) > MAX_CANDIDATES:  # refused before the ids are copied into a list
+            self._service.count_invalid()
+            detail = (
+                f"invalid request: candidates: must hold at most {MAX_CANDIDATES} entries;"
+                f" got {len(message.candidates)}"
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
         body = await self._validate(RankRequest, to_fields(message), context)
-        call = self._service.rank(body, _metadata(context, CLASS_HEADER))
-        return to_message(await self._answer(call, context, "Rank"))
+        call = self._service.rank(body, _metadata(context, CLASS_HEADER), request_id)
+        return to_message(await self._answer(call, context, "Rank", request_id))
 
     async def _serve_recommend(
         self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RecommendResponse:
+        request_id = await self._request_id(context)
         message = await self._decode(pb.RecommendRequest, raw, context)
         fields: dict[str, Any] = {"user_id": message.user_id, "k": message.k}
         fields.update({n: getattr(message, n) for n in OPTION_FIELDS if message.HasField(n)})
         body = await self._validate(RecommendRequest, fields, context)
-        call = self._service.recommend(body, _metadata(context, CLASS_HEADER))
-        return recommend_message(await self._answer(call, context, "Recommend"))
+        call = self._service.recommend(body, _metadata(context, CLASS_HEADER), request_id)
+        return recommend_message(await self._answer(call, context, "Recommend", request_id))
+
+    async def _request_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+        """Return the caller's ``x-request-id`` (None: none), or abort INVALID_ARGUMENT if it is not valid."""
+        try:
+            return checked_request_id(_metadata(context, _ID_KEY))
+        except InvalidRequestId as exc:
+            self._service.count_invalid()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: {exc}")
+            raise  # abort raises; this line only tells the type checker
 
     async def _decode(self, kind: type[M], raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> M:
         """Parse ``raw`` as ``kind``, or abort INVALID_ARGUMENT naming the message type."""
@@ -151,9 +189,17 @@ class GrpcEdge:
             raise  # abort raises; this line only tells the type checker
 
     async def _answer(
-        self, call: Awaitable[A], context: grpc.aio.ServicerContext[Any, Any], method: str
+        self,
+        call: Awaitable[A],
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        request_id: str | None,
     ) -> A:
-        """Await the core's ``call`` and return its answer, or abort with its refusal as the table maps it."""
+        """Await the core's ``call`` and return its answer, or abort with its refusal as the table maps it.
+
+        A failure the core did not expect is UNAVAILABLE with ``internal error, request id X``: the
+        trace is logged under that id (the caller's, else a fresh one), never sent.
+        """
         try:
             return await call
         except Throttled as exc:
@@ -162,12 +208,25 @@ class GrpcEdge:
             await _exhausted(context, str(exc), float(exc.retry_after_s))
         except FunnelOff as exc:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
-        except Exception as exc:  # the net under a bug
-            logger.exception("unhandled error serving gRPC %s", method)
-            detail = f"the service failed to answer ({type(exc).__name__}: {exc}); retry"
-            await context.abort(grpc.StatusCode.UNAVAILABLE, detail)
+        except Exception:  # the net under a bug
+            request_id = request_id or new_request_id()
+            logger.exception("unhandled error serving gRPC %s (request id %s)", method, request_id)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, internal_error(request_id))
         unreachable = "context.abort raises"
         raise AssertionError(unreachable)
+
+
+def server_options(max_message_bytes: int, edge: EdgeConfig) -> list[tuple[str, int]]:
+    """Return the ``grpc.aio.server`` channel options of the limits (message size, streams, connections)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_concurrent_streams", edge.grpc_max_streams),
+        ("grpc.max_allowed_incoming_connections", edge.grpc_max_connections),
+        # An idle connection holds one of grpc_max_connections: closed after 5 minutes (GOAWAY; a
+        # client's channel reconnects on its next call).
+        ("grpc.max_connection_idle_ms", GRPC_IDLE_MS),
+    ]
 
 
 def recommend_message(answer: RecommendAnswer) -> pb.RecommendResponse:

@@ -13,18 +13,28 @@ The template encoder is a small Avro binary writer for flat records (primitive f
 unions of those with null): the bytes equal ``EventCodec.encode``'s (fastavro) for every event, which
 a property test checks. A schema it cannot write (a nested record, an array, a map, a fixed) or a
 value it does not know how to write makes it fall back to the codec, per event.
+
+A caller's retries of one request carry one request id (``X-Request-Id``, checked by
+:func:`checked_request_id`); :class:`ImpressionLedger` remembers the ids answered in the last
+minutes, so a retried request logs its impressions once, not once per attempt.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.schema import BehaviorEvent, Device
+from headwater.registry.errors import HeadwaterError
+
+logger = logging.getLogger(__name__)
 
 VARYING = ("event_id", "item_id", "position")
 """The fields in which one answer's impressions differ; every other field is the same in all of them."""
@@ -270,3 +280,87 @@ class AnswerEncoder:
                 parts.append(segments[j + 1])
             out.append(b"".join(parts))
         return out
+
+
+# --- one logical request, one set of impressions ---------------------------------------------------
+
+REQUEST_ID_HEADER = "X-Request-Id"
+"""The header (gRPC metadata ``x-request-id``) naming a caller's logical request, the same on retries."""
+_REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+MAX_REQUEST_ID = 64
+
+
+class InvalidRequestId(HeadwaterError, ValueError):
+    """A caller's request id is not 1 to 64 characters of ``A-Z a-z 0-9 . _ -``."""
+
+
+def checked_request_id(value: str | None) -> str | None:
+    """Return the caller's request id as given (None: none given), or raise :class:`InvalidRequestId`.
+
+    The id becomes the prefix of the impressions' event ids (``<id>:<position>``), so it is held to
+    a plain alphabet; ``:`` is the separator and is not allowed in it.
+    """
+    if value is None:
+        return None
+    if not 1 <= len(value) <= MAX_REQUEST_ID or not _REQUEST_ID_CHARS.issuperset(value):
+        shown = value[:80].encode("unicode_escape").decode("ascii")
+        msg = (
+            f"{REQUEST_ID_HEADER}: must be 1 to {MAX_REQUEST_ID} characters of A-Z a-z 0-9 . _ -;"
+            f" got {len(value)} characters ({shown!r}); send the same id on every retry of one request,"
+            " or none"
+        )
+        raise InvalidRequestId(msg)
+    return value
+
+
+class ImpressionLedger:
+    """The request ids whose impressions were logged in the last ``ttl_s``: a retry logs them once.
+
+    A client that retries a ranking (its first attempt timed out, but the service answered it)
+    sends the same request id each time; :meth:`first` is true for the first answer of an id and
+    false for the repeats, so impressions, the seen set and the business metrics count one logical
+    request once. The key is the user and the id, so one caller's id cannot silence another user's
+    impressions. Bounded: at most ``max_entries`` ids; past it the oldest is forgotten before its
+    time, which :attr:`evicted_early` counts (and the first time, the log says).
+    """
+
+    def __init__(self, ttl_s: float, max_entries: int, clock: Callable[[], float] | None = None) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock or time.monotonic
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.repeats = 0
+        """Answers whose impressions were not logged again (a retry of a request already answered)."""
+        self.evicted_early = 0
+        """Ids forgotten before ``ttl_s`` because the ledger was full."""
+
+    def __len__(self) -> int:
+        """Return how many ids are remembered."""
+        return len(self._seen)
+
+    def first(self, user_id: str, request_id: str) -> bool:
+        """Record ``request_id`` for ``user_id``; True unless it was recorded within ``ttl_s``."""
+        now = self._clock()
+        seen = self._seen
+        while seen:  # expire from the oldest (insertion order is time order)
+            oldest, at = next(iter(seen.items()))
+            if now - at < self.ttl_s:
+                break
+            del seen[oldest]
+        key = (user_id, request_id)
+        if key in seen:
+            self.repeats += 1
+            return False
+        seen[key] = now
+        if len(seen) > self.max_entries:
+            seen.popitem(last=False)
+            self.evicted_early += 1
+            if self.evicted_early == 1:
+                logger.warning(
+                    "impression ledger full (%d request ids in %g s): the oldest are forgotten early,"
+                    " so a late retry of one may log its impressions twice; raise"
+                    " edge.request_id_entries",
+                    self.max_entries,
+                    self.ttl_s,
+                )
+        return True

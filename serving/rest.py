@@ -12,6 +12,7 @@ calls the :class:`~headwater.serving.core.RankingService` and serialises its ans
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
@@ -28,7 +29,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from headwater.serving.admission import CLASS_HEADER, Throttled
 from headwater.serving.batcher import QueueFullError
 from headwater.serving.core import FunnelOff, RankingService
-from headwater.serving.feedback import FeedbackRefused
+from headwater.serving.edge import internal_error
+from headwater.serving.feedback import FeedbackRefused, new_request_id
+from headwater.serving.impressions import REQUEST_ID_HEADER, InvalidRequestId, checked_request_id
 from headwater.serving.schemas import (
     ErrorResponse,
     FeedbackRequest,
@@ -56,16 +59,19 @@ class FastJSON(JSONResponse):
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes gets 413, however it is framed.
+    """ASGI middleware: a request body over ``limit`` bytes gets 413, one slower than ``timeout_s`` 408.
 
     A ``Content-Length`` over the limit is refused before the body is read; any other body
     (chunked, or a length header that lies) is read here up to the limit and then replayed to the
-    app, so the app never holds more than ``limit`` bytes of one request.
+    app, so the app never holds more than ``limit`` bytes of one request. The whole body must arrive
+    within ``timeout_s`` of the headers: a client trickling it is answered 408 and its connection
+    closed, so it holds a connection and ``limit`` bytes for ``timeout_s`` at most.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float = 10.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
@@ -81,8 +87,14 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                await self._too_slow(size, scope, receive, send)
+                return
             if message["type"] != "http.request":  # the client went away: let the app see it
                 await self.app(scope, _replay([message], receive), send)
                 return
@@ -109,9 +121,26 @@ class BodyLimit:
     ) -> None:
         await JSONResponse({"detail": msg, "errors": []}, status_code=413)(scope, receive, send)
 
+    async def _too_slow(
+        self,
+        size: int,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        msg = (
+            f"the request body did not arrive within {self.timeout_s:g} s ({size} bytes read);"
+            " send the whole body at once"
+        )
+        # Connection: close, so the server drops the connection rather than read the rest of the body.
+        response = JSONResponse(
+            {"detail": msg, "errors": []}, status_code=408, headers={"Connection": "close"}
+        )
+        await response(scope, receive, send)
 
-Handler = Callable[[Any, str | None], Awaitable[Response]]
-"""A hot route's handler: the validated body and the user-class header, to the response."""
+
+Handler = Callable[[Any, str | None, str | None], Awaitable[Response]]
+"""A hot route's handler: the validated body, the user-class and request-id headers, to the response."""
 
 
 class FastRoutes:
@@ -139,13 +168,15 @@ class FastRoutes:
         if route is None:
             await self.app(scope, receive, send)
             return
-        user_class = None
+        user_class = request_id = None
         for name, value in scope["headers"]:
             if name == b"content-type" and not _is_json(value):
                 await self.app(scope, receive, send)
                 return
             if name == _CLASS_HEADER and user_class is None:
                 user_class = value.decode("latin-1")
+            elif name == _ID_HEADER and request_id is None:
+                request_id = value.decode("latin-1")
         chunks: list[bytes] = []
         while True:
             message = await receive()
@@ -163,11 +194,12 @@ class FastRoutes:
             whole = {"type": "http.request", "body": raw, "more_body": False}
             await self.app(scope, _replay([whole], receive), send)
             return
-        response = await handler(body, user_class)
+        response = await handler(body, user_class, request_id)
         await response(scope, receive, send)
 
 
 _CLASS_HEADER = CLASS_HEADER.encode("latin-1")
+_ID_HEADER = REQUEST_ID_HEADER.lower().encode("latin-1")
 
 
 def _is_json(content_type: bytes) -> bool:
@@ -190,10 +222,12 @@ def _replay(messages: list[Any], receive: Callable[[], Awaitable[Any]]) -> Calla
 
 
 class LastResort:
-    """ASGI middleware: an exception no handler caught becomes a 503 with its type, not a bare 500.
+    """ASGI middleware: an exception no handler caught becomes a 503 naming a request id, not a bare 500.
 
     The routes are written never to raise (a ranking degrades to the editorial list); this is the
-    net under a bug, so a client sees a retryable status and a message, and the log has the trace.
+    net under a bug, so a client sees a retryable status and ``internal error, request id X``, and
+    the log has the trace under the same id. No exception text reaches the client: it can hold
+    paths, addresses or data of other requests.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -216,19 +250,37 @@ class LastResort:
 
         try:
             await self.app(scope, receive, tracked)
-        except Exception as exc:
-            logger.exception("unhandled error serving %s %s", scope.get("method"), scope.get("path"))
+        except Exception:
+            request_id = _request_id_of(scope)
+            logger.exception(
+                "unhandled error serving %s %s (request id %s)",
+                scope.get("method"),
+                scope.get("path"),
+                request_id,
+            )
             if started:
                 raise
-            detail = f"the service failed to answer ({type(exc).__name__}); retry"
+            detail = internal_error(request_id)
             response = JSONResponse(
                 {"detail": detail, "errors": []}, status_code=503, headers={"Retry-After": "1"}
             )
             await response(scope, receive, send)
 
 
+def _request_id_of(scope: Scope) -> str:
+    """Return the caller's valid ``X-Request-Id``, else a fresh id (the one the log and the answer name)."""
+    for name, value in scope.get("headers") or ():
+        if name == _ID_HEADER:
+            try:
+                return checked_request_id(value.decode("latin-1")) or new_request_id()
+            except InvalidRequestId:
+                break
+    return new_request_id()
+
+
 REFUSED: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "The body cannot be read (not UTF-8, not JSON)"},
+    408: {"model": ErrorResponse, "description": "The body did not arrive within the configured time"},
     413: {"model": ErrorResponse, "description": "The body is over the configured limit"},
     422: {"model": ErrorResponse, "description": "The request is not valid; one entry per field"},
 }
@@ -276,6 +328,12 @@ def refused(exc: Throttled | QueueFullError | FunnelOff | FeedbackRefused) -> Re
     return FastJSON({"detail": f"invalid feedback: {exc}", "errors": errors}, status_code=422)
 
 
+_ID_HELP = (
+    "Your id of this logical request (1-64 of A-Z a-z 0-9 . _ -), the same on every retry: the answer's"
+    " request_id, and its impressions are logged once however often it is retried."
+)
+
+
 class RestRoutes:
     """The routes' handlers over one service: validated bodies in, the core's answers out as JSON."""
 
@@ -289,13 +347,17 @@ class RestRoutes:
             str | None,
             Header(alias=CLASS_HEADER, description="The caller's user class (wins over the body's)."),
         ] = None,
+        request_id: Annotated[str | None, Header(alias=REQUEST_ID_HEADER, description=_ID_HELP)] = None,
     ) -> Response:
         """Rank the candidates for the user; degrades through the fallback chain, never a 5xx.
 
         The returned items go back to Kafka as impressions (unless ``log_impressions`` is false).
         """
         try:
-            return FastJSON(await self.service.rank(body, user_class))
+            given = checked_request_id(request_id)
+            return FastJSON(await self.service.rank(body, user_class, given))
+        except InvalidRequestId as exc:
+            return self._bad_id(exc)
         except (Throttled, QueueFullError) as exc:
             return refused(exc)
 
@@ -306,6 +368,7 @@ class RestRoutes:
             str | None,
             Header(alias=CLASS_HEADER, description="The caller's user class (wins over the body's)."),
         ] = None,
+        request_id: Annotated[str | None, Header(alias=REQUEST_ID_HEADER, description=_ID_HELP)] = None,
     ) -> Response:
         """Recommend k items from the whole catalog: retrieve, drop seen, rank, re-rank, business rules.
 
@@ -313,9 +376,17 @@ class RestRoutes:
         as impressions and into the user's seen set (unless ``log_impressions`` is false).
         """
         try:
-            return FastJSON(await self.service.recommend(body, user_class))
+            given = checked_request_id(request_id)
+            return FastJSON(await self.service.recommend(body, user_class, given))
+        except InvalidRequestId as exc:
+            return self._bad_id(exc)
         except (Throttled, QueueFullError, FunnelOff) as exc:
             return refused(exc)
+
+    def _bad_id(self, exc: InvalidRequestId) -> Response:
+        self.service.count_invalid()
+        errors = [{"field": REQUEST_ID_HEADER, "message": str(exc)}]
+        return FastJSON({"detail": f"invalid request: {exc}", "errors": errors}, status_code=422)
 
     async def post_feedback(
         self,
@@ -341,9 +412,10 @@ class RestRoutes:
         """Prometheus metrics."""
         try:
             body = await self.service.metrics()
-        except Exception as exc:  # a collector's bug must not take the endpoint down with a 500
-            logger.exception("collecting metrics failed")
-            detail = f"metrics are unavailable: {type(exc).__name__}: {exc}"
+        except Exception:  # a collector's bug must not take the endpoint down with a 500
+            request_id = new_request_id()
+            logger.exception("collecting metrics failed (request id %s)", request_id)
+            detail = f"metrics are unavailable: {internal_error(request_id)}"
             return FastJSON({"detail": detail, "errors": []}, status_code=503, headers={"Retry-After": "5"})
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
@@ -374,8 +446,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.stop()
 
 
-def rest_app(service: RankingService, max_body_bytes: int, fast_routes: bool = True) -> FastAPI:
+def rest_app(
+    service: RankingService, max_body_bytes: int, fast_routes: bool = True, body_timeout_s: float = 10.0
+) -> FastAPI:
     """Return the FastAPI app over ``service``; ``app.state.service`` is it (another adapter reads it there).
+
+    ``max_body_bytes`` and ``body_timeout_s``: a body over the size gets 413, one slower than the
+    time 408 (:class:`BodyLimit`).
 
     ``fast_routes``: serve valid ``/v1/rank`` and ``/v1/recommend`` requests through :class:`FastRoutes`
     (False: every request through FastAPI, the same answers).
@@ -410,6 +487,6 @@ def rest_app(service: RankingService, max_body_bytes: int, fast_routes: bool = T
             "/v1/recommend": (RecommendRequest, routes.recommend),
         }
         app.add_middleware(FastRoutes, routes=hot)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(BodyLimit, limit=max_body_bytes, timeout_s=body_timeout_s)
     app.add_middleware(LastResort)  # added last = outermost: also covers BodyLimit
     return app
