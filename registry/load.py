@@ -211,7 +211,7 @@ def _load_named_list(repo: LoadedRepo, name: str, key: str, model: type[Any], in
             continue
         item_name = located.spec.name
         if item_name in into:
-            repo.diagnostics.add(_duplicate(key[:-1], item_name, located, into[item_name]))
+            repo.diagnostics.add(_duplicate(SINGULAR.get(key, key), item_name, located, into[item_name]))
             continue
         into[item_name] = located
 
@@ -236,6 +236,10 @@ def _shifted(doc: YamlDoc, prefix: Path_) -> YamlDoc:
     for part in prefix:
         data = data[part]
     return YamlDoc(data=data, lines=lines)
+
+
+SINGULAR = {"entities": "entity", "sources": "source", "views": "view"}
+"""The singular of each list key of the registry files, for messages (``entities``[:-1] is not a word)."""
 
 
 def _duplicate(kind: str, name: str, new: Located[Any], first: Located[Any]) -> Diagnostic:

@@ -68,16 +68,21 @@ def check_repo(root: Path) -> CheckResult:
     return result
 
 
+PLURAL = {"entity": "entities"}
+"""Plurals that are not the singular + s, for messages (the file is ``entities.yaml``)."""
+
+
 def _unknown(view: Located[ViewDefinition], key: str, kind: str, name: str, known: list[str]) -> Diagnostic:
     close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean '{close[0]}'?" if close else f"declare it in {kind}s.yaml"
+    kinds = PLURAL.get(kind, f"{kind}s")
+    hint = f"did you mean '{close[0]}'?" if close else f"declare it in {kinds}.yaml"
     return Diagnostic(
         code=f"unknown-{kind}",
         message=f"unknown {kind} '{name}'",
         file=view.file,
         line=view.line_of(key),
         view=view.spec.feature_view,
-        expected=f"one of: {', '.join(known) or f'(no {kind}s declared)'}",
+        expected=f"one of: {', '.join(known) or f'(no {kinds} declared)'}",
         found=name,
         hint=hint,
     )
