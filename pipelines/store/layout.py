@@ -5,6 +5,12 @@ one (view, entity) vector. The braces are a Redis Cluster hash tag: every key of
 to the same slot, so a batched read of 500 items of one view is one ``MGET`` (one round trip)
 and a batched write is one Lua call per chunk, on one cluster node.
 
+The entity id is data, never syntax: it is the key's tail after ``<namespace>:{<view>}:`` (the
+view name holds no brace or colon, :class:`ViewLayout`; the namespace no brace,
+:func:`check_namespace`), so ``write.lua`` cuts it off at a known length and any bytes round-trip.
+A ``SCAN MATCH`` pattern escapes every glob metacharacter of the prefix (:func:`key_pattern`).
+The change feed names the written ids length-prefixed (:func:`feed_entry_ids`), not line by line.
+
 Trade-off: a whole view lives on one slot, hence one primary. A very large or very hot view
 cannot be spread over the cluster; its memory and its load sit on one node (scale it with
 replicas for reads). The alternative, if a view outgrows one node, is to drop the hash tag
@@ -22,12 +28,18 @@ from dataclasses import dataclass, field
 
 from redis.crc import key_slot
 
+from headwater.pipelines.keycodec import KeyFormatError, to_text, unpack_parts
 from headwater.registry.errors import HeadwaterError
 
 DEFAULT_NAMESPACE = "hw"
 FRESHNESS_MAXLEN = 20_000  # entries kept per view in the freshness log; write.lua uses the same cap
 MAX_VERSION_BYTES = 32
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_GLOB = re.compile(r"([\\*?\[\]{}^])")
+FEED_IDS_FIELD = b"e"
+"""The change-feed field ``write.lua`` writes: the written ids, each ``<length>:<bytes>``."""
+LEGACY_FEED_FIELD = b"k"
+"""The field of feed entries written before (ids newline-separated; the refresher's creation entry)."""
 
 
 class LayoutError(HeadwaterError, ValueError):
@@ -104,6 +116,57 @@ class ViewLayout:
         return self.ttl_s * 1000
 
 
+def check_namespace(namespace: str) -> str:
+    """Return ``namespace`` when it can prefix keys: a non-empty string without braces.
+
+    A brace in the namespace would move the Redis Cluster hash tag off the view name, and let
+    ``write.lua`` read the view from the wrong part of a key.
+
+    Raises:
+        LayoutError: it cannot.
+    """
+    if not isinstance(namespace, str) or not namespace or "{" in namespace or "}" in namespace:
+        msg = (
+            f"online store namespace must be a non-empty string without '{{' or '}}' (they delimit the"
+            f" view's hash tag in every key); got {namespace!r}"
+        )
+        raise LayoutError(msg)
+    return namespace
+
+
+def glob_escape(text: str) -> str:
+    r"""Return ``text`` as a Redis glob pattern that matches it literally (``*?[]{}^\`` escaped)."""
+    return _GLOB.sub(r"\\\1", text)
+
+
+def key_pattern(view: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Return the ``SCAN MATCH`` pattern of every value key of ``view`` (the prefix escaped, then ``*``)."""
+    return glob_escape(key_prefix(view, namespace)) + "*"
+
+
+def feed_entry_ids(fields: dict[bytes, bytes]) -> list[str] | None:
+    """Return the entity ids one change-feed entry names, or None when it names no write.
+
+    ``write.lua`` writes field ``e`` (each id ``<length>:<bytes>``,
+    :func:`headwater.pipelines.keycodec.pack_parts`); an entry written before that has field ``k``
+    (ids newline-separated), and the entry the reader creates the feed with has an empty ``k``.
+
+    Raises:
+        KeyFormatError: an ``e`` field that is not length-prefixed ids.
+    """
+    packed = fields.get(FEED_IDS_FIELD)
+    if packed is not None:
+        return [to_text(part) for part in unpack_parts(packed)]
+    legacy = fields.get(LEGACY_FEED_FIELD)
+    if not legacy:
+        return None
+    try:
+        return legacy.decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        msg = f"change-feed entry {legacy[:60]!r} is not UTF-8: {exc}"
+        raise KeyFormatError(msg) from exc
+
+
 def schema_hash(features: Sequence[str]) -> int:
     """CRC32 of the ordered feature names: a reader detects a vector packed in another order."""
     return zlib.crc32("\x1f".join(features).encode("utf-8")) & 0xFFFFFFFF
@@ -138,7 +201,8 @@ def changes_key(view: str, namespace: str = DEFAULT_NAMESPACE) -> str:
 
     ``<namespace>:changes:{<view>}``: the view's hash tag, hence its slot. A reader creates it (the
     serving index refresher, for item views: ``headwater.serving.retrieval.refresh``); each write
-    call that writes rows then appends one entry ``k`` = the written entity ids, newline-separated.
+    call that writes rows then appends one entry ``e`` = the written entity ids, each
+    ``<length>:<bytes>`` (read with :func:`feed_entry_ids`).
     ``write.lua`` derives the same name from the row keys (as it does ``freshness_key``).
     """
     return f"{namespace}:changes:{{{view}}}"

@@ -32,9 +32,12 @@ from headwater.pipelines.store.connect import redis_client
 from headwater.pipelines.store.layout import (
     DEFAULT_NAMESPACE,
     FRESHNESS_MAXLEN,
+    LayoutError,
     ViewLayout,
     changes_key,
+    check_namespace,
     freshness_key,
+    key_pattern,
     key_prefix,
 )
 from headwater.pipelines.store.transport import Command, StoreError, Transport
@@ -139,8 +142,11 @@ class OnlineStore:
         if chunk_rows < 1:
             msg = f"OnlineStore: chunk_rows must be >= 1; got {chunk_rows}"
             raise StoreInputError(msg)
+        try:
+            self.namespace = check_namespace(namespace)
+        except LayoutError as exc:
+            raise StoreInputError(str(exc)) from exc
         self.client = client
-        self.namespace = namespace
         self.chunk_rows = chunk_rows
         self._transport = Transport(client)
 
@@ -158,12 +164,16 @@ class OnlineStore:
         """Close the client's connections."""
         self.client.close()
 
-    def keys(self, layout: ViewLayout, entity_ids: Sequence[str]) -> list[str]:
-        """Return the Redis keys of ``entity_ids`` in ``layout``'s view."""
-        prefix = key_prefix(layout.view, self.namespace)
+    def keys(self, layout: ViewLayout, entity_ids: Sequence[str]) -> list[bytes]:
+        """Return the Redis keys of ``entity_ids`` in ``layout``'s view.
+
+        The prefix, then the id's UTF-8 bytes (``surrogatepass``: any ``str`` has a key, the same as
+        its UTF-8 for valid Unicode); the id is data whatever it holds (``layout.py``).
+        """
+        prefix = key_prefix(layout.view, self.namespace).encode("utf-8")
         try:
-            return [prefix + e for e in entity_ids]
-        except TypeError as exc:
+            return [prefix + e.encode("utf-8", "surrogatepass") for e in entity_ids]
+        except (TypeError, AttributeError) as exc:
             bad = next(e for e in entity_ids if not isinstance(e, str))
             msg = f"view {layout.view!r}: entity ids must be str; got {bad!r} ({type(bad).__name__})"
             raise StoreInputError(msg) from exc
@@ -313,7 +323,7 @@ class OnlineStore:
 
         Returns the value keys deleted (the log and the feed are not counted).
         """
-        pattern = key_prefix(view, self.namespace).replace("{", "\\{").replace("}", "\\}") + "*"
+        pattern = key_pattern(view, self.namespace)  # every glob character of the prefix escaped
         deleted = 0
         pending: list[bytes] = []
         for key in self.client.scan_iter(match=pattern, count=batch):

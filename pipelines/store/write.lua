@@ -37,9 +37,13 @@
 --
 -- Change feed (only while the capped stream <namespace>:changes:{<view>} exists: a reader creates it,
 -- the serving index refresher for the item views; otherwise one EXISTS per call): when the call wrote
--- rows, one XADD there with k = the written entity ids (status "1"), newline-separated, in the same
+-- rows, one XADD there with e = the written entity ids (status "1"), each as <length>:<bytes>
+-- (pipelines/keycodec.py pack_parts: an id holding a newline or any byte is one id), in the same
 -- call as the freshness entry, so a reader that finds a freshness entry with n > 0 and no feed entry
--- knows the feed missed a write. Reader: headwater.serving.retrieval.refresh (FEED_MAXLEN, changes_key).
+-- knows the feed missed a write. Reader: headwater.serving.retrieval.refresh (FEED_MAXLEN, changes_key),
+-- through layout.feed_entry_ids (which also reads the newline-separated k of entries written before).
+-- The entity id is everything after <namespace>:{<view>}: (the namespace holds no brace, the view no
+-- brace or colon: layout.py), so it is cut off at that length, never parsed.
 --
 -- Common case in one call per key: SET ... PXAT ... GET stores the new value and returns the old one.
 -- When the old one must win, it is put back with its own absolute expiry (expire_at_ms at
@@ -156,10 +160,11 @@ if ns and nkeys > 0 then
     local cut, ids = #ns + #view + 5, {}
     for i = 1, nkeys do
       if out[i] == '1' then
-        ids[#ids + 1] = sub(KEYS[i], cut)
+        local id = sub(KEYS[i], cut)
+        ids[#ids + 1] = #id .. ':' .. id
       end
     end
-    redis.call('XADD', feed, 'MAXLEN', '~', 1000, '*', 'k', table.concat(ids, '\n'))
+    redis.call('XADD', feed, 'MAXLEN', '~', 1000, '*', 'e', table.concat(ids))
   end
 end
 return table.concat(out)

@@ -36,8 +36,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from headwater.pipelines.keycodec import KeyFormatError
 from headwater.pipelines.store import OnlineStore, ViewLayout, freshness_key
-from headwater.pipelines.store.layout import changes_key, key_prefix
+from headwater.pipelines.store.layout import changes_key, feed_entry_ids, glob_escape, key_pattern, key_prefix
 from headwater.ranking.features import SideViews
 from headwater.ranking.towers import TwoTowerModel
 from headwater.serving.fetch import assemble
@@ -146,7 +147,7 @@ class StoreItemSource:
     def ids(self, layout: ViewLayout) -> set[str]:
         """Every entity id with a key in ``layout``'s view (``SCAN``, keys only)."""
         prefix = key_prefix(layout.view, self.store.namespace)
-        pattern = prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+        pattern = key_pattern(layout.view, self.store.namespace)
         cut = len(prefix.encode("utf-8"))
         return {
             key[cut:].decode("utf-8")
@@ -159,7 +160,7 @@ class StoreItemSource:
         One pass over the keyspace for all views instead of one per view (``SCAN MATCH`` walks every
         key of the database whatever the pattern).
         """
-        ns = self.store.namespace.replace("{", "\\{").replace("}", "\\}").replace("*", "\\*")
+        ns = glob_escape(self.store.namespace)
         prefixes = {key_prefix(lay.view, self.store.namespace).encode("utf-8") for lay in self.side.layouts}
         out: set[str] = set()
         for key in self.store.client.scan_iter(match=ns + ":\\{*", count=self.batch * 5):
@@ -253,11 +254,14 @@ class StoreItemSource:
             if logged is None or fed is None:
                 return None
             writes = sum(1 for fields in logged if int(fields.get(b"n", b"1")) > 0)
-            named = [fields[b"k"] for fields in fed if fields.get(b"k")]
+            try:
+                named = [names for fields in fed if (names := feed_entry_ids(fields)) is not None]
+            except KeyFormatError:
+                return None  # an entry that does not decode: the caller scans instead
             if writes != len(named):  # a write the feed does not name: a writer that does not feed it
                 return None
-            for blob in named:
-                ids.update(blob.decode("utf-8").split("\n"))
+            for names in named:
+                ids.update(names)
         return ids, now
 
     def _entries(self, key: str, after: bytes, upto: bytes, limit: int) -> list[dict[bytes, bytes]] | None:

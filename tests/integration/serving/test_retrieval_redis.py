@@ -135,7 +135,7 @@ def test_the_change_feed_is_named_in_one_place_and_delete_view_removes_it(store:
     values = np.ones((2, layout.dim), dtype=np.float32)
     store.write_batch(layout, ["a1", "a2"], values, now_ms())
     entries = client.xrange(feed)
-    assert [fields[b"k"] for _, fields in entries] == [b"", b"a1\na2"]  # the subscription, then the write
+    assert [dict(fields) for _, fields in entries] == [{b"k": b""}, {b"e": b"2:a12:a2"}]  # subscribe, write
 
     assert store.delete_view(layout.view) == 2
     assert (client.exists(feed), client.exists(fresh)) == (0, 0)
