@@ -62,6 +62,17 @@ def _state_dir(given: Path | None) -> Path:
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here, not stdout."
 )
 @click.option(
+    "--html-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the HTML page here, from the same report as the text/JSON (same views, same verdicts).",
+)
+@click.option(
+    "--after-catch-up",
+    is_flag=True,
+    help="Judge each view only from when its tier caught up (its first write within the SLA);"
+    " the catch-up is shown with its duration, a view not caught up yet is 'catching up'.",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help=f"Applied state with plans/ {STATE_HELP}.",
@@ -78,6 +89,8 @@ def freshness(
     window: str,
     fmt: str,
     out: Path | None,
+    html_out: Path | None,
+    after_catch_up: bool,
     state_dir: Path | None,
     redis_url: str | None,
     namespace: str,
@@ -88,7 +101,8 @@ def freshness(
     Pipeline lag = write time - event time (the window boundary B) of each written row; read-time
     age = now - the boundary the view's tier has published up to. Figures come from the write logs
     that the online store's write script keeps per view. Exit status: 0 all views with data meet
-    their SLA, 1 at least one breaches it, 2 the report could not be made.
+    their SLA, 1 at least one breaches it (or, with --after-catch-up, has not caught up yet), 2 the
+    report could not be made.
     """
     from headwater.pipelines.freshness.report import NoPlansError, build_report, plan_views
     from headwater.pipelines.settings import Settings
@@ -108,7 +122,9 @@ def freshness(
         _serve(client, specs, window_s, namespace, serve_metrics)
         return
     try:
-        report = build_report(client, specs, time.time_ns() // 1_000_000, window_s, namespace)
+        report = build_report(
+            client, specs, time.time_ns() // 1_000_000, window_s, namespace, after_catch_up=after_catch_up
+        )
     except StoreError as exc:
         raise FreshnessCommandError(str(exc)) from exc
     finally:
@@ -118,8 +134,11 @@ def freshness(
         click.echo(text, nl=False)
     else:
         out.write_text(text, encoding="utf-8")
-        click.echo(f"wrote {out}: {len(report.views)} views, {len(report.breached)} in breach", err=True)
-    sys.exit(EXIT_BREACH if report.breached else EXIT_OK)
+        click.echo(f"wrote {out}: {len(report.views)} views, {len(report.failing)} failing", err=True)
+    if html_out is not None:
+        html_out.write_text(_render(report, "html"), encoding="utf-8")
+        click.echo(f"wrote {html_out}: the same {len(report.views)} views and verdicts", err=True)
+    sys.exit(EXIT_BREACH if report.failing else EXIT_OK)
 
 
 def _render(report: Report, fmt: str) -> str:

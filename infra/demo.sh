@@ -12,7 +12,8 @@
 #      build a point-in-time training set, train the ranker from it, materialize to Redis
 #   4. live: the ranking service starts; generated traffic streams; rankings are requested and a
 #      click is posted, which changes the user's realtime features and the next ranking
-#   5. freshness of every view against its SLA (table + HTML report)
+#   5. freshness of every view against its SLA, judged after each tier's catch-up (table + HTML page
+#      from one report)
 #   6. a registry change while the tiers run: a new nearline view is planned, applied, backfilled from
 #      Kafka by the restarted nearline tier and served; the other views keep their state; then
 #      online/offline consistency of every nearline view, the new one included; the experiment's
@@ -103,11 +104,11 @@ $HW online get account_spend_offline account-00000 account-00001
 
 step "5. Freshness of every view against its SLA (while the traffic flows); online/offline consistency"
 sleep $((DURATION - 15 - $(date +%s) + traffic_started)) 2>/dev/null || true
-# A short window at the end of the live traffic: the nearline backfill's writes are days behind by
-# design, and the first live minute waits for the nearline tier's first live boundary.
-$HW freshness --window 30s || true  # exit 1 = a view breached its SLA: the table says which
-$HW freshness --window 30s --format html --out "$RUN_DIR/freshness.html" > /dev/null || true
-echo "HTML report: $RUN_DIR/freshness.html"
+# A short window at the end of the live traffic, each view judged from when its tier caught up: the
+# realtime job starts on a backlog (what arrived while it started) and the nearline backfill's writes
+# are days behind by design; the catch-up column shows how long that took. One report, two renderings:
+# the table here and the HTML page say the same views and verdicts.
+$HW freshness --window 30s --after-catch-up --html-out "$RUN_DIR/freshness.html" || true  # exit 1: see the table
 
 step "6. Change the registry while it runs: add a nearline view, plan, apply, restart nearline"
 cp -r features "$RUN_DIR/features-next"

@@ -3,7 +3,10 @@
 The generated events (`headwater events produce`) carry no arm: only answers of the service do. Each
 of ``--users`` users (the generator's ids, ``u000000``...) ranks ``--candidates`` items once, and
 clicks the top item with probability ``--click-rate`` (posted as feedback: the impression and the
-click carry the user's arm). The service logs a sample of these answers for `headwater skew`.
+click carry the user's arm). The service logs a sample of these answers for `headwater skew`. The
+answers are counted per arm and how they were made: the model, or a fallback with its reason
+(``fallback_reason``: ``experiment`` for an arm that starts below the DCN, ``missing_user_features``
+for a cold user, ``deadline``, ``store_error``, ...), so a fallback never passes for a model answer.
 """
 
 from __future__ import annotations
@@ -14,6 +17,14 @@ import random
 import click
 
 from headwater.cli.client import post
+
+
+def how_answered(answer: dict[str, object]) -> str:
+    """``model``, or the fallback and why (``linear: experiment``, ``popularity: missing_user_features``)."""
+    fallback = answer.get("fallback")
+    if not fallback:
+        return "model"
+    return f"{fallback}: {answer.get('fallback_reason') or 'no reason given'}"
 
 
 def main() -> None:
@@ -34,7 +45,7 @@ def main() -> None:
         body = {"user_id": user, "candidates": [f"i{first + c:06d}" for c in range(args.candidates)], "k": 10}
         try:
             answer = post(args.url, "/v1/rank", body)
-            arm = f"{answer.get('arm')} ({answer.get('fallback') or 'model'})"
+            arm = f"{answer.get('arm')} {how_answered(answer)}"
             arms[arm] = arms.get(arm, 0) + 1
             if answer["items"] and rng.random() < args.click_rate:
                 top = answer["items"][0]["item_id"]
@@ -46,8 +57,9 @@ def main() -> None:
             errors += 1
             if errors <= 3:
                 print(f"request for {user} failed: {exc.message}")
-    answered = ", ".join(f"{k} {v}" for k, v in sorted(arms.items()))
-    print(f"experiment traffic: {args.users} users ranked, {clicks} clicked, {errors} failed; {answered}")
+    print(f"experiment traffic: {args.users} users ranked, {clicks} clicked, {errors} failed; answers:")
+    for name, count in sorted(arms.items()):  # every fallback with its reason, counted
+        print(f"  {name:<48} {count}")
 
 
 if __name__ == "__main__":

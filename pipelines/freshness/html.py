@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from html import escape
 
-from headwater.pipelines.freshness.report import BREACH, NO_DATA, Report, ViewFreshness
-from headwater.pipelines.freshness.text import HEADER, fmt_s, row_cells
+from headwater.pipelines.freshness.report import FAILING, NO_DATA, Report, ViewFreshness
+from headwater.pipelines.freshness.text import HEADER, fmt_s, row_cells, summary
 
 W, H = 560, 200
 LEFT, RIGHT, TOP, BOTTOM = 64, 12, 12, 28
@@ -86,7 +86,9 @@ def chart(v: ViewFreshness, start_ms: int, end_ms: int) -> str:
 
 
 def _css(verdict: str) -> str:
-    return {BREACH: "breach", NO_DATA: "nodata"}.get(verdict, "ok")
+    if verdict in FAILING:
+        return "breach"
+    return "nodata" if verdict == NO_DATA else "ok"
 
 
 def _table(views: Sequence[ViewFreshness]) -> str:
@@ -102,7 +104,7 @@ def _table(views: Sequence[ViewFreshness]) -> str:
 
 
 def render_html(report: Report) -> str:
-    """Render the whole report as a self-contained HTML page."""
+    """Render the whole report as a self-contained HTML page (same table and summary as the text)."""
     start = report.now_ms - int(report.window_s * 1000)
     sections = []
     for tier in dict.fromkeys(v.tier for v in report.views):
@@ -120,16 +122,13 @@ def render_html(report: Report) -> str:
             f'<section class="tier" data-tier="{escape(tier)}"><h2>{escape(tier)} tier</h2>'
             f'<div class="charts">{"".join(figs)}</div></section>'
         )
-    verdict = (
-        "all views with data meet their SLA"
-        if not report.breached
-        else ("SLA breached by " + ", ".join(v.view for v in report.breached))
-    )
+    verdict = summary(report)
     generated = datetime.fromtimestamp(report.now_ms / 1000, tz=UTC).isoformat(timespec="seconds")
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>headwater freshness</title>'
         f"<style>{STYLE}</style></head><body><h1>Freshness against SLA</h1>"
-        f"<p>Generated {escape(generated)}, window {fmt_s(report.window_s)}: {escape(verdict)}."
+        f'<p>Generated {escape(generated)}. <span class="summary">{escape(verdict)}</span>.'
+        f" {'All views with data meet their SLA.' if not report.failing else ''}"
         " Blue: read-time age (now minus the boundary the tier has published up to);"
         " orange: pipeline lag of each write (p50 of its rows); red dashed: the view's SLA.</p>"
         f"{_table(report.views)}{''.join(sections)}</body></html>\n"

@@ -7,6 +7,13 @@ quantity its ``freshness_sla`` bounds ("max age of a value when it is read"):
 - ``breach``: the age now, or the p99 age over the window, is above the SLA;
 - ``no data``: nothing was ever published for the view (no write log);
 - ``ok``: otherwise. Pipeline lag is reported beside it (a lag above the SLA shows as ``lag>sla``).
+
+With ``after_catch_up`` (``headwater freshness --after-catch-up``), a view is judged only from the
+moment its tier caught up: the first write whose own pipeline lag (write time - the newest boundary
+it publishes) is within the SLA. A job that starts on a backlog (``run realtime --from-latest``
+still has to read what arrived while it started) writes stale values first; those seconds are
+shown as the catch-up, with its duration, not counted as a breach. A view that has not caught up
+yet is ``catching up`` (a failing verdict too: it does not meet its SLA).
 """
 
 from __future__ import annotations
@@ -17,13 +24,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from headwater.pipelines.freshness.samples import Entry, read_since
+from headwater.pipelines.freshness.samples import Entry, read_entries, read_since
 from headwater.pipelines.freshness.stats import Progress, lag_samples, weighted_quantiles
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
 from headwater.registry.errors import HeadwaterError
 from headwater.registry.tiers import TIER_NAMES
 
-OK, BREACH, NO_DATA = "ok", "breach", "no data"
+OK, BREACH, NO_DATA, CATCHING_UP = "ok", "breach", "no data", "catching up"
+FAILING = (BREACH, CATCHING_UP)
+"""Verdicts of a view that does not meet its SLA (``headwater freshness`` exits 1)."""
 
 
 class NoPlansError(HeadwaterError, RuntimeError):
@@ -78,6 +87,12 @@ class ViewFreshness:
     written_version: str | None = None
     """The version of the newest write the log holds (None: none logged one); another value than
     ``version`` means the tier still runs an older definition of the view."""
+    caught_up_ms: int | None = None
+    """With ``after_catch_up``: when the tier caught up (None: not judged so, or not caught up yet)."""
+    catch_up_s: float | None = None
+    """With ``after_catch_up``: seconds from the view's first write to catching up (so far, if not yet)."""
+    judged_from_ms: int | None = None
+    """Start of the judged window: now - window, or the catch-up when later."""
 
     @property
     def lag_over_sla(self) -> bool:
@@ -92,11 +107,23 @@ class Report:
     now_ms: int
     window_s: float
     views: list[ViewFreshness]
+    after_catch_up: bool = False
+    """Whether each view was judged from its catch-up on (see the module docstring)."""
 
     @property
     def breached(self) -> list[ViewFreshness]:
         """Views whose verdict is breach."""
         return [v for v in self.views if v.verdict == BREACH]
+
+    @property
+    def catching_up(self) -> list[ViewFreshness]:
+        """Views that have not caught up yet (only with ``after_catch_up``)."""
+        return [v for v in self.views if v.verdict == CATCHING_UP]
+
+    @property
+    def failing(self) -> list[ViewFreshness]:
+        """Views that do not meet their SLA: in breach or still catching up."""
+        return [v for v in self.views if v.verdict in FAILING]
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON: figures in seconds, times in epoch ms and ISO-8601 UTC; no plot series."""
@@ -112,8 +139,10 @@ class Report:
             "generated_at": _iso(self.now_ms),
             "now_ms": self.now_ms,
             "window_s": self.window_s,
-            "ok": not self.breached,
+            "after_catch_up": self.after_catch_up,
+            "ok": not self.failing,
             "breached": [v.view for v in self.breached],
+            "catching_up": [v.view for v in self.catching_up],
             "views": views,
         }
 
@@ -124,11 +153,39 @@ def _iso(ms: int | None) -> str | None:
     )
 
 
+def caught_up_at(entries: Sequence[Entry], sla_s: float) -> int | None:
+    """Return the write time of the first write whose own lag is within ``sla_s`` (None: none yet).
+
+    A write's own lag is its write time minus the newest boundary it publishes: how far behind the
+    events the tier was when it wrote. Under the SLA, the tier is processing live events.
+    """
+    for e in sorted(entries, key=lambda e: e.write_ms):
+        if e.rows > 0 and e.write_ms - e.progress_ms <= sla_s * 1000:
+            return e.write_ms
+    return None
+
+
 def view_freshness(
-    spec: FreshnessTarget, entries: Sequence[Entry], now_ms: int, window_ms: int
+    spec: FreshnessTarget,
+    entries: Sequence[Entry],
+    now_ms: int,
+    window_ms: int,
+    after_catch_up: bool = False,
 ) -> ViewFreshness:
-    """Compute one view's figures from its write log over ``(now_ms - window_ms, now_ms]``."""
+    """Compute one view's figures from its write log over ``(now_ms - window_ms, now_ms]``.
+
+    With ``after_catch_up`` the window starts at the catch-up when that is later (module docstring);
+    ``entries`` must then be the whole log, so that the catch-up's duration is known.
+    """
     start = now_ms - window_ms
+    caught = catch_up_s = None
+    if after_catch_up:
+        first = min((e.write_ms for e in entries if e.rows > 0 and e.write_ms <= now_ms), default=None)
+        caught = caught_up_at([e for e in entries if e.write_ms <= now_ms], spec.sla_s)
+        if first is not None:
+            catch_up_s = ((caught if caught is not None else now_ms) - first) / 1000
+        if caught is not None:
+            start = max(start, caught)
     progress = Progress.from_entries(entries)
     lags, weights = lag_samples(entries, start, now_ms)
     written = [e for e in entries if e.rows > 0 and e.write_ms <= now_ms]
@@ -144,6 +201,8 @@ def view_freshness(
     age_window = Pair.of(progress.age_quantiles(start, now_ms))
     if age_now is None:
         verdict = NO_DATA
+    elif after_catch_up and caught is None:
+        verdict = CATCHING_UP
     elif age_now > spec.sla_s or (age_window.p99 is not None and age_window.p99 > spec.sla_s):
         verdict = BREACH
     else:
@@ -167,6 +226,9 @@ def view_freshness(
         lag_series=_lag_points(in_window),
         version=spec.version,
         written_version=next((e.version for e in reversed(entries) if e.version), None),
+        caught_up_ms=caught,
+        catch_up_s=catch_up_s,
+        judged_from_ms=start,
     )
 
 
@@ -221,11 +283,19 @@ def build_report(
     now_ms: int,
     window_s: float,
     namespace: str = DEFAULT_NAMESPACE,
+    after_catch_up: bool = False,
 ) -> Report:
-    """Read every view's write log from Redis and compute its figures."""
+    """Read every view's write log from Redis and compute its figures (see :func:`view_freshness`).
+
+    With ``after_catch_up`` each view's whole kept log is read (its catch-up may be older than the
+    window); otherwise only what the window needs (:func:`read_since`).
+    """
     window_ms = int(window_s * 1000)
-    views = [
-        view_freshness(s, read_since(client, s.view, now_ms - window_ms, namespace), now_ms, window_ms)
-        for s in specs
-    ]
-    return Report(now_ms, window_s, views)
+    views = []
+    for s in specs:
+        if after_catch_up:
+            entries = read_entries(client, s.view, namespace)[0]
+        else:
+            entries = read_since(client, s.view, now_ms - window_ms, namespace)
+        views.append(view_freshness(s, entries, now_ms, window_ms, after_catch_up))
+    return Report(now_ms, window_s, views, after_catch_up)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headwater.pipelines.freshness.report import BREACH, Pair, Report, ViewFreshness
+from headwater.pipelines.freshness.report import FAILING, Pair, Report, ViewFreshness
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -35,13 +35,14 @@ HEADER = (
     "age now",
     "age win p50/p99",
     "rows",
+    "catch-up",
     "verdict",
 )
 
 
 def row_cells(v: ViewFreshness) -> tuple[str, ...]:
     """Cells of one view's row of the table, in :data:`HEADER` order."""
-    verdict = v.verdict.upper() if v.verdict == BREACH else v.verdict
+    verdict = v.verdict.upper() if v.verdict in FAILING else v.verdict
     if v.lag_over_sla:
         verdict += " (lag>sla)"
     return (
@@ -53,8 +54,31 @@ def row_cells(v: ViewFreshness) -> tuple[str, ...]:
         fmt_s(v.age_now_s),
         _pair(v.age_window),
         str(v.rows_window),
+        catch_up_cell(v),
         verdict,
     )
+
+
+def catch_up_cell(v: ViewFreshness) -> str:
+    """``12.0s`` (caught up after that long), ``2m05s so far`` (not yet), ``-`` (not judged so)."""
+    if v.catch_up_s is None:
+        return "-"
+    return fmt_s(v.catch_up_s) + ("" if v.caught_up_ms is not None else " so far")
+
+
+def summary(report: Report) -> str:
+    """Return the report's one-line verdict; the text table and the HTML page both show it."""
+    with_data = sum(1 for v in report.views if v.age_now_s is not None)
+    judged = ", each judged after its catch-up" if report.after_catch_up else ""
+    line = (
+        f"window {fmt_s(report.window_s)}{judged}: {len(report.views)} views, {with_data} with data,"
+        f" {len(report.breached)} in breach"
+    )
+    if report.breached:
+        line += ": " + ", ".join(v.view for v in report.breached)
+    if report.catching_up:
+        line += f"; {len(report.catching_up)} catching up: " + ", ".join(v.view for v in report.catching_up)
+    return line
 
 
 def render_text(report: Report) -> str:
@@ -63,14 +87,6 @@ def render_text(report: Report) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    breached = report.breached
-    with_data = sum(1 for v in report.views if v.age_now_s is not None)
-    summary = (
-        f"window {fmt_s(report.window_s)}: {len(report.views)} views, {with_data} with data,"
-        f" {len(breached)} in breach"
-    )
-    if breached:
-        summary += ": " + ", ".join(v.view for v in breached)
     lines.append("")
-    lines.append(summary)
+    lines.append(summary(report))
     return "\n".join(lines) + "\n"
