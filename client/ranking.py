@@ -3,12 +3,16 @@
 :class:`RankingClient` calls the service (``protocol="rest"``, or ``"grpc"`` at the service's
 ``--grpc-port``: :mod:`headwater.client.transport`) with a timeout per attempt, retries connection errors,
 timeouts, 429 and 5xx with exponential backoff and full jitter (a ``Retry-After`` is honoured), and
-never retries another 4xx (the request itself is wrong: :class:`RankingRequestError`). A circuit
-breaker counts consecutive bad attempts (slower than ``slow_ms`` or failed); at ``failures`` of them
-it opens and the client answers without calling: from the user's last good result (items the
-caller marks unavailable dropped, order kept, topped up from the popularity list), or from the
-caller's popularity list when there is none. After ``cool_down_s`` one call probes the service; a
-good answer closes the breaker. Every :class:`RankResult` says where it came from and why.
+never retries another 4xx (the request itself is wrong: :class:`RankingRequestError`). Every attempt
+of one call carries the call's request id (``X-Request-Id``, minted once per call), so the service
+logs a retried call's impressions once, not once per attempt. A circuit breaker counts consecutive
+bad attempts (slower than ``slow_ms``, 5xx, no answer); a 429 is not one (the service answered: one
+user class over its quota says nothing of the others, and the wait is its Retry-After). At
+``failures`` bad attempts it opens and the client answers without calling: from the user's last
+good result (items the caller marks unavailable dropped, order kept, topped up from the popularity
+list), or from the caller's popularity list when there is none. After ``cool_down_s`` one call
+probes the service; a good answer closes the breaker. Every :class:`RankResult` says where it came
+from and why.
 
 Typical use::
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,6 +134,12 @@ class CircuitBreaker:
             self._bad += 1
             if probe or (self._state == "closed" and self._bad >= self.config.failures):
                 self._state, self._opened_at = "open", self._clock()
+
+    def release(self, probe: bool) -> None:
+        """End an attempt that tells nothing of the service's health (a 429): not counted; frees the probe."""
+        if probe:
+            with self._lock:
+                self._probing = False
 
     def why_open(self) -> str:
         """Say why an attempt was refused (for the answer's ``reason``)."""
@@ -247,14 +258,17 @@ class RankingClient:
         unavailable: Collection[str] = (),
         timeout_s: float | None = None,
         fallback: Fallback | None = None,
+        request_id: str | None = None,
         **options: Any,
     ) -> RankResult:
         """Rank ``candidates`` for ``user_id``; the best ``k`` of those not in ``unavailable``.
 
         ``timeout_s`` overrides the client's timeout for each attempt of this call; ``fallback``
-        overrides its popularity list; ``options`` are further ``RankRequest`` fields (priority,
-        deadline_ms, session_id, device, log_impressions). Raises :class:`RankingRequestError` on a
-        4xx other than 429 and :class:`RankingUnavailable` when there is nothing to answer from.
+        overrides its popularity list; ``request_id`` names this call (1-64 of ``A-Z a-z 0-9 . _ -``;
+        default a fresh one), sent on each of its attempts; ``options`` are further ``RankRequest``
+        fields (priority, deadline_ms, session_id, device, log_impressions, user_class). Raises
+        :class:`RankingRequestError` on a 4xx other than 429 and :class:`RankingUnavailable` when
+        there is nothing to answer from.
         """
         gone = set(unavailable)
         items = [c for c in candidates if c not in gone]
@@ -264,6 +278,7 @@ class RankingClient:
         k = min(k, len(items))
         body = {"user_id": user_id, "candidates": items, "k": k, **options}
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        call_id = request_id or uuid.uuid4().hex  # once per logical call: every retry sends the same
         start = self._clock()
         attempts, why = 0, ""
         for retry in range(self.retries + 1):
@@ -272,7 +287,7 @@ class RankingClient:
                 why = self.breaker.why_open()
                 break
             attempts += 1
-            outcome = self._attempt(body, timeout, probe)
+            outcome = self._attempt(body, timeout, probe, call_id)
             if isinstance(outcome, RankResult):
                 self._remember(user_id, outcome.items)
                 took = (self._clock() - start) * 1000.0
@@ -297,11 +312,13 @@ class RankingClient:
             self._sleep(self.backoff.delay(retry, self._rng) if wait is None else wait)
         return self._degraded(user_id, items, k, why, attempts, start, fallback)
 
-    def _attempt(self, body: dict[str, Any], timeout: float, probe: bool) -> RankResult | _Attempt:
+    def _attempt(
+        self, body: dict[str, Any], timeout: float, probe: bool, request_id: str
+    ) -> RankResult | _Attempt:
         slow_ms = self.breaker.config.slow_ms
         began = self._clock()
         try:
-            reply: Reply = self._transport.call(body, timeout)
+            reply: Reply = self._transport.call(body, timeout, request_id)
         except NoAnswer as exc:
             self.breaker.record(False, str(exc), probe)
             return _Attempt(str(exc))
@@ -310,7 +327,10 @@ class RankingClient:
             raise
         took = (self._clock() - began) * 1000.0
         status = reply.status
-        if status == 429 or status >= 500:
+        if status == 429:  # retried after Retry-After, but not a failure: the service is up and said so
+            self.breaker.release(probe)
+            return _Attempt(f"answered 429: {reply.detail}", reply.retry_after_s)
+        if status >= 500:
             why = f"answered {status}: {reply.detail}"
             self.breaker.record(False, why, probe)
             return _Attempt(why, reply.retry_after_s)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import httpx
 
 RANK_METHOD = "/headwater.v1.Ranking/Rank"
+REQUEST_ID_HEADER = "X-Request-Id"
+"""The header (gRPC metadata ``x-request-id``) naming one logical call, the same on each of its attempts."""
 
 
 class NoAnswer(Exception):
@@ -35,9 +37,13 @@ class Reply:
 
 
 class Transport(Protocol):
-    """Carries one rank call: ``body`` is the REST request body; ``timeout_s`` bounds the whole call."""
+    """Carries one rank call: ``body`` is the REST request body; ``timeout_s`` bounds the whole call.
 
-    def call(self, body: dict[str, Any], timeout_s: float) -> Reply:
+    ``request_id`` is the logical call's id, sent on every attempt (``X-Request-Id``): the service
+    answers with it and logs the impressions of a retried call once.
+    """
+
+    def call(self, body: dict[str, Any], timeout_s: float, request_id: str | None = None) -> Reply:
         """Send ``body``; return the reply or raise :class:`NoAnswer`."""
         ...
 
@@ -53,10 +59,11 @@ class RestTransport:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, transport=http)
 
-    def call(self, body: dict[str, Any], timeout_s: float) -> Reply:
+    def call(self, body: dict[str, Any], timeout_s: float, request_id: str | None = None) -> Reply:
         """POST the body as JSON; the reply, or :class:`NoAnswer` on a timeout or connection failure."""
+        headers = {REQUEST_ID_HEADER: request_id} if request_id is not None else None
         try:
-            response = self._http.post("/v1/rank", json=body, timeout=timeout_s)
+            response = self._http.post("/v1/rank", json=body, timeout=timeout_s, headers=headers)
         except httpx.TimeoutException as exc:
             msg = f"timed out after {timeout_s:g} s ({type(exc).__name__})"
             raise NoAnswer(msg) from exc
@@ -96,7 +103,7 @@ class GrpcTransport:
             response_deserializer=pb.RankResponse.FromString,
         )
 
-    def call(self, body: dict[str, Any], timeout_s: float) -> Reply:
+    def call(self, body: dict[str, Any], timeout_s: float, request_id: str | None = None) -> Reply:
         """Call Rank with the body's fields; the reply in HTTP terms, or :class:`NoAnswer`."""
         grpc = self._grpc
         try:
@@ -104,7 +111,8 @@ class GrpcTransport:
         except (TypeError, ValueError) as exc:  # a field the message does not have, or of another type
             return Reply(422, None, f"not a headwater.v1.RankRequest: {exc}")
         try:
-            answer = self._rank(request, timeout=timeout_s)
+            metadata = ((REQUEST_ID_HEADER.lower(), request_id),) if request_id is not None else None
+            answer = self._rank(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -231,3 +231,23 @@ def test_a_bugs_answer_names_a_request_id_and_no_exception_text(server: dict[str
     assert "request id req-42" in log
     assert "request id req-43" in log
     assert SECRET in log
+
+
+def test_the_client_names_its_call_and_the_service_answers_with_that_id(server: dict[str, Any]) -> None:
+    from headwater.client.ranking import RankingClient
+
+    with RankingClient(server["url"], timeout_s=5.0) as rest:
+        named = rest.rank("u1", ["i0", "i1", "i2"], k=2, request_id="client-call-1", log_impressions=False)
+        fresh = rest.rank("u1", ["i0", "i1", "i2"], k=2, log_impressions=False)
+    with RankingClient(server["grpc"], protocol="grpc", timeout_s=5.0) as over_grpc:
+        by_grpc = over_grpc.rank(
+            "u1", ["i0", "i1", "i2"], k=2, request_id="client-call-2", log_impressions=False
+        )
+    assert named.source == fresh.source == by_grpc.source == "service"
+    assert named.answer is not None
+    assert named.answer["request_id"] == "client-call-1"
+    assert by_grpc.answer is not None
+    assert by_grpc.answer["request_id"] == "client-call-2"
+    assert fresh.answer is not None
+    assert len(fresh.answer["request_id"]) == 32
+    assert named.item_ids == by_grpc.item_ids == ["i2", "i0"]
