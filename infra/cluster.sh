@@ -30,35 +30,7 @@ SPARK_UI="${HEADWATER_SPARK_UI_PORT:-8380}"
 PARTITIONS="${HEADWATER_PARTITIONS:-4}"
 KAFKA_BOOTSTRAP="$HOST:$KAFKA_BASE,$HOST:$((KAFKA_BASE + 1)),$HOST:$((KAFKA_BASE + 2))"
 
-# launch NAME CMD...: run CMD in its own session (setsid: a test's kill of its process group never
-# reaches it), output to NAME's log, pid recorded for owned_pid (every command names its state folder).
-launch() {
-  local name=$1 dir="$SERVICES_DIR/$1"
-  shift
-  # cwd = the state folder: owned_pid's proof while a launcher script runs, before its exec of java
-  (cd "$dir" && exec setsid "$@") > "$dir/$name.out" 2>&1 < /dev/null &
-  local pid=$! i
-  echo "$pid" > "$dir/$name.pid"
-  # until the subshell has run its cd, owned_pid cannot tell it is ours (its cwd and cmdline are the
-  # caller's), and wait_for would report a healthy start as "exited during start" (seen once on the
-  # Spark worker): wait for that cd, or for the process to end
-  for i in $(seq 1 50); do
-    owned_pid "$name" >/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.1
-  done
-}
-
-wait_for() {  # wait_for NAME SECONDS CHECK...: until CHECK succeeds, or die if NAME exited or time ran out
-  local name=$1 seconds=$2 i
-  shift 2
-  for i in $(seq 1 $((seconds * 2))); do
-    owned_pid "$name" >/dev/null || die "$name exited during start; see $SERVICES_DIR/$name/"
-    "$@" && return 0
-    sleep 0.5
-  done
-  die "$name not healthy within $seconds s; see $SERVICES_DIR/$name/"
-}
+# launch and wait_for live in common.sh (the one start-up wait of every infra script).
 
 # ---------------------------------------------------------------- Kafka (3 KRaft nodes)
 kafka_port() { echo $((KAFKA_BASE + $1 - 1)); }

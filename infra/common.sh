@@ -34,6 +34,36 @@ owned_pid() {
   return 1
 }
 
+# launch NAME CMD...: start CMD in the background as NAME, in its own session (setsid: a test's kill of
+# its process group never reaches it), with NAME's state folder as its working directory, output to
+# NAME/NAME.log, pid in NAME/NAME.pid. The folder is entered *before* the fork, so the child is
+# recognisable by owned_pid from its first instant: judging a child by its command line before it has
+# exec'd (the cmdline is still the shell's) reported healthy starts as "exited during start" (issue 37).
+launch() {
+  local name=$1 dir="$SERVICES_DIR/$1"
+  shift
+  mkdir -p "$dir"
+  (
+    cd "$dir" || exit 1
+    setsid "$@" > "$dir/$name.log" 2>&1 < /dev/null &
+    echo $! > "$dir/$name.pid"
+  )
+  [ -s "$dir/$name.pid" ] || die "$name: could not be launched (no pid recorded in $dir)"
+}
+
+# wait_for NAME SECONDS CHECK...: every 0.5 s until CHECK succeeds; die if NAME's own process (launch's
+# child, told apart by owned_pid) has ended, or after SECONDS. The one start-up wait of every script.
+wait_for() {
+  local name=$1 seconds=$2 i
+  shift 2
+  for i in $(seq 1 $((seconds * 2))); do
+    owned_pid "$name" >/dev/null || die "$name exited during start; see $SERVICES_DIR/$name/$name.log"
+    "$@" && return 0
+    sleep 0.5
+  done
+  die "$name not healthy within $seconds s; see $SERVICES_DIR/$name/$name.log"
+}
+
 # stop_owned NAME: stop the process we started (TERM, then KILL after 30 s); never touches others.
 stop_owned() {
   local name="$1" pid i

@@ -39,17 +39,10 @@ start() {
       -t "$(cat /proc/sys/kernel/random/uuid | tr -d '-' | head -c 22)" -c "$DIR/server.properties" \
       > "$DIR/format.log" 2>&1 || die "kafka storage format failed; see $DIR/format.log"
   fi
-  # The state dir on the command line is how owned_pid recognises this broker later.
-  nohup java "${java_opts[@]}" -cp "$JARS/*" kafka.Kafka "$DIR/server.properties" \
-    > "$DIR/kafka.log" 2>&1 &
-  echo $! > "$DIR/kafka.pid"
+  launch kafka java "${java_opts[@]}" -cp "$JARS/*" kafka.Kafka "$DIR/server.properties"
   log "kafka: starting (pid $(cat "$DIR/kafka.pid")), waiting for a produce/consume round trip"
-  for _ in $(seq 1 90); do
-    owned_pid kafka >/dev/null || die "kafka exited during start; see $DIR/kafka.log"
-    healthy 5 && { log "kafka: up on $HOST:$KAFKA_PORT (state in $DIR)"; return 0; }
-    sleep 1
-  done
-  die "kafka did not become healthy within 90 s; see $DIR/kafka.log"
+  wait_for kafka 90 healthy 5
+  log "kafka: up on $HOST:$KAFKA_PORT (state in $DIR)"
 }
 
 case "${1:-}" in

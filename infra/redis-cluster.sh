@@ -26,13 +26,11 @@ start_node() {
   port_open "$port" && die "port $port is taken by something headwater did not start; set HEADWATER_REDIS_CLUSTER_PORT"
   mkdir -p "$dir"
   # Same durability as the single node (infra/redis.sh): AOF fsync every second, no RDB forks.
-  redis-server --bind "$HOST" --port "$port" --dir "$dir" --daemonize yes \
-    --pidfile "$dir/$name.pid" --logfile "$dir/redis.log" --save "" \
-    --appendonly yes --appendfsync everysec --protected-mode yes \
+  launch "$name" redis-server --bind "$HOST" --port "$port" --dir "$dir" --daemonize no \
+    --save "" --appendonly yes --appendfsync everysec --protected-mode yes \
     --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" \
     --cluster-node-timeout "$NODE_TIMEOUT_MS" --maxmemory 512mb
-  for _ in $(seq 1 100); do pinging "$port" && return 0; sleep 0.1; done
-  die "redis cluster node $port did not answer PING within 10 s; see $dir/redis.log"
+  wait_for "$name" 10 pinging "$port"
 }
 
 start() {
@@ -54,7 +52,7 @@ start() {
     [ "$all" = 1 ] && { log "redis cluster: up on $HOST:$BASE_PORT..$((BASE_PORT + NODES - 1)) (3 primaries, 3 replicas)"; return 0; }
     sleep 0.2
   done
-  die "redis cluster did not reach cluster_state:ok within 30 s; see $SERVICES_DIR/redis-cluster-*/redis.log"
+  die "redis cluster did not reach cluster_state:ok within 30 s; see $SERVICES_DIR/redis-cluster-*/redis-cluster-*.log"
 }
 
 stop() {

@@ -18,12 +18,11 @@ start() {
   fi
   mkdir -p "$DIR"
   # Append-only file with fsync every second: the online store survives a restart; no RDB snapshots,
-  # which would fork a 2-core machine under write load.
-  redis-server --bind "$HOST" --port "$REDIS_PORT" --dir "$DIR" --daemonize yes \
-    --pidfile "$DIR/redis.pid" --logfile "$DIR/redis.log" --save "" \
-    --appendonly yes --appendfsync everysec --protected-mode yes
-  for _ in $(seq 1 100); do healthy && break; sleep 0.1; done
-  healthy || die "redis did not answer PING within 10 s; see $DIR/redis.log"
+  # which would fork a 2-core machine under write load. In the foreground under launch (not
+  # --daemonize), so the pid recorded is the server's own from the start.
+  launch redis redis-server --bind "$HOST" --port "$REDIS_PORT" --dir "$DIR" --daemonize no \
+    --save "" --appendonly yes --appendfsync everysec --protected-mode yes
+  wait_for redis 10 healthy
   log "redis: up on $HOST:$REDIS_PORT (state in $DIR)"
 }
 

@@ -38,7 +38,8 @@ def test_redis_script_starts_on_the_overridden_port_and_stops_it(tmp_path: Path)
     assert started.returncode == 0, started.stderr
     client = redis.Redis(port=port)
     assert client.ping() is True
-    assert (tmp_path / "redis" / "redis.pid").exists()
+    pid = (tmp_path / "redis" / "redis.pid").read_text().strip()
+    assert Path(f"/proc/{pid}/cmdline").read_text().startswith("redis-server")
     assert client.config_get("dir")["dir"] == str(tmp_path / "redis")
 
     stopped = _script("redis", "stop", env)
