@@ -282,13 +282,22 @@ def training_set(
                            "columns": len(result.columns)}))  # fmt: skip
 
 
-def online_store(redis_url: str | None, namespace: str | None = None) -> OnlineStore:
-    """Return the online store at ``redis_url`` (default: the resolved settings)."""
+def online_store(redis_url: str | None, namespace: str | None = None, *, writes: bool = False) -> OnlineStore:
+    """Return the online store at ``redis_url`` (default: the resolved settings).
+
+    ``writes``: the caller writes values, so an evicting Redis is refused unless declared
+    (:func:`headwater.pipelines.store.connect.check_eviction_policy`).
+    """
     from headwater.pipelines.settings import Settings
     from headwater.pipelines.store import OnlineStore
+    from headwater.pipelines.store.connect import check_eviction_policy
 
-    url = redis_url or Settings.from_env().redis_url
-    return OnlineStore.from_url(url) if namespace is None else OnlineStore.from_url(url, namespace=namespace)
+    settings = Settings.from_env()
+    url = redis_url or settings.redis_url
+    store = OnlineStore.from_url(url) if namespace is None else OnlineStore.from_url(url, namespace=namespace)
+    if writes:
+        check_eviction_policy(store.client, allowed=settings.redis_eviction, tier="the offline tier")
+    return store
 
 
 @click.command("materialize", cls=HeadwaterCommand)
@@ -319,7 +328,7 @@ def materialize(
         click.echo(f"{m.view}: {m.rows} rows of {m.date}, {m.written} written, {m.rows_per_s:,.0f} rows/s")
 
     spark = offline_session("headwater-materialize", master)
-    run(spark, online_store(redis_url, namespace), views, root, report)
+    run(spark, online_store(redis_url, namespace, writes=True), views, root, report)
 
 
 def _materializable(views: list[PlanView], root: Path) -> list[PlanView]:

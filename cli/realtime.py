@@ -129,6 +129,7 @@ def realtime(
     """
     from headwater.pipelines.realtime.job import RunOptions, explain
     from headwater.pipelines.realtime.sql import JobOptions, RealtimePlanError, check_plan
+    from headwater.pipelines.store.connect import check_eviction_policy, redis_client
     from headwater.registry.plans import read_plan
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -170,6 +171,12 @@ def realtime(
         except (RealtimePlanError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
         return
+    # The JVM sink writes the values: refuse an evicting store before anything is submitted.
+    check_eviction_policy(
+        redis_client(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0),
+        allowed=settings.redis_eviction,
+        tier="the realtime tier",
+    )
     _run(plan, options, run, running)
 
 

@@ -224,6 +224,7 @@ def config(fmt: str) -> None:
         "kafka.dlq_topic": found.dlq_topic,
         "kafka.partitions": found.partitions,
         "redis.url": found.redis_url,
+        "redis.eviction": found.redis_eviction,
     }
     if fmt == "json":
         click.echo(json.dumps({"values": values, "origins": found.origins}, indent=2))

@@ -27,6 +27,8 @@ class Settings:
     events_topic: str = EVENTS_TOPIC
     dlq_topic: str = DLQ_TOPIC
     partitions: int = 4
+    redis_eviction: str = "refuse"
+    """``redis.eviction``: whether a writing tier accepts an evicting Redis (:mod:`.store.connect`)."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -42,4 +44,5 @@ class Settings:
             events_topic=os.environ.get("HEADWATER_EVENTS_TOPIC", EVENTS_TOPIC),
             dlq_topic=found.dlq_topic,
             partitions=found.partitions,
+            redis_eviction=found.redis_eviction,
         )

@@ -82,6 +82,10 @@ class RedisConfig(BaseModel):
 
     url: StrictStr = f"redis://{DEFAULT_HOST}:{DEFAULT_REDIS_PORT}/0"
     """``redis://host:port/db`` (``rediss://`` for TLS, ``unix:///path.sock``)."""
+    eviction: Literal["refuse", "allow"] = "refuse"
+    """Whether the tiers may write to a Redis whose ``maxmemory-policy`` evicts keys. ``refuse`` (the
+    default): a tier that finds an evicting policy with a memory limit does not start, since an evicted
+    value stays missing until its entity changes again. ``allow``: eviction is accepted (a cache)."""
 
     @field_validator("url")
     @classmethod
@@ -129,6 +133,8 @@ class Resolved:
     partitions: int
     origins: dict[str, str] = field(default_factory=dict)
     """Where each value came from: ``headwater.yaml:5``, ``$HEADWATER_STATE_DIR``, ``default``."""
+    redis_eviction: str = "refuse"
+    """``redis.eviction`` of the config file: whether the tiers accept an evicting Redis."""
 
 
 def find_config(start: Path) -> Path | None:
@@ -307,7 +313,21 @@ def resolve() -> Resolved:
         PARTITIONS_ENV, str(config.kafka.partitions), from_file("kafka", "partitions")
     )
     partitions = _positive_int(partitions_text, PARTITIONS_ENV)
-    return Resolved(file, root, features, state, lake, jvm_lib, kafka, redis, dlq, partitions, origins)
+    origins["redis.eviction"] = from_file("redis", "eviction")
+    return Resolved(
+        file,
+        root,
+        features,
+        state,
+        lake,
+        jvm_lib,
+        kafka,
+        redis,
+        dlq,
+        partitions,
+        origins,
+        config.redis.eviction,
+    )
 
 
 def _setting(env: str, configured: str, where: str) -> tuple[str, str]:

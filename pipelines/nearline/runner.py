@@ -75,6 +75,7 @@ from headwater.pipelines.nearline.supervise import supervise_worker
 from headwater.pipelines.nearline.task import BatchOutput, PartitionTask
 from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
+from headwater.pipelines.store.connect import check_eviction_policy
 from headwater.pipelines.store.store import FencedError
 from headwater.pipelines.windows import RedisDictionary, to_vectors
 from headwater.registry.errors import HeadwaterError
@@ -191,6 +192,7 @@ class NearlineWorker:
         self.epochs: dict[TopicPartition, int] = {}
         """The group generation each task was assigned in: its Redis fence epoch (``fence.py``)."""
         self.online = OnlineStore.from_url(s.redis_url, namespace=config.namespace)
+        check_eviction_policy(self.online.client, allowed=s.redis_eviction, tier="the nearline tier")
         self.dictionary = RedisDictionary(self.online.client, namespace=config.namespace)
         self.tasks: dict[TopicPartition, PartitionTask] = {}
         self.idle = {

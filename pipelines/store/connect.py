@@ -17,10 +17,16 @@ import redis
 from headwater.registry.errors import HeadwaterError
 
 CLUSTER_SCHEME = "redis-cluster"
+SAFE_POLICY = "noeviction"
+"""The one ``maxmemory-policy`` under which Redis never drops a value the tiers wrote."""
 
 
 class StoreURLError(HeadwaterError, ValueError):
     """The online store's URL cannot be used; the message says what a valid one looks like."""
+
+
+class EvictingStoreError(HeadwaterError):
+    """The online store may evict values (a memory limit with an evicting policy) and none was declared."""
 
 
 def is_cluster_url(url: str) -> bool:
@@ -50,3 +56,44 @@ def redis_client(url: str, **client_kwargs: Any) -> redis.Redis[bytes] | redis.R
         msg = f"online store URL {url!r}: a Redis Cluster has only database 0; drop {parts.path!r}"
         raise StoreURLError(msg)
     return redis.RedisCluster(host=parts.hostname, port=port, **client_kwargs)
+
+
+def check_eviction_policy(client: Any, *, allowed: str = "refuse", tier: str = "this tier") -> str:
+    """Refuse to write to a Redis that may evict values, unless ``redis.eviction: allow`` is declared.
+
+    An evicted value is not an error anyone sees: it reads as missing until its entity changes again.
+    A policy other than ``noeviction`` evicts only once ``maxmemory`` is reached, so a store without a
+    memory limit (``maxmemory 0``) is safe under any policy. Every node of a cluster is asked. Returns
+    the policy found (``unknown`` when the server refuses CONFIG GET, as managed services do; then
+    nothing can be checked and the tier starts).
+
+    Raises:
+        EvictingStoreError: some node evicts at a memory limit and ``allowed`` is not ``"allow"``.
+    """
+    nodes = {"target_nodes": redis.RedisCluster.ALL_NODES} if isinstance(client, redis.RedisCluster) else {}
+    try:
+        policies = _node_values(client.config_get("maxmemory-policy", **nodes), "maxmemory-policy")
+        limits = _node_values(client.config_get("maxmemory", **nodes), "maxmemory")
+    except redis.ResponseError:
+        return "unknown"
+    evicting = sorted({p for p in policies if p != SAFE_POLICY})
+    if evicting and any(int(limit) > 0 for limit in limits) and allowed != "allow":
+        msg = (
+            f"{tier}: the online store evicts values at its memory limit (maxmemory-policy "
+            f"{', '.join(evicting)}), and an evicted feature value would read as missing until its entity "
+            f"changes again. Run Redis with --maxmemory-policy {SAFE_POLICY} (or no maxmemory), or declare "
+            "`redis: {eviction: allow}` in headwater.yaml to accept it"
+        )
+        raise EvictingStoreError(msg)
+    return ",".join(sorted(set(policies))) or SAFE_POLICY
+
+
+def _node_values(answer: Any, key: str) -> list[str]:
+    """Values of ``key`` in a CONFIG GET answer: one node's mapping, or a cluster's mapping per node."""
+    if key in answer:
+        return [_text(answer[key])]
+    return [_text(node[key]) for node in answer.values() if isinstance(node, dict) and key in node]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

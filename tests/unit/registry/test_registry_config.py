@@ -262,3 +262,17 @@ def test_jars_come_from_the_resolved_folder_or_say_how_to_get_them(
     monkeypatch.setenv("HEADWATER_JVM_LIB", str(here / "empty"))
     with pytest.raises(jvm.MissingJarsError, match=r"empty/flink for 'flink': run `headwater setup jars`"):
         jvm.jars("flink")
+
+
+def test_redis_eviction_is_refused_by_default_and_declared_with_its_line(here: Path) -> None:
+    assert cfg.resolve().redis_eviction == "refuse"
+    write(here, "version: 1\nredis:\n  url: redis://127.0.0.1:6379/0\n  eviction: allow\n")
+    found = cfg.resolve()
+    assert found.redis_eviction == "allow"
+    assert found.origins["redis.eviction"].endswith("headwater.yaml:4")
+
+
+def test_an_unknown_redis_eviction_names_the_line_and_the_choices(here: Path) -> None:
+    write(here, "version: 1\nredis:\n  eviction: sometimes\n")
+    with pytest.raises(cfg.ConfigError, match=r"headwater.yaml:3.*redis.eviction.*'refuse' or 'allow'"):
+        cfg.resolve()
