@@ -62,6 +62,21 @@ class EntitiesFile(Spec):
     entities: list[EntitySpec]
 
 
+class IdsSpec(Spec):
+    """A source's id policy: what text its string key and event-id fields may hold (``ids:``).
+
+    An event whose id breaks it is dead-lettered as ``invalid_id`` by every tier (and refused by
+    ``headwater events produce``), with the same reason text (:mod:`headwater.pipelines.events.ids`).
+    """
+
+    max_bytes: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """The longest id in UTF-8 bytes (1 to 4096; unset: 256): ids are in every key, changelog and
+    state of every tier."""
+    charset: Literal["any", "printable"] | None = None
+    """Unset or ``any``: any valid UTF-8 but NUL; ``printable``: also no control, line-separator,
+    bidirectional or invisible format character (the list is ``NOT_PRINTABLE`` in pipelines/events/ids.py)."""
+
+
 class SourceSpec(Spec):
     """An event stream: a Kafka topic with an Avro schema, its keys and its event-time rules.
 
@@ -90,6 +105,9 @@ class SourceSpec(Spec):
     """Events before this UTC date are invalid (history of any age: set it early enough)."""
     rules: list[NonEmpty] = Field(default_factory=list)
     """Conditions every valid event meets (the ``where`` grammar); a failing event is dead-lettered."""
+    ids: IdsSpec | None = None
+    """The policy for the text of the string ``key`` and ``event_id`` fields; unset: 256 bytes, ``any``
+    (the defaults of :mod:`headwater.registry.sources`)."""
     description: str = ""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)

@@ -30,7 +30,7 @@ from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import Compare, Expr, InList, IsNull, fields_of, from_json, to_json
 from headwater.registry.expr_sql import DIALECTS, to_sql
 from headwater.registry.expr_value import to_json as value_json
-from headwater.registry.sources import resolve_timing
+from headwater.registry.sources import DEFAULT_ID_CHARSET, DEFAULT_ID_MAX_BYTES, resolve_ids, resolve_timing
 from headwater.registry.tiers import TIER_NAMES, TIERS
 
 SCHEMA_VERSION = 2
@@ -151,6 +151,10 @@ class PlanSource(PlanModel):
     max_event_time_ms: int
     rules: list[PlanWhere]
     """Conditions every valid event meets; a failing event is dead-lettered as ``invalid_field``."""
+    id_max_bytes: int = DEFAULT_ID_MAX_BYTES
+    """The longest string key / event id in UTF-8 bytes (``ids.max_bytes``); longer: ``invalid_id``."""
+    id_charset: str = DEFAULT_ID_CHARSET
+    """``any`` (no NUL) or ``printable`` (``ids.charset``): see :mod:`headwater.pipelines.events.ids`."""
 
     @property
     def current(self) -> PlanSchema:
@@ -281,9 +285,9 @@ def view_version(
 
     In: the entity and join key, the tier, each feature's aggregation, dtype, field, filter, window
     and slide, and of the source what these values are computed from (topic, event-time field and
-    rules, event id, rules, and the types of the fields the view reads). Out: description, owner,
-    cost, SLA, tags, and schema changes to fields the view does not read. Editing only those keeps
-    the view's streaming state and online values.
+    rules, event id, rules, a non-default id policy, and the types of the fields the view reads).
+    Out: description, owner, cost, SLA, tags, and schema changes to fields the view does not read.
+    Editing only those keeps the view's streaming state and online values.
     """
     used = {source.event_time, join_key, *(n for n in (source.event_id,) if n)}
     for f in features:
@@ -314,6 +318,10 @@ def view_version(
             "fields": [f.model_dump() for f in source.fields if f.name in used],
         },
     }
+    # The id policy decides which events count, as the rules do; the default one is left out of the
+    # hash so that views defined before ``ids:`` existed keep their version.
+    if (source.id_max_bytes, source.id_charset) != (DEFAULT_ID_MAX_BYTES, DEFAULT_ID_CHARSET):
+        payload["source"]["ids"] = [source.id_max_bytes, source.id_charset]  # type: ignore[index]
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return "v" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -330,6 +338,7 @@ def plan_source(src: CompiledSource) -> PlanSource:
     """Build the plan form of a checked source (defaults resolved by :func:`resolve_timing`)."""
     spec = src.spec
     timing = resolve_timing(spec)
+    id_max_bytes, id_charset = resolve_ids(spec)
     versions = [*src.previous, src.schema]
     return PlanSource(
         name=spec.name,
@@ -351,6 +360,8 @@ def plan_source(src: CompiledSource) -> PlanSource:
         min_event_time_ms=timing.min_event_time_ms,
         max_event_time_ms=timing.max_event_time_ms,
         rules=[w for r in src.rules if (w := _where(r.expr, r.text)) is not None],
+        id_max_bytes=id_max_bytes,
+        id_charset=id_charset,
     )
 
 

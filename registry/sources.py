@@ -37,6 +37,10 @@ DEFAULT_MIN_EVENT_DATE = "2000-01-01"
 """Events before this UTC date are invalid, when a source declares no ``min_event_time``."""
 MAX_EVENT_TIME_MS = 4_102_444_800_000
 """2100-01-01T00:00:00Z: no event time at or after it is valid, whatever the source."""
+DEFAULT_ID_MAX_BYTES = 256
+"""The longest key or event id, in UTF-8 bytes, when a source declares no ``ids: {max_bytes}``."""
+DEFAULT_ID_CHARSET = "any"
+"""What a key or event id may hold when a source declares no ``ids: {charset}``: any UTF-8 but NUL."""
 KEY_KINDS = frozenset({"string", "int", "long"})
 LANDING_COLUMNS = ("produce_ts_ms", "kafka_topic", "kafka_partition", "kafka_offset", "late", "date")
 """Columns the landing adds beside a source's fields in its bronze table: no field may take these names."""
@@ -51,6 +55,14 @@ class ResolvedTiming:
     max_future_ms: int
     min_event_time_ms: int
     max_event_time_ms: int = MAX_EVENT_TIME_MS
+
+
+def resolve_ids(spec: SourceSpec) -> tuple[int, str]:
+    """Return ``spec``'s id policy as (max_bytes, charset), the defaults above applied."""
+    ids = spec.ids
+    max_bytes = ids.max_bytes if ids is not None and ids.max_bytes is not None else DEFAULT_ID_MAX_BYTES
+    charset = ids.charset if ids is not None and ids.charset is not None else DEFAULT_ID_CHARSET
+    return max_bytes, charset
 
 
 def resolve_timing(spec: SourceSpec) -> ResolvedTiming:

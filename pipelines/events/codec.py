@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
+from headwater.pipelines.events.ids import IdPolicy, check_id
 from headwater.pipelines.events.wire_check import Noncanonical, WireError, compile_checker
 from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import from_json
@@ -54,7 +55,6 @@ Headers = Sequence[tuple[str, bytes | None]]
 Event = dict[str, Any]
 """A decoded event: the current schema's fields by name (timestamps as integers in their unit)."""
 
-MAX_ID_CHARS = 128
 MAX_DETAIL_CHARS = 500
 MAX_EVENT_BYTES = 64 * 1024
 """Default bound on one payload: the example events are 60-200 bytes; Kafka's own limit is 1 MiB."""
@@ -84,6 +84,9 @@ class Reason(StrEnum):
     EMPTY_PAYLOAD = "empty_payload"
     CORRUPT_PAYLOAD = "corrupt_payload"
     INVALID_FIELD = "invalid_field"
+    INVALID_ID = "invalid_id"
+    """The string key or event id breaks the source's id policy (``ids:``, :mod:`.ids`): the detail
+    starts with the kind, ``id-too-long``, ``id-not-printable``, ``id-has-nul``, ``id-empty``..."""
     OVERSIZED = "oversized"
     """The payload is over the codec's byte bound, or a string field over its character bound."""
     LATE = "late"
@@ -115,6 +118,8 @@ class DecodeError:
 
     reason: Reason
     detail: str
+    field: str | None = None
+    """The field at fault, when the codec knows it (an ``invalid_id``'s key or event-id field)."""
 
 
 class EncodeError(HeadwaterError, ValueError):
@@ -186,11 +191,8 @@ class EventCodec:
         self._strings = tuple(f.name for f in source.fields if f.kind == "string")
         self._time = source.event_time
         self._time_div = 1000 if source.event_time_unit == "us" else 1
-        self._ids = tuple(
-            name
-            for name in (source.key, source.event_id)
-            if name and (f := source.field(name)) and f.kind == "string"
-        )
+        self.ids = IdPolicy(max_bytes=source.id_max_bytes, charset=source.id_charset)
+        self._ids = id_fields(source)
         self._rules = [(w.text, compile_rule(from_json(w.ast))) for w in source.rules]
         self._buffer = io.BytesIO()
 
@@ -297,9 +299,9 @@ class EventCodec:
             problem = self._oversized(event)
             if problem is not None:
                 return DecodeError(Reason.OVERSIZED, problem)
-        problem = self._validate(event)
-        if problem is not None:
-            return DecodeError(Reason.INVALID_FIELD, problem[:MAX_DETAIL_CHARS])
+        failed = self._failed(event)
+        if failed is not None:
+            return failed
         return DecodedEvent(
             event=event,
             fingerprint=self._fingerprint if writer is None else fp.decode("ascii"),
@@ -311,34 +313,63 @@ class EventCodec:
         """Check what Avro cannot express; return what is wrong, or None when the event is valid.
 
         Rules: the event time lies in the source's ``[min_event_time, 2100)``; the string key and
-        event-id fields are 1..128 characters; every rule of the source holds (a rule that is
-        unknown because of a null, as in a SQL CHECK constraint, holds); no string field is over
-        ``max_string_chars`` characters.
+        event-id fields meet the source's id policy (:meth:`check_ids`); every rule of the source
+        holds (a rule that is unknown because of a null, as in a SQL CHECK constraint, holds); no
+        string field is over ``max_string_chars`` characters.
         """
-        return self._validate(event) or self._oversized(event)
+        failed = self.check(event)
+        return None if failed is None else failed.detail
 
-    def _validate(self, event: Mapping[str, Any]) -> str | None:
+    def check(self, event: Mapping[str, Any]) -> DecodeError | None:
+        """Return what :meth:`validate` finds, with the reason a tier dead-letters the event with.
+
+        The reason is ``invalid_field``, ``invalid_id`` (the id policy) or ``oversized``; None: valid.
+        """
+        failed = self._failed(event)
+        if failed is not None:
+            return failed
+        over = self._oversized(event)
+        return None if over is None else DecodeError(Reason.OVERSIZED, over)
+
+    def check_ids(self, event: Mapping[str, Any]) -> str | None:
+        """Return why the event's string key or event id breaks the source's id policy, or None.
+
+        The text is :func:`~headwater.pipelines.events.ids.check_id`'s (``id-too-long: key user_id is
+        300 bytes, limit 256``), what every tier writes as the detail of an ``invalid_id`` dead letter.
+        """
+        failed = self._id_failed(event)
+        return None if failed is None else failed.detail
+
+    def _id_failed(self, event: Mapping[str, Any]) -> DecodeError | None:
+        for role, name in self._ids:
+            problem = check_id(role, name, event.get(name), self.ids)
+            if problem is not None:
+                return DecodeError(Reason.INVALID_ID, problem, name)
+        return None
+
+    def _failed(self, event: Mapping[str, Any]) -> DecodeError | None:
         """:meth:`validate` without the string bound (decode checks that first, only when it can fail)."""
         src = self.source
         ts = event.get(self._time)
         if ts is None:
-            return f"{self._time}: the event time is null"
+            return DecodeError(Reason.INVALID_FIELD, f"{self._time}: the event time is null")
         if not isinstance(ts, int):
-            return f"{self._time}: expected an integer event time, found {type(ts).__name__}"
+            detail = f"{self._time}: expected an integer event time, found {type(ts).__name__}"
+            return DecodeError(Reason.INVALID_FIELD, detail)
         ms = int(ts) // self._time_div
         if not src.min_event_time_ms <= ms < src.max_event_time_ms:
-            return (
+            detail = (
                 f"{self._time}: expected UTC ms in [{src.min_event_time_ms}, {src.max_event_time_ms}) "
                 f"(source {src.name!r}: min_event_time in sources.yaml), found {ms}"
             )
-        for name in self._ids:
-            text = event.get(name)
-            if text is None or not 0 < len(text) <= MAX_ID_CHARS:
-                size = "null" if text is None else f"{len(text)} ({text[:40]!r})"
-                return f"{name}: expected 1..{MAX_ID_CHARS} characters, found {size}"
+            return DecodeError(Reason.INVALID_FIELD, detail)
+        failed = self._id_failed(event)
+        if failed is not None:
+            return failed
         for text, holds in self._rules:
             if not holds(event):
-                return f"rule {text!r} of source {src.name!r} does not hold"
+                detail = f"rule {text!r} of source {src.name!r} does not hold"
+                return DecodeError(Reason.INVALID_FIELD, detail[:MAX_DETAIL_CHARS])
         return None
 
     def _oversized(self, event: Mapping[str, Any]) -> str | None:
@@ -351,6 +382,19 @@ class EventCodec:
                     f"{self.max_string_chars} characters of source {self.source.name!r}"
                 )
         return None
+
+
+def id_fields(source: PlanSource) -> tuple[tuple[str, str], ...]:
+    """Return (role, field) of the source's string id fields, the ones its id policy bounds.
+
+    Roles are ``key`` and ``event_id``; a field that is both is checked once, as the key. Integer
+    ids need no check (their digits are short and printable).
+    """
+    out: dict[str, str] = {}
+    for role, name in (("key", source.key), ("event_id", source.event_id)):
+        if name and name not in out and (f := source.field(name)) is not None and f.kind == "string":
+            out[name] = role
+    return tuple((role, name) for name, role in out.items())
 
 
 def _header(headers: Headers | None, name: str) -> bytes | None:

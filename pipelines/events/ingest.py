@@ -58,12 +58,16 @@ class Reject:
     raw: str | None = None
     detail: str | None = None
     """What exactly was wrong, when ``reason`` is a code."""
+    code: str | None = None
+    """The dead-letter reason, when it is not the default of the path (``invalid_id``: the id policy)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Return the JSON form written to the reject file."""
         out: dict[str, Any] = {"line": self.line, "field": self.field, "reason": self.reason}
         if self.detail is not None:
             out["detail"] = self.detail
+        if self.code is not None:
+            out["code"] = self.code
         if self.row is not None:
             out["row"] = self.row
         if self.raw is not None:
@@ -143,7 +147,7 @@ class RejectTopic:
             value = json.dumps(reject.row, ensure_ascii=False, default=str).encode("utf-8", "surrogateescape")
         else:
             value = (reject.raw or "").encode("utf-8", "surrogateescape")
-        reason = Reason.CORRUPT_PAYLOAD if reject.row is None else Reason.INVALID_FIELD
+        reason = Reason.CORRUPT_PAYLOAD if reject.row is None else Reason(reject.code or Reason.INVALID_FIELD)
         detail = f"{self._path}:{reject.line}: {reject.field + ': ' if reject.field else ''}{reject.reason}"
         letter = DeadLetter(
             value=value,
@@ -257,7 +261,7 @@ def check_row(checker: RowChecker, row: FileRow) -> CheckedRow | Reject:
         reason = f"unexpected {type(exc).__name__}: {exc} (a bug in headwater: report it with this row)"
         return Reject(row.line, None, reason, row.values)
     if isinstance(result, RowError):
-        return Reject(row.line, result.field, result.reason, row.values)
+        return Reject(row.line, result.field, result.reason, row.values, code=result.code)
     return result
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from headwater.pipelines.events.codec import EncodeError, EventCodec
+from headwater.pipelines.events.codec import EncodeError, EventCodec, Reason
 from headwater.registry.errors import HeadwaterError
 from headwater.registry.expr import Compare, InList, IsNull, fields_of, from_json
 from headwater.registry.plans import PlanField, PlanSource
@@ -59,6 +59,9 @@ class RowError:
 
     field: str | None
     reason: str
+    code: str | None = None
+    """The dead-letter reason of the row when it is not ``invalid_field``: ``invalid_id`` for a key
+    or event id against the source's id policy (:class:`~headwater.pipelines.events.codec.Reason`)."""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.reason}" if self.field else self.reason
@@ -402,9 +405,12 @@ class RowChecker:
         if problem is not None:
             return problem
         codec = self.codec
-        invalid = codec.validate(event)
-        if invalid is not None:
-            return self._invalid(invalid, event)
+        failed = codec.check(event)
+        if failed is not None and failed.reason is Reason.INVALID_ID:
+            # the id policy's text whole, as the tiers write it (``id-too-long: key user_id is ...``)
+            return RowError(failed.field, failed.detail, Reason.INVALID_ID.value)
+        if failed is not None:
+            return self._invalid(failed.detail, event)
         try:
             value = codec.encode(event)
         except EncodeError as exc:

@@ -244,7 +244,9 @@ def _check(
         return Reject(row.line, None, UNPARSABLE, raw=row.raw, detail=row.error)
     checked = checker.check(row.values)
     if isinstance(checked, RowError):
-        return Reject(row.line, checked.field, str(Reason.INVALID_FIELD), detail=checked.reason)
+        return Reject(
+            row.line, checked.field, checked.code or Reason.INVALID_FIELD.value, detail=checked.reason
+        )
     if checked.event_time_ms > now_ms + source.max_future_ms:
         ahead = (checked.event_time_ms - now_ms) / 1000
         detail = (f"{source.event_time} is {ahead:.0f} s ahead of the clock (source {source.name!r} allows "

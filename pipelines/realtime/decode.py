@@ -3,7 +3,9 @@
 The realtime job decodes each source's records in the JVM (``dev.headwater.flink.DecodeEvent`` and
 ``EventTime`` in infra/maven/flink-udfs), built from :func:`decoder_config`: the plan source's every
 schema version (the ``schema-fp`` header picks the writer schema, resolved into the current one), its
-fields and kinds, event-time field and unit, the string key/event-id fields, its event-time limits, and
+fields and kinds, event-time field and unit, the string key/event-id fields and their id policy (with
+:mod:`headwater.pipelines.events.ids`'s forbidden code points, so Java keeps no list), its event-time
+limits, and
 the Python codec's size bounds (payload bytes, string characters: ``oversized`` beyond them), passed here
 so that the two decoders share one definition of each limit. No field name is written in code: the
 columns come from :attr:`PlanSource.fields`.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import json
 
 from headwater.pipelines.events.codec import MAX_EVENT_BYTES, MAX_STRING_CHARS
+from headwater.pipelines.events.codec import id_fields as codec_id_fields
+from headwater.pipelines.events.ids import CHARSETS
 from headwater.registry.plans import PlanSource
 
 SQL_TYPES: dict[str, str] = {
@@ -45,8 +49,6 @@ HEAD: tuple[tuple[str, str], ...] = (
 """The decoded row's columns before the fields: reason (NULL for a record that decodes), its detail, the
 future-dated detail (NULL unless the event time is too far ahead), and the event time in UTC ms."""
 
-MAX_ID_CHARS = 128
-
 
 def event_columns(source: PlanSource) -> tuple[tuple[str, str], ...]:
     """Return the source's fields as Flink SQL columns (name, type), in Avro order of the current schema."""
@@ -54,9 +56,8 @@ def event_columns(source: PlanSource) -> tuple[tuple[str, str], ...]:
 
 
 def id_fields(source: PlanSource) -> list[str]:
-    """Return the fields whose text must have 1..128 characters: the string key and event id."""
-    names = [n for n in (source.key, source.event_id) if n]
-    return [n for n in dict.fromkeys(names) if (f := source.field(n)) is not None and f.kind == "string"]
+    """Return the fields the source's id policy bounds: the string key and event id (the codec's)."""
+    return [name for _, name in codec_id_fields(source)]
 
 
 def decoder_config(
@@ -78,6 +79,11 @@ def decoder_config(
             "event_time": source.event_time,
             "time_unit": source.event_time_unit,
             "id_fields": id_fields(source),
+            # the id policy (pipelines/events/ids.py): roles for the reason text, the forbidden code points
+            "id_roles": [role for role, _ in codec_id_fields(source)],
+            "id_max_bytes": source.id_max_bytes,
+            "id_charset": source.id_charset,
+            "id_forbidden": [list(r) for r in CHARSETS[source.id_charset]],
             "min_event_time_ms": source.min_event_time_ms,
             "max_event_time_ms": source.max_event_time_ms,
             "max_future_ms": source.max_future_ms,

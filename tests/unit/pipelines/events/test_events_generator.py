@@ -271,9 +271,9 @@ def test_malformed_payloads_are_rejected_with_their_reason(codec: EventCodec) ->
     bad = [e.malformed for e in EventGenerator(config, codec).take(10_000) if e.malformed is not None]
     assert {m.kind for m in bad} == set(MALFORMED_KINDS)
     expected = {
-        "garbage": {Reason.CORRUPT_PAYLOAD, Reason.INVALID_FIELD},
+        "garbage": {Reason.CORRUPT_PAYLOAD, Reason.INVALID_FIELD, Reason.INVALID_ID},
         "truncated": {Reason.CORRUPT_PAYLOAD},
-        "invalid_field": {Reason.INVALID_FIELD},
+        "invalid_field": {Reason.INVALID_FIELD, Reason.INVALID_ID},  # an empty event id: the id policy
         "unknown_fingerprint": {Reason.UNKNOWN_FINGERPRINT},
         "missing_fingerprint": {Reason.MISSING_FINGERPRINT},
     }

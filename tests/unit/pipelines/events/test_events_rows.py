@@ -109,7 +109,7 @@ def test_timestamp_in_millis_for_a_millis_field() -> None:
             "expected an ISO-8601 time such as 2024-05-01T12:00:00Z",
         ),
         ({"occurred_at": "1999-12-31T23:59:59Z"}, "occurred_at", "min_event_time in sources.yaml"),
-        ({"account_id": ""}, "account_id", "expected 1..128 characters"),
+        ({"account_id": ""}, "account_id", "id-empty: key account_id is empty"),
         ({"account_id": ["a"]}, "account_id", "expected text, found a list"),
         ({"currency": {"code": "EUR"}}, "currency", "expected text, found an object"),
     ],

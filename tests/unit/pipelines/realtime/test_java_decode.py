@@ -193,7 +193,9 @@ def behaviour_records(codec: EventCodec) -> list[Record]:
         {**base, "event_time": NOW_MS + limit + 1},  # future-dated
         {**base, "event_time": NOW_MS + limit + 1, "dwell_ms": -1},  # a broken rule wins over future-dated
         {**base, "event_time": NOW_MS + limit},  # at the limit: accepted
-        {**base, "user_id": "ü" * 128},  # 128 characters (256 UTF-8 bytes): accepted
+        {**base, "user_id": "ü" * 128},  # 256 UTF-8 bytes, the default ids.max_bytes: accepted
+        {**base, "user_id": "ü" * 128 + "u"},  # 257 bytes: invalid_id (id-too-long)
+        {**base, "event_id": "e\x00"},  # NUL: invalid_id (id-has-nul) under the default ids.charset any
     ]
     records: list[Record] = [(v, fp, ts) for v in good]
     records += [(codec.encode(e), fp, ts) for e in bad_fields]
@@ -277,14 +279,14 @@ def test_payments_micros_enums_and_rules_in_the_jvm(sources: dict[str, PlanSourc
         payment(2, amount=-0.01),  # rule: amount >= 0
         payment(3, risk_score=1.5),  # rule: risk_score in [0, 1]
         payment(4, risk_score=None),  # null: the rule holds
-        payment(5, payment_id=""),  # the event id: 1..128 characters
-        payment(6, account_id="a" * 129),  # the key too
+        payment(5, payment_id=""),  # the event id: id-empty (the id policy)
+        payment(6, account_id="a" * 257),  # the key: id-too-long (ids.max_bytes 256 by default)
         payment(7, occurred_at=limit_us + 1000),  # 1 ms past the future limit
         payment(8, occurred_at=limit_us + 999),  # the same millisecond as the limit: accepted
         payment(9, occurred_at=src.min_event_time_ms * 1000 - 1),  # before min_event_time
     ]
     verdicts = compare(src, [(codec.encode(e), fp, ts) for e in cases], tmp_path)
-    assert verdicts == ["ok", "invalid_field", "invalid_field", "ok", "invalid_field", "invalid_field",
+    assert verdicts == ["ok", "invalid_field", "invalid_field", "ok", "invalid_id", "invalid_id",
                         "future_dated", "ok", "invalid_field"]  # fmt: skip
 
 

@@ -35,14 +35,15 @@ import org.apache.avro.util.Utf8;
  * rules), and is {@code oversized} when over {@code max_event_bytes} (checked before it is read) or when
  * a string field has more than {@code max_string_chars} characters (checked after the read, before the
  * field checks, as in Python); 4. the event time lies in {@code [min_event_time_ms, max_event_time_ms)} and each string
- * key/event-id field has 1..128 characters. The source's rules are not evaluated here: the realtime
+ * key/event-id field meets the source's id policy ({@code invalid_id}, with the text of
+ * pipelines/events/ids.py {@code check_id}: at most {@code id_max_bytes} UTF-8 bytes, none of the
+ * {@code id_forbidden} code points, both from the config). The source's rules are not evaluated here: the realtime
  * SQL evaluates them ({@code hw_is_false(rule)}, {@link IsFalse}, pipelines/realtime/sql.py) right after this decode, so
  * a filter and a rule have one implementation per engine. Then 5. the record is flagged future-dated
  * (not rejected: the SQL rejects it after the rules, the order of the Python tiers) when its event
  * time is more than {@code max_future_ms} ahead of this process's clock. Never throws on bad input.
  */
 public final class EventDecoder {
-    static final int MAX_ID_CHARS = 128;
     static final int MAX_DETAIL_CHARS = 500;
     private static final ThreadLocal<CharsetDecoder> UTF8 =
         ThreadLocal.withInitial(StandardCharsets.UTF_8::newDecoder);
@@ -60,8 +61,14 @@ public final class EventDecoder {
         final int timeField;
         /** 1000 when the event-time field is in micros, else 1. */
         final long timeDiv;
-        /** Fields whose text must have 1..128 characters (the string key and event id). */
+        /** The fields the id policy bounds (the string key and event id), and their roles (key, event_id). */
         final int[] idFields;
+        final String[] idRoles;
+        /** The longest id in UTF-8 bytes ({@code ids.max_bytes}). */
+        final int idMaxBytes;
+        /** {@code any} or {@code printable} ({@code ids.charset}), and its forbidden code point ranges. */
+        final String idCharset;
+        final int[][] idForbidden;
         final long minEventTimeMs;
         final long maxEventTimeMs;
         final long maxFutureMs;
@@ -113,6 +120,26 @@ public final class EventDecoder {
                 ids.add(ns.indexOf(f.asText()));
             }
             idFields = ids.stream().mapToInt(Integer::intValue).toArray();
+            List<String> roles = new ArrayList<>();
+            for (JsonNode r : n.path("id_roles")) {
+                roles.add(r.asText());
+            }
+            if (roles.size() != idFields.length) {
+                throw new IllegalArgumentException("source " + source + ": the decoder config has " + roles.size()
+                    + " id_roles for " + idFields.length + " id_fields: re-run `headwater apply`");
+            }
+            idRoles = roles.toArray(new String[0]);
+            idMaxBytes = bound(n, "id_max_bytes");
+            idCharset = n.path("id_charset").asText();
+            List<int[]> forbidden = new ArrayList<>();
+            for (JsonNode r : n.path("id_forbidden")) {
+                forbidden.add(new int[] {r.path(0).asInt(), r.path(1).asInt()});
+            }
+            if (forbidden.isEmpty()) {
+                throw new IllegalArgumentException("source " + source + ": the decoder config has no id_forbidden "
+                    + "(it comes from pipelines/realtime/decode.py decoder_config)");
+            }
+            idForbidden = forbidden.toArray(new int[0][]);
             minEventTimeMs = n.path("min_event_time_ms").asLong();
             maxEventTimeMs = n.path("max_event_time_ms").asLong();
             maxFutureMs = n.path("max_future_ms").asLong();
@@ -292,6 +319,10 @@ public final class EventDecoder {
         if (problem != null) {
             return reject("invalid_field", problem);
         }
+        problem = checkIds(fields);
+        if (problem != null) {
+            return reject("invalid_id", problem);
+        }
         // Step 5
         String future = null;
         if (ms > nowMs + config.maxFutureMs) {
@@ -309,12 +340,36 @@ public final class EventDecoder {
                 + config.maxEventTimeMs + ") (source '" + config.source
                 + "': min_event_time in sources.yaml), found " + ms;
         }
-        for (int i : config.idFields) {
-            String s = (String) f[i];
-            int n = s == null ? -1 : s.codePointCount(0, s.length());
-            if (n <= 0 || n > MAX_ID_CHARS) {
-                String size = s == null ? "null" : n + " (" + strRepr(s) + ")";
-                return config.names[i] + ": expected 1.." + MAX_ID_CHARS + " characters, found " + size;
+        return null;
+    }
+
+    /** The id policy (pipelines/events/ids.py {@code check_id}, the same text); null when every id meets it. */
+    private String checkIds(Object[] f) {
+        for (int j = 0; j < config.idFields.length; j++) {
+            String what = config.idRoles[j] + " " + config.names[config.idFields[j]];
+            String s = (String) f[config.idFields[j]];
+            if (s == null) {
+                return "id-empty: " + what + " is null";
+            }
+            if (s.isEmpty()) {
+                return "id-empty: " + what + " is empty";
+            }
+            // the decode above refused invalid UTF-8, so the text has no lone surrogate (id-invalid-utf8)
+            int size = s.getBytes(StandardCharsets.UTF_8).length;
+            if (size > config.idMaxBytes) {
+                return "id-too-long: " + what + " is " + size + " bytes, limit " + config.idMaxBytes;
+            }
+            int index = 0;
+            for (int k = 0; k < s.length(); index++) {
+                int cp = s.codePointAt(k);
+                for (int[] r : config.idForbidden) {
+                    if (r[0] <= cp && cp <= r[1]) {
+                        String kind = "printable".equals(config.idCharset) ? "id-not-printable" : "id-has-nul";
+                        return String.format("%s: %s has U+%04X at character %d (ids.charset %s)", kind, what, cp,
+                            index, config.idCharset);
+                    }
+                }
+                k += Character.charCount(cp);
             }
         }
         return null;
