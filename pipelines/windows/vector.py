@@ -32,19 +32,33 @@ MAX_DICTIONARY_ID = 2**24
 OVERFLOW_ID = 0
 """The id of every value that arrives once a field's dictionary is full (never a real value's id)."""
 
-# Dictionary ids, assigned atomically: KEYS = (the hash, its counter), ARGV = values; returns their ids.
-# The JVM sink of the realtime tier runs this same text (pipelines/realtime/program.py ships it).
-# Past MAX_DICTIONARY_ID a new value gets OVERFLOW_ID (and no entry), so no two values ever share
-# a float32 slot value; the counter stops instead of growing into ids float32 rounds together.
-ASSIGN_LUA = f"""
+CACHE_BOUND = 1 << 16
+"""Values of one field whose ids a process keeps (Python and the JVM sink); past it the cache starts over."""
+
+
+def assign_script(max_id: int = MAX_DICTIONARY_ID) -> str:
+    """Return the Lua text that assigns dictionary ids: KEYS = (the hash, its overflow count), ARGV = values.
+
+    A new value's id is the hash's size plus one, read and written in one script: the mapping is its
+    own counter, so no second key can be lost (kill -9, failover, eviction) and hand out ids that are
+    taken already (the old design INCRed a separate ``:next`` key; an old hash keeps working, since
+    every id it holds is at most its size). Entries are never deleted, which is what keeps size + 1
+    unused. Past ``max_id`` a new value gets ``OVERFLOW_ID`` (and no entry), so no two values ever
+    share a float32 slot value, and the overflow count grows: a full dictionary is counted, never a
+    silent 0. The JVM sink of the realtime tier runs this same text (pipelines/realtime/program.py).
+    """
+    return f"""
 local out = {{}}
+local size = redis.call('HLEN', KEYS[1])
 for i = 1, #ARGV do
   local id = redis.call('HGET', KEYS[1], ARGV[i])
   if not id then
-    if tonumber(redis.call('GET', KEYS[2]) or '0') >= {MAX_DICTIONARY_ID} then
+    if size >= {max_id} then
       id = {OVERFLOW_ID}
+      redis.call('INCR', KEYS[2])
     else
-      id = redis.call('INCR', KEYS[2])
+      size = size + 1
+      id = size
       redis.call('HSET', KEYS[1], ARGV[i], id)
     end
   end
@@ -52,6 +66,9 @@ for i = 1, #ARGV do
 end
 return out
 """
+
+
+ASSIGN_LUA = assign_script()
 
 
 def slot_names(view: ViewSpec) -> tuple[str, ...]:
@@ -124,28 +141,41 @@ def _row(view: ViewSpec, row: Sequence[Value], table: dict[str, dict[Any, int]])
 class RedisDictionary:
     """Dictionary ids of field values in Redis (``<ns>:dict:{<field>}``), cached in-process.
 
-    Ids start at 1 and are assigned atomically by a Lua script (HGET, else INCR a counter in
-    the same hash slot and HSET), so every tier and process gets the same id for a value.
+    Ids start at 1 and are assigned atomically by a Lua script (:func:`assign_script`: HGET, else the
+    hash's size + 1 and HSET), so every tier and process gets the same id for a value. ``max_id`` is
+    smaller only in tests of the boundary.
     """
 
-    def __init__(self, client: Any, namespace: str = "hw") -> None:
+    def __init__(self, client: Any, namespace: str = "hw", max_id: int = MAX_DICTIONARY_ID) -> None:
         self.client = client
         self.namespace = namespace
-        self._script = client.register_script(ASSIGN_LUA)
+        self._script = client.register_script(
+            ASSIGN_LUA if max_id == MAX_DICTIONARY_ID else assign_script(max_id)
+        )
         self._cache: dict[str, dict[str, int]] = {}
 
     def key(self, field: str) -> str:
         """Return the hash that maps values of ``field`` to ids."""
         return f"{self.namespace}:dict:{{{field}}}"
 
+    def overflow_key(self, field: str) -> str:
+        """Return the count of values ``field``'s full dictionary could not give an id (same slot)."""
+        return self.key(field) + ":overflow"
+
+    def overflowed(self, field: str) -> int:
+        """How many values of ``field`` got ``OVERFLOW_ID`` because its dictionary was full."""
+        return int(self.client.get(self.overflow_key(field)) or 0)
+
     def ids(self, field: str, values: Sequence[Any]) -> list[int]:
         """Ids of ``values`` (as their str), assigning new ones for unseen values."""
         cache = self._cache.setdefault(field, {})
+        if len(cache) > CACHE_BOUND:  # bounded memory at any cardinality; ids stay in Redis
+            cache.clear()
         texts = [str(v) for v in values]
         missing = sorted({t for t in texts if t not in cache})
         for s in range(0, len(missing), 500):
             chunk = missing[s : s + 500]
-            got = self._script(keys=[self.key(field), self.key(field) + ":next"], args=chunk)
+            got = self._script(keys=[self.key(field), self.overflow_key(field)], args=chunk)
             cache.update(zip(chunk, (int(i) for i in got), strict=True))
         return [cache[t] for t in texts]
 

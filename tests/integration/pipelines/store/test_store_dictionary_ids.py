@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import redis
 
-from headwater.pipelines.windows.vector import MAX_DICTIONARY_ID, OVERFLOW_ID, RedisDictionary
+from headwater.pipelines.windows import vector
+from headwater.pipelines.windows.vector import (
+    ASSIGN_LUA,
+    MAX_DICTIONARY_ID,
+    OVERFLOW_ID,
+    RedisDictionary,
+    assign_script,
+)
 
 
 @pytest.fixture
@@ -36,18 +43,52 @@ def test_the_boundary_is_where_float32_stops_being_exact() -> None:
     assert OVERFLOW_ID == 0
 
 
-def test_ids_stop_at_the_boundary_and_never_collide(dictionary: RedisDictionary) -> None:
-    counter = dictionary.key("item_id") + ":next"
-    dictionary.client.set(counter, MAX_DICTIONARY_ID - 2)  # as if 16.7M values were seen already
-    ids = dictionary.ids("item_id", ["a", "b", "c", "d"])
-    assert ids == [MAX_DICTIONARY_ID - 1, MAX_DICTIONARY_ID, OVERFLOW_ID, OVERFLOW_ID]
-    slots = np.asarray(ids, dtype=np.float32)
-    assert [int(x) for x in slots] == ids  # every id reads back exactly from its float32 slot
-    assert int(dictionary.client.get(counter)) == MAX_DICTIONARY_ID  # the counter stopped
+def test_ids_stop_at_the_boundary_never_collide_and_count_the_overflow(dictionary: RedisDictionary) -> None:
+    # The production cap is 2^24 (above); the same script text with a cap of 4 shows its behaviour.
+    small = RedisDictionary(dictionary.client, dictionary.namespace, max_id=4)
+    assert small.ids("item_id", ["a", "b"]) == [1, 2]
+    ids = small.ids("item_id", ["c", "d", "e", "f"])
+    assert ids == [3, 4, OVERFLOW_ID, OVERFLOW_ID]
+    assert small.overflowed("item_id") == 2  # a full dictionary is counted, never a silent 0
     # Known values keep their ids; a value past the cap stays unassigned (not written to the hash).
-    fresh = RedisDictionary(dictionary.client, dictionary.namespace)  # no in-process cache
-    assert fresh.ids("item_id", ["b", "a", "e"]) == [MAX_DICTIONARY_ID, MAX_DICTIONARY_ID - 1, OVERFLOW_ID]
-    assert fresh.lookup("item_id", ["a", "c"]) == {"a": MAX_DICTIONARY_ID - 1, "c": None}
+    fresh = RedisDictionary(dictionary.client, dictionary.namespace, max_id=4)  # no in-process cache
+    assert fresh.ids("item_id", ["b", "a", "e"]) == [2, 1, OVERFLOW_ID]
+    assert fresh.lookup("item_id", ["a", "e"]) == {"a": 1, "e": None}
+    assert fresh.overflowed("item_id") == 3
+    assert dictionary.client.hlen(dictionary.key("item_id")) == 4
+
+
+def test_the_production_script_caps_at_two_to_the_24() -> None:
+    assert f">= {MAX_DICTIONARY_ID} then" in ASSIGN_LUA
+    assert assign_script() == ASSIGN_LUA
+
+
+def test_no_lost_key_can_hand_out_an_id_twice(dictionary: RedisDictionary) -> None:
+    """The old design kept the next id in a second key (``:next``); losing it reused ids 1, 2, ..."""
+    assert dictionary.ids("query", ["a", "b", "c"]) == [1, 2, 3]
+    # What an old deployment has, and what a kill -9, a failover or an eviction could leave of it.
+    dictionary.client.set(dictionary.key("query") + ":next", 3)
+    dictionary.client.delete(dictionary.key("query") + ":next", dictionary.overflow_key("query"))
+    fresh = RedisDictionary(dictionary.client, dictionary.namespace)
+    assert fresh.ids("query", ["d", "a"]) == [4, 1]
+    got = dictionary.client.hgetall(dictionary.key("query"))
+    assert sorted(int(v) for v in got.values()) == [1, 2, 3, 4]  # one value per id
+
+
+def test_an_old_hash_whose_counter_was_already_lost_gets_unused_ids(dictionary: RedisDictionary) -> None:
+    # Old design after a lost counter: ids 1..3 given twice (6 entries, ids <= 3). Size + 1 is unused.
+    key = dictionary.key("query")
+    dictionary.client.hset(key, mapping={"a": 1, "b": 2, "c": 3, "x": 1, "y": 2, "z": 3})
+    assert dictionary.ids("query", ["new"]) == [7]
+
+
+def test_the_process_cache_is_bounded(dictionary: RedisDictionary, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector, "CACHE_BOUND", 10)
+    values = [f"v{i:03d}" for i in range(100)]
+    for start in range(0, 100, 5):
+        assert dictionary.ids("q", values[start : start + 5]) == list(range(start + 1, start + 6))
+        assert len(dictionary._cache["q"]) <= 10 + 5
+    assert dictionary.ids("q", ["v000", "v099"]) == [1, 100]  # what left the cache is read again
 
 
 def test_ids_below_the_boundary_are_dense_from_one(dictionary: RedisDictionary) -> None:

@@ -52,6 +52,8 @@ final class RedisStore implements AutoCloseable {
     private final byte[] writeScript;
     private final byte[] writeSha;
     private final byte[] dictScript;
+    /** Values of one field whose ids are cached (vector.py CACHE_BOUND); past it the cache starts over. */
+    static final int CACHE_BOUND = 1 << 16;
     private final Map<String, Map<String, Integer>> ids = new HashMap<>();
     private final boolean cluster;
     private Jedis jedis;
@@ -171,6 +173,9 @@ final class RedisStore implements AutoCloseable {
     /** Make sure every value of {@code field} in {@code values} has an id (assigned atomically in Redis). */
     void assignIds(String field, Set<String> values) {
         Map<String, Integer> cache = ids.computeIfAbsent(field, f -> new HashMap<>());
+        if (cache.size() > CACHE_BOUND) {
+            cache.clear();  // bounded memory at any cardinality: the ids stay in Redis
+        }
         List<String> missing = new ArrayList<>();
         for (String v : values) {
             if (!cache.containsKey(v)) {
@@ -182,7 +187,7 @@ final class RedisStore implements AutoCloseable {
         }
         missing.sort(PyText::compare);
         String hash = namespace + ":dict:{" + field + "}";
-        List<byte[]> keys = List.of(bytes(hash), bytes(hash + ":next"));
+        List<byte[]> keys = List.of(bytes(hash), bytes(hash + ":overflow"));  // vector.py assign_script
         List<byte[]> args = new ArrayList<>();
         for (String v : missing) {
             args.add(bytes(v));
