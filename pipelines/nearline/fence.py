@@ -21,14 +21,17 @@ the meta record is no longer needed. Kafka Streams' ``exactly_once`` (v1) has th
 producer per task for the same reason (a per-worker transactional id would leave a zombie's open
 transaction blocking every ``read_committed`` reader until the transaction timeout).
 
-**Redis: an owner epoch per (view, task)**. The fence token is the consumer group's generation at
-assignment (monotonic per group, kept by the coordinator across restarts). The new owner claims
-``<ns>:fence:{<view>}:<changelog>.p<N>`` with it for every view of the task before publishing
-anything; every online write of the task carries (owner, epoch) and ``write.lua`` refuses the whole
-call when the fence holds a greater epoch (same hash tag as the view's keys, so it works on Redis
-Cluster). A zombie that committed its last transaction and paused before its online writes is
-refused there (``FencedError``): the value at that boundary stays the new owner's, including late
-events folded since. A fence lost with Redis data is re-claimed by the next write (max wins).
+**Redis: an owner epoch per (view, task)**. The new owner claims
+``<ns>:fence:{<view>}:<changelog>.p<N>`` for every view of the task before publishing anything: the
+claim sets it one above whatever holds it (``OnlineStore.claim_fence``: max(held + 1, the group's
+generation)), so it is greater than every earlier owner's even when the group's generations restarted
+at 1 (the group deleted, or its metadata expired; the fence once took the generation as it came and
+then refused every write for 7 days). Every online write of the task carries (owner, epoch) and
+``write.lua`` refuses the whole call when the fence holds a greater epoch (same hash tag as the view's
+keys, so it works on Redis Cluster). A zombie that committed its last transaction and paused before
+its online writes is refused there (``FencedError``): the value at that boundary stays the new
+owner's, including late events folded since. A fence lost with Redis data is claimed again from the
+generation by the next owner, and re-taken by the next write (max wins).
 
 A fenced worker raises :class:`NearlineFencedError`; the supervisor counts it (``errors_fenced``) and
 starts a fresh worker, which rejoins the group and restores whatever it is assigned.

@@ -189,8 +189,8 @@ class NearlineWorker:
         """Metadata only (partition counts); every record goes through a task's ``TaskProducer``."""
         self.txn: dict[TopicPartition, TaskProducer] = {}
         """The transactional producer of each task (``fence.py``)."""
-        self.epochs: dict[TopicPartition, int] = {}
-        """The group generation each task was assigned in: its Redis fence epoch (``fence.py``)."""
+        self.epochs: dict[TopicPartition, dict[str, int]] = {}
+        """Each task's Redis fence epoch per view, claimed when it was assigned (``fence.py``)."""
         self.online = OnlineStore.from_url(s.redis_url, namespace=config.namespace)
         check_eviction_policy(self.online.client, allowed=s.redis_eviction, tier="the nearline tier")
         self.dictionary = RedisDictionary(self.online.client, namespace=config.namespace)
@@ -292,9 +292,10 @@ class NearlineWorker:
             started = time.monotonic()
             task, changelog = self._new_task(tp)
             self.tasks[tp] = task  # from now on closed by close_tasks, even if the restore fails
-            self.epochs[tp] = generation
-            for view in task.views:
-                self.online.claim_fence(self.plan.layouts[view], self._owner(tp), self.epochs[tp])
+            self.epochs[tp] = {
+                view: self.online.claim_fence(self.plan.layouts[view], self._owner(tp), generation)
+                for view in task.views
+            }
             replayed = restore_partition(self.config.settings, changelog, tp.partition, task.store, task)
             self.changelogs[tp] = changelog
             backfill(self, tp, task)  # drops stale view versions, backfills new ones (backfill.py)
@@ -513,7 +514,7 @@ class NearlineWorker:
                 spec = task.views[view].spec
                 rows = task.values(view, entities, boundary)
                 vectors = to_vectors(spec, rows, self.dictionary.ids)
-                fence = (self._owner(tp), self.epochs[tp])
+                fence = (self._owner(tp), self.epochs[tp][view])
                 try:
                     res = self.online.write_batch(
                         self.plan.layouts[view], entities, vectors, boundary, fence=fence

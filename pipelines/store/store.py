@@ -56,6 +56,16 @@ class FencedError(StoreError):
     """A fenced write was refused: a newer owner holds the fence (``write.lua``, ARGV[4])."""
 
 
+# Claims a write fence (OnlineStore.claim_fence): one step above whatever holds it, for the same 7
+# days as write.lua's fenced writes keep it.
+CLAIM_FENCE_LUA = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local epoch = math.max(held + 1, tonumber(ARGV[1]))
+redis.call('SET', KEYS[1], epoch, 'PX', 604800000)
+return epoch
+"""
+
+
 def fence_key(view: str, owner: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     """Return the key of ``owner``'s write fence in ``view``: ``<namespace>:fence:{<view>}:<owner>``."""
     return f"{namespace}:fence:{{{view}}}:{owner}"
@@ -267,14 +277,17 @@ class OnlineStore:
         status = np.concatenate([np.frombuffer(r, dtype=np.int8) for r in replies]) - ord("0")
         return WriteResult(status.astype(np.int8) if n else np.zeros(0, dtype=np.int8))
 
-    def claim_fence(self, layout: ViewLayout, owner: str, epoch: int) -> None:
-        """Make ``owner``'s writes to ``layout``'s view with an epoch below ``epoch`` refused from now on.
+    def claim_fence(self, layout: ViewLayout, owner: str, epoch: int) -> int:
+        """Take ``owner``'s write fence in ``layout``'s view; return the epoch to write with from now on.
 
-        Raises:
-            FencedError: a greater epoch already holds the fence.
+        The fence becomes ``max(held + 1, epoch)``: above every earlier holder's, whatever ``epoch``
+        proposes, so the previous owner's writes (a lower epoch) are refused from now on. The
+        proposal (the nearline group's generation) only keeps the numbers familiar: a consumer group
+        deleted, or whose metadata expired, restarts its generations at 1, and a fence that took the
+        generation as it came then refused every online write of the new owner for its 7 days.
         """
         fkey = fence_key(layout.view, owner, self.namespace)
-        self._run_script([("EVALSHA", WRITE_SCRIPT_SHA, 1, fkey, 0, 0, b"", epoch)], layout)
+        return int(self.client.eval(CLAIM_FENCE_LUA, 1, fkey, int(epoch)))
 
     def _run_script(self, commands: list[Command], layout: ViewLayout) -> list[bytes]:
         """Run the write chunks, loading the script once if Redis does not know it (NOSCRIPT)."""
