@@ -192,7 +192,7 @@ def test_old_format_state_is_read_and_migrated_once(tmp_path: Path) -> None:
     task.store.close()
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(junk=st.lists(st.binary(max_size=30), min_size=1, max_size=5))
 def test_a_key_that_does_not_decode_is_counted_and_skipped(tmp_path: Path, junk: list[bytes]) -> None:
     store = PartitionStore(tmp_path / uuid.uuid4().hex, 0)  # one folder per example
