@@ -167,7 +167,7 @@ def test_an_invalid_answer_is_counted_invalid_and_not_sent() -> None:
     sink = Sink()
     producer = FeedbackProducer("t", lambda: sink)
     producer.start()
-    assert producer.offer(impressions("a" * 32, "u" * 200, ["x", "y"])) == 2  # user id over 128 chars
+    assert producer.offer(impressions("a" * 32, "u" * 300, ["x", "y"])) == 2  # over 256 bytes (ids.max_bytes)
     producer.offer(impressions("b" * 32, "u1", ["x"]))
     wait_for(lambda: producer.counters.sent == 1)
     producer.stop()
