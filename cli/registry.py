@@ -191,6 +191,9 @@ def describe(view: str, repo: Path | None) -> None:
     click.echo("\n".join(describe_lines(found, result)))
     if found.tier == "nearline":
         click.echo(_history_line(found.name))
+    fields = sorted({f.field for f in found.features if f.field and f.agg in ("top_k", "last")})
+    if fields:
+        click.echo("\n".join(dictionary_lines(fields)))
     for f in found.features:
         extra = f" {f.field}" if f.field else ""
         extra += f" k={f.k}" if f.k else ""
@@ -232,6 +235,34 @@ def config(fmt: str) -> None:
     for key, value in values.items():
         origin = f"  [{found.origins[key]}]" if key in found.origins else ""
         click.echo(f"{key:<18} {value if value is not None else '(none: defaults)'}{origin}")
+
+
+def dictionary_lines(fields: list[str]) -> list[str]:
+    """Say how full each field's dictionary is in the online store (a full one refuses new values).
+
+    Text values (``top_k``, ``last`` of a string) are stored as dictionary ids, at most 2^24 per field;
+    past that a new value is stored as id 0 and counted, and its feature reads as unknown.
+    """
+    import redis
+
+    from headwater.pipelines.settings import Settings
+    from headwater.pipelines.store.connect import redis_client
+    from headwater.pipelines.windows.vector import MAX_DICTIONARY_ID, RedisDictionary
+
+    url = Settings.from_env().redis_url
+    try:
+        client = redis_client(url, socket_connect_timeout=0.5, socket_timeout=2.0)
+        dictionary = RedisDictionary(client)
+        sizes = {f: (int(client.hlen(dictionary.key(f))), dictionary.overflowed(f)) for f in fields}
+        client.close()
+    except (redis.RedisError, OSError) as exc:
+        names = ", ".join(fields)
+        return [f"  dictionaries ({names}): not checked, the online store at {url} did not answer ({exc})"]
+    lines = []
+    for field, (size, refused) in sizes.items():
+        state = f"FULL, {refused:,} values refused (stored as id 0)" if refused else "not full"
+        lines.append(f"  dictionary {field}: {size:,} of {MAX_DICTIONARY_ID:,} values, {state}")
+    return lines
 
 
 def _history_line(view: str) -> str:

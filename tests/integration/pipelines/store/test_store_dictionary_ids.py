@@ -94,3 +94,34 @@ def test_the_process_cache_is_bounded(dictionary: RedisDictionary, monkeypatch: 
 def test_ids_below_the_boundary_are_dense_from_one(dictionary: RedisDictionary) -> None:
     # New values get ids in sorted order within a call: android 1, ios 2, web 3.
     assert dictionary.ids("device", ["web", "ios", "web", "android"]) == [3, 2, 3, 1]
+
+
+def test_features_describe_shows_a_full_dictionary(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from headwater.cli.registry import features
+    from headwater.registry.resources import checkout_root
+
+    isolated = redis_url.rsplit("/", 1)[0] + "/9"  # a database of its own: the tiers' namespace is "hw"
+    client = redis.Redis.from_url(isolated)
+    client.flushdb()
+    monkeypatch.setenv("HEADWATER_REDIS_URL", isolated)
+    try:
+        full = RedisDictionary(client, max_id=2)
+        assert full.ids("query", ["a", "b", "c", "d", "e"]) == [1, 2, OVERFLOW_ID, OVERFLOW_ID, OVERFLOW_ID]
+        shown = CliRunner().invoke(
+            features, ["describe", "user_search_nearline", str(checkout_root() / "features")]
+        )
+        assert shown.exit_code == 0, shown.output
+        assert (
+            "  dictionary query: 2 of 16,777,216 values, FULL, 3 values refused (stored as id 0)"
+            in shown.output
+        )
+        client.flushdb()
+        shown = CliRunner().invoke(
+            features, ["describe", "user_search_nearline", str(checkout_root() / "features")]
+        )
+        assert "  dictionary query: 0 of 16,777,216 values, not full" in shown.output
+    finally:
+        client.flushdb()
+        client.close()
