@@ -586,3 +586,21 @@ def test_payments_read_behind_an_idle_partition_across_a_restore_agree_with_offl
     end = max(e["event_time"] for e in live)
     updates, outcomes = run_check(payments, [*encode(payments, lines), {"clock": end + 3_000}])
     assert inconsistent(plan, payments, live, updates) == [], outcomes
+
+
+def test_a_hot_key_finds_its_duplicates_past_the_scan_size(plan: TierPlan, program: RealtimeProgram) -> None:
+    """3,000 events of one user in one slice and 300 of them again (issue 33: de-dup was a scan per event).
+
+    Past 16 ids a slice answers from its hash index; every duplicate must still be found, in both
+    groups (the user's and the item's), and the values must equal the reference.
+    """
+    rnd = random.Random(33)
+    events = [
+        event(i, "hot", "click", 30_000 + rnd.randrange(500), item_id="i1", position=1) for i in range(3_000)
+    ]
+    arrival = list(events)
+    for e in rnd.sample(events, 300):
+        arrival.insert(rnd.randrange(arrival.index(e) + 1, len(arrival) + 1), dict(e))
+    _, outcomes = run_check(program, [*rows(program, arrival), {"clock": T0 + 31_000}])
+    assert outcomes["DUPLICATE"] == 600
+    assert compare(plan, program, arrival, T0 + 31_000, exact_times=False) >= 1  # the hot user's value

@@ -31,11 +31,24 @@ final class KeyState {
     ViewValue[] views;
     Layout layout;
 
-    /** One slice: its event-id hashes and a partial per feature (null: no event of that feature). */
+    /**
+     * One slice: its event-id hashes and a partial per feature (null: no event of that feature).
+     *
+     * <p>{@link #ids} keeps the hashes in arrival order (what the serializer writes). Past
+     * {@link #SCAN_MAX} of them a transient open-addressing index answers {@link #has} in constant
+     * time: a linear scan per event made a hot key's slice O(n^2) in its events (issue 33). The index
+     * is rebuilt from {@link #ids} on the first lookup after a restore, never checkpointed.
+     */
     static final class Slice {
+        /** Up to this many ids a scan is faster than hashing. */
+        static final int SCAN_MAX = 16;
+
         long[] ids;
         int size;
         Object[] partials;
+        /** Open addressing over the ids (0 marks a free cell; the id 0 itself is {@link #hasZero}). */
+        private long[] index;
+        private boolean hasZero;
 
         Slice(int features) {
             ids = new long[2];
@@ -49,8 +62,23 @@ final class KeyState {
         }
 
         boolean has(long id) {
-            for (int i = 0; i < size; i++) {
-                if (ids[i] == id) {
+            if (size <= SCAN_MAX) {
+                for (int i = 0; i < size; i++) {
+                    if (ids[i] == id) {
+                        return true;
+                    }
+                }
+                return false;
+            }
+            if (index == null) {
+                rebuild(size);
+            }
+            if (id == 0) {
+                return hasZero;
+            }
+            int mask = index.length - 1;
+            for (int cell = mix(id) & mask; index[cell] != 0; cell = (cell + 1) & mask) {
+                if (index[cell] == id) {
                     return true;
                 }
             }
@@ -64,6 +92,40 @@ final class KeyState {
                 ids = grown;
             }
             ids[size++] = id;
+            if (index != null) {
+                if (2 * size > index.length) {
+                    rebuild(size);
+                } else {
+                    insert(id);
+                }
+            }
+        }
+
+        private void rebuild(int n) {
+            int capacity = Integer.highestOneBit(Math.max(4 * n, 64) - 1) << 1;
+            index = new long[capacity];
+            hasZero = false;
+            for (int i = 0; i < n; i++) {
+                insert(ids[i]);
+            }
+        }
+
+        private void insert(long id) {
+            if (id == 0) {
+                hasZero = true;
+                return;
+            }
+            int mask = index.length - 1;
+            int cell = mix(id) & mask;
+            while (index[cell] != 0 && index[cell] != id) {
+                cell = (cell + 1) & mask;
+            }
+            index[cell] = id;
+        }
+
+        private static int mix(long id) {
+            long h = id * 0x9E3779B97F4A7C15L;
+            return (int) (h ^ (h >>> 32));
         }
     }
 
