@@ -19,6 +19,7 @@ from headwater.cli.events_import import import_cmd
 from headwater.cli.experiment import experiment
 from headwater.cli.freshness import freshness
 from headwater.cli.funnel import funnel
+from headwater.cli.ingest import ingest
 from headwater.cli.init import init
 from headwater.cli.labels import labels
 from headwater.cli.nearline import run_nearline
@@ -76,6 +77,7 @@ main.add_command(setup)
 events.add_command(import_cmd)  # history straight into a source's bronze table (Spark + Delta)
 main.add_command(events)
 main.add_command(online)
+main.add_command(ingest)  # the push API (issue 36)
 main.add_command(topics)
 main.add_command(check)
 main.add_command(plan)

@@ -1,0 +1,126 @@
+"""``headwater ingest serve``: the push API, a process of its own beside the ranking service.
+
+A separate process, not routes of ``headwater serve``: ingestion scales, restarts and is granted
+(the ``ingest`` role) apart from ranking, and a burst of pushed events never takes CPU from a
+ranking request. FastAPI and uvicorn are imported inside the command so ``headwater --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from headwater.cli.errors import HeadwaterGroup
+
+DEFAULT_PORT = 8090
+
+
+@click.group(cls=HeadwaterGroup)
+def ingest() -> None:
+    """Push any source's events over HTTP: checked, keyed and acknowledged like `events produce`.
+
+    `headwater ingest serve` answers POST /v1/sources/NAME/events (a JSON array, JSON Lines, or Avro
+    with X-Schema-Fp) with one result per event, and POST /push (a Feast push payload). Python
+    clients use headwater.client.IngestClient (batching, retries that count once).
+    """
+
+
+def _feast_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        push, sep, source = pair.partition("=")
+        if not sep or not push or not source:
+            msg = f"--feast-push {pair!r}: expected PUSH_SOURCE=SOURCE, e.g. payments_push=payments"
+            raise click.BadParameter(msg)
+        mapping[push] = source
+    return mapping
+
+
+@ingest.command(name="serve")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default)."
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--bootstrap", default=None, help="Kafka bootstrap [default: from HEADWATER_* settings].")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR, else headwater.yaml's].",
+)
+@click.option(
+    "--rejects-to",
+    type=click.Choice(["answer", "dlq"]),
+    default="answer",
+    show_default=True,
+    help="Rejected events: only in the answer, or also as dead letters on the DLQ topic.",
+)
+@click.option(
+    "--max-batch", type=click.IntRange(min=1), default=10_000, show_default=True, help="Events per request."
+)
+@click.option(
+    "--max-body-bytes", type=click.IntRange(min=1024), default=16 * 1024 * 1024, show_default=True,
+    help="A larger body gets 413.",
+)  # fmt: skip
+@click.option(
+    "--buffer", type=click.IntRange(min=1), default=200_000, show_default=True,
+    help="Records the producer holds unacknowledged; a batch that does not fit gets 429 with Retry-After.",
+)  # fmt: skip
+@click.option(
+    "--linger-ms", type=click.IntRange(min=0), default=5, show_default=True, help="Producer batching delay."
+)
+@click.option(
+    "--feast-push", multiple=True, metavar="PUSH=SOURCE",
+    help="Map a Feast push source to a headwater source for POST /push (repeatable; default: same name).",
+)  # fmt: skip
+@click.option(
+    "--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="warning",
+    show_default=True,
+)  # fmt: skip
+def serve_cmd(
+    host: str,
+    port: int,
+    bootstrap: str | None,
+    state_dir: Path | None,
+    rejects_to: str,
+    max_batch: int,
+    max_body_bytes: int,
+    buffer: int,
+    linger_ms: int,
+    feast_push: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Serve the push API for every source of the applied plan (restart it after `headwater apply`).
+
+    Each event is checked against its source's current schema and rules with the codec of `events
+    produce --from`, keyed by the source's key (murmur2) and sent with acks=all and idempotence;
+    the answer says per event accepted, or rejected with field and reason. Resending a batch with
+    the same event ids is safe: every tier counts an event id once.
+
+    Auth: no credential is checked yet (listen on loopback, or behind a gateway that checks the
+    `ingest` role); the service takes an `authorize(headers)` hook for it.
+    """
+    import uvicorn
+
+    from headwater.pipelines.events.sources import applied_sources
+    from headwater.pipelines.settings import Settings
+    from headwater.serving.ingest.core import IngestService
+    from headwater.serving.ingest.rest import ingest_app
+    from headwater.serving.ingest.sink import KafkaIngestSink
+
+    mapping = _feast_mapping(feast_push)
+    settings = Settings.from_env()
+    sources = {s.name: s for s in applied_sources(state_dir)}
+    unknown = sorted(set(mapping.values()) - set(sources))
+    if unknown:
+        known = ", ".join(sorted(sources))
+        msg = f"--feast-push names source(s) {', '.join(unknown)} not in the applied plan ({known})"
+        raise click.BadParameter(msg)
+    dlq = settings.dlq_topic if rejects_to == "dlq" else None
+    topics = sorted({s.topic for s in sources.values()} | ({dlq} if dlq else set()))
+    sink = KafkaIngestSink(bootstrap or settings.kafka_bootstrap, topics, buffer=buffer, linger_ms=linger_ms)
+    service = IngestService(sources, sink, dlq_topic=dlq, max_batch=max_batch)
+    app = ingest_app(service, max_body_bytes=max_body_bytes, feast_sources=mapping)
+    click.echo(f"push API on http://{host}:{port} for source(s) {', '.join(sorted(sources))}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
