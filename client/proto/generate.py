@@ -1,4 +1,4 @@
-"""Generate the Python code of ``headwater/v1/ranking.proto`` next to it (``make setup`` runs this).
+"""Generate the Python code of ``headwater/v1/*.proto`` next to them (``make setup`` runs this).
 
 grpcio-tools writes ``ranking_pb2.py``, ``ranking_pb2.pyi`` and ``ranking_pb2_grpc.py`` into
 ``client/proto/headwater/v1/`` (git-ignored). The generated ``_grpc`` module imports its messages
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROTOS = ("headwater/v1/ranking.proto",)
+PROTOS = ("headwater/v1/ranking.proto", "headwater/v1/ingest.proto")
 
 
 def generate() -> list[Path]:
