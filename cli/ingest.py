@@ -42,6 +42,10 @@ def _feast_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default)."
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--grpc-port", type=click.IntRange(1, 65535), default=None,
+    help="Also serve headwater.v1.Ingest/Ingest (client streaming, client/proto/headwater/v1/ingest.proto).",
+)  # fmt: skip
 @click.option("--bootstrap", default=None, help="Kafka bootstrap [default: from HEADWATER_* settings].")
 @click.option(
     "--state-dir",
@@ -81,6 +85,7 @@ def _feast_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 def serve_cmd(
     host: str,
     port: int,
+    grpc_port: int | None,
     bootstrap: str | None,
     state_dir: Path | None,
     rejects_to: str,
@@ -122,5 +127,15 @@ def serve_cmd(
     sink = KafkaIngestSink(bootstrap or settings.kafka_bootstrap, topics, buffer=buffer, linger_ms=linger_ms)
     service = IngestService(sources, sink, dlq_topic=dlq, max_batch=max_batch)
     app = ingest_app(service, max_body_bytes=max_body_bytes, feast_sources=mapping)
+    grpc = None
+    if grpc_port is not None:
+        from headwater.serving.ingest.grpc_adapter import grpc_server
+
+        grpc = grpc_server(service, host, grpc_port)
+        click.echo(f"push API over gRPC on {host}:{grpc_port}", err=True)
     click.echo(f"push API on http://{host}:{port} for source(s) {', '.join(sorted(sources))}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    finally:
+        if grpc is not None:
+            grpc.stop(1.0)

@@ -15,6 +15,7 @@ credential) raises :class:`IngestRequestError`; retries used up raise :class:`In
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -78,11 +79,15 @@ class IngestClient:
         timeout_s: the limit of one request, acknowledgements included.
         max_attempts: attempts per batch before :class:`IngestUnavailable`.
         backoff: the waits between attempts.
-        event_id_field: the field holding the event id; ``"auto"`` asks the service once, None
-            gives no ids (the source has none: a resent event may then count twice).
+        event_id_field: the field holding the event id; ``"auto"`` asks the service once (REST
+            only), None gives no ids (the events carry theirs, or the source has none: a resent
+            event may then count twice).
         headers: sent with every request (``Authorization`` for the ``ingest`` role).
         http: an ``httpx.Client`` to use (tests, shared pools); default: one of the client's own.
         sleep: how to wait (tests pass a fake).
+        seed: of the backoff's jitter.
+        protocol: ``rest`` (``url`` is ``http://host:port``) or ``grpc`` (``url`` is ``host:port`` of
+            ``ingest serve --grpc-port``: one client stream per attempt, ``message_events`` per message).
     """
 
     def __init__(
@@ -99,6 +104,8 @@ class IngestClient:
         http: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
         seed: int | None = None,
+        protocol: str = "rest",
+        message_events: int = 500,
     ) -> None:
         """Prepare; nothing is sent until :meth:`add`, :meth:`send` or :meth:`flush`."""
         if batch_size < 1 or max_attempts < 1:
@@ -118,6 +125,19 @@ class IngestClient:
         self._pending: list[dict[str, Any]] = []
         self._sleep = sleep
         self._rng = random.Random(seed)
+        if protocol not in ("rest", "grpc"):
+            msg = f"protocol {protocol!r}: use 'rest' (url http://host:port) or 'grpc' (url host:port)"
+            raise ValueError(msg)
+        self._grpc: _GrpcIngest | None = None
+        if protocol == "grpc":
+            if event_id_field == _AUTO:
+                msg = (
+                    "with protocol 'grpc' name the source's event id field (event_id_field='payment_id'), "
+                    "or None when the events carry their ids already or the source has none"
+                )
+                raise ValueError(msg)
+            metadata = [(k.lower(), v) for k, v in (headers or {}).items()]
+            self._grpc = _GrpcIngest(self.url, timeout_s, message_events, metadata)
 
     def __enter__(self) -> IngestClient:
         return self
@@ -168,6 +188,8 @@ class IngestClient:
         finally:
             if self._own_http:
                 self._http.close()
+            if self._grpc is not None:
+                self._grpc.close()
 
     def _with_id(self, event: Mapping[str, Any]) -> dict[str, Any]:
         copy = dict(event)
@@ -185,28 +207,22 @@ class IngestClient:
             if attempt:
                 self.stats.retries += 1
             retry_after: float | None = None
-            try:
-                reply = self._http.post(
-                    f"{self.url}/v1/sources/{self.source}/events",
-                    json=[batch[i] for i in waiting],
-                    headers=self._headers,
-                )
-                self.stats.requests += 1
-            except httpx.HTTPError as exc:  # unreachable, reset, timed out: nothing known, resend all
-                last = f"{type(exc).__name__}: {exc}"
+            reply = self._call([batch[i] for i in waiting])
+            if isinstance(reply, str):  # unreachable, reset, timed out: nothing known, resend all
+                last = reply
             else:
-                body = _json(reply)
-                results = body.get("results") if isinstance(body, dict) else None
+                self.stats.requests += 1
+                results = reply.body.get("results") if isinstance(reply.body, dict) else None
                 if isinstance(results, list) and len(results) == len(waiting):
                     waiting = self._record(batch, waiting, results, outcomes)
                     if not waiting:
                         break
                     last = f"{len(waiting)} event(s) not acknowledged by the broker"
-                elif reply.status_code in RETRYABLE:
-                    last = f"{reply.status_code}: {_detail(reply)}"
+                elif reply.status in RETRYABLE:
+                    last = f"{reply.status}: {reply.detail}"
                 else:
-                    raise IngestRequestError(reply.status_code, _detail(reply))
-                retry_after = _retry_after(reply)
+                    raise IngestRequestError(reply.status, reply.detail)
+                retry_after = reply.retry_after_s
             if attempt + 1 < self.max_attempts:
                 if retry_after is not None and retry_after > self.backoff.max_retry_after_s:
                     break
@@ -221,6 +237,18 @@ class IngestClient:
             )
             raise IngestUnavailable(msg)
         return [outcomes[i] for i in range(len(batch))]
+
+    def _call(self, events: list[dict[str, Any]]) -> _Reply | str:
+        """Send one attempt over the client's protocol; its reply, or why there was none."""
+        if self._grpc is not None:
+            return self._grpc.call(self.source, events)
+        try:
+            reply = self._http.post(
+                f"{self.url}/v1/sources/{self.source}/events", json=events, headers=self._headers
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return _Reply(reply.status_code, _json(reply), _detail(reply), _retry_after(reply))
 
     def _record(
         self,
@@ -244,6 +272,77 @@ class IngestClient:
             else:
                 again.append(position)
         return again
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One attempt's answer in REST's terms, whichever protocol carried it."""
+
+    status: int
+    body: Any
+    detail: str
+    retry_after_s: float | None
+
+
+_GRPC_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "RESOURCE_EXHAUSTED": 429,
+}
+"""gRPC's codes -> REST's statuses (as ``headwater.serving.ingest.grpc_adapter`` maps them)."""
+
+
+class _GrpcIngest:
+    """``headwater.v1.Ingest/Ingest``: one stream per attempt, batches of ``message_events`` JSON arrays."""
+
+    def __init__(
+        self, target: str, timeout_s: float, message_events: int, metadata: list[tuple[str, str]]
+    ) -> None:
+        import grpc
+
+        from headwater.client.proto.headwater.v1 import ingest_pb2, ingest_pb2_grpc
+
+        self._grpc = grpc
+        self._pb = ingest_pb2
+        self._channel = grpc.insecure_channel(target)
+        self._stub = ingest_pb2_grpc.IngestStub(self._channel)  # type: ignore[no-untyped-call]
+        self._timeout_s = timeout_s
+        self._message_events = message_events
+        self._metadata = metadata
+
+    def call(self, source: str, events: list[dict[str, Any]]) -> _Reply | str:
+        """Stream ``events``; the reply with one result per event (accepted ones filled in), or why none."""
+        step = self._message_events
+        messages = (
+            self._pb.IngestBatch(source=source, body=json.dumps(events[i : i + step]).encode())
+            for i in range(0, len(events), step)
+        )
+        grpc = self._grpc
+        try:
+            answer = self._stub.Ingest(messages, timeout=self._timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code.name not in _GRPC_STATUS:
+                return f"gRPC {code.name}: {exc.details()}"
+            trailing = dict(exc.trailing_metadata() or ())
+            wait = trailing.get("retry-after-ms")
+            retry_after = int(wait) / 1000 if isinstance(wait, str) and wait.isdigit() else None
+            return _Reply(_GRPC_STATUS[code.name], None, exc.details(), retry_after)
+        results: list[dict[str, Any]] = [{"status": "accepted"} for _ in events]
+        for r in answer.results:
+            results[r.index] = {
+                "status": r.status,
+                "field": r.field or None,
+                "reason": r.reason,
+                "code": r.code,
+            }
+        return _Reply(503 if answer.failed else 200, {"results": results}, "", None)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
 
 
 def _json(reply: httpx.Response) -> Any:

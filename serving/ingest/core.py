@@ -197,6 +197,18 @@ class IngestStats:
             return {k: v for k, v in vars(self).items() if k != "lock"}
 
 
+@dataclass
+class Submission:
+    """A batch checked and queued (:meth:`IngestService.submit`), its acknowledgements still to come."""
+
+    source: PlanSource
+    results: list[EventResult | None]
+    """The rejects so far, by index; None where the acknowledgement is pending."""
+    pending: list[tuple[int, Future[None]]]
+    deadline: float
+    """Monotonic time after which an unacknowledged event is answered ``failed``."""
+
+
 class IngestService:
     """Check, key and send pushed events of any applied source; one answer per event (see the module).
 
@@ -300,8 +312,15 @@ class IngestService:
             BatchTooLarge: more than ``max_batch`` rows.
             BufferFull: the sink has no room for the batch (nothing was sent).
         """
-        # Step 1: authorise
-        self.check_access(headers or {})
+        self.check_access(headers or {})  # Step 1
+        return self.finish(self.submit(source_name, rows))
+
+    def submit(self, source_name: str, rows: Sequence[Any]) -> Submission:
+        """Check and queue a batch (steps 2 and 3 of :meth:`accept`, no auth); :meth:`finish` waits for acks.
+
+        A stream (gRPC) submits each batch as it arrives and finishes them later, so checking the
+        next batch overlaps the broker's acknowledgement of this one.
+        """
         # Step 2: the source, the batch's size, the sink's room
         source = self.source(source_name)
         if len(rows) > self.max_batch:
@@ -314,25 +333,30 @@ class IngestService:
             raise BufferFull(msg, self.retry_after_s)
         # Step 3: check and queue each row
         checker = self._checker(source)
-        codec = checker.codec
-        headers_now = codec.headers()
-        results: list[EventResult | None] = [None] * len(rows)
-        pending: list[tuple[int, Future[None]]] = []
+        headers_now = checker.codec.headers()
+        submission = Submission(source, [None] * len(rows), [], time.monotonic() + self.ack_timeout_s)
         for index, row in enumerate(rows):
             file_row = row if isinstance(row, FileRow) else FileRow(index, row)
             checked = check_row(checker, file_row)
             if isinstance(checked, Reject):
-                code = checked.code or (
-                    Reason.CORRUPT_PAYLOAD if checked.row is None else Reason.INVALID_FIELD
+                code = str(
+                    checked.code or (Reason.CORRUPT_PAYLOAD if checked.row is None else Reason.INVALID_FIELD)
                 )
-                results[index] = EventResult(index, "rejected", checked.field, checked.reason, str(code))
-                self._dead_letter(source, index, checked, str(code))
+                submission.results[index] = EventResult(
+                    index, "rejected", checked.field, checked.reason, code
+                )
+                self._dead_letter(source, index, checked, code)
                 continue
-            pending.append((index, self.sink.send(source.topic, checked.value, checked.key, headers_now)))
-        # Step 4: wait for the acknowledgements
-        deadline = time.monotonic() + self.ack_timeout_s
-        for index, future in pending:
-            results[index] = _acknowledged(index, future, deadline)
+            future = self.sink.send(source.topic, checked.value, checked.key, headers_now)
+            submission.pending.append((index, future))
+        return submission
+
+    def finish(self, submission: Submission) -> IngestAnswer:
+        """Wait (step 4 of :meth:`accept`, until the submission's deadline) for its acknowledgements."""
+        results = submission.results
+        for index, future in submission.pending:
+            results[index] = _acknowledged(index, future, submission.deadline)
+        source = submission.source
         answer = IngestAnswer(source.name, [r for r in results if r is not None], source.event_id is not None)
         with self.stats.lock:
             self.stats.batches += 1

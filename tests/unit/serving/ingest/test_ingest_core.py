@@ -65,7 +65,7 @@ def test_accepts_and_keys_like_the_producer(sources: dict[str, PlanSource]) -> N
     assert [r[2] for r in sink.records] == [b"a1", b"a2"]
     decoded = codec.decode(sink.records[0][1], sink.records[0][3])
     assert not hasattr(decoded, "reason")
-    assert decoded.event["payment_id"] == "p1"  # type: ignore[union-attr]
+    assert decoded.event["payment_id"] == "p1"
     assert dict(sink.records[0][3])[HEADER_SCHEMA_FP] == codec.fingerprint_header
 
 
