@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -218,20 +219,31 @@ def _with_data(views: list[PlanView], bronze: BronzeTables, named: bool) -> list
     A view the user named (``--view``) is not dropped: its run fails with the reason. When every
     view would be dropped the command fails too: nothing to compute is not a success.
     """
-    from headwater.pipelines.offline.job import NoBronzeError, skip_warning
-
     if named:
         return views
+
+    def has_data(view: PlanView) -> bool:  # an unknown source is kept: it fails in the run with its reason
+        return bronze.has_data(view.source) or view.source not in bronze.sources
+
+    fix = "with `headwater run landing` (or `headwater events import --source NAME`)"
+    return _keep(views, has_data, "no view has data to compute", fix)
+
+
+def _keep(
+    views: list[PlanView], has_data: Callable[[PlanView], bool], nothing: str, fix: str
+) -> list[PlanView]:
+    """Return the views ``has_data`` keeps, warning of each other one; raise NoBronzeError if none is left."""
+    from headwater.pipelines.offline.job import NoBronzeError, skip_warning
+
     kept = []
     for view in views:
-        if bronze.has_data(view.source) or view.source not in bronze.sources:
-            kept.append(view)  # an unknown source fails below with its own message
+        if has_data(view):
+            kept.append(view)
         else:
             click.echo(skip_warning(view.name, view.source), err=True)
     if views and not kept:
         sources = sorted({v.source for v in views})
-        msg = (f"no view has data to compute: no bronze table for source(s) {sources}; land events first"
-               " with `headwater run landing` (or `headwater events import --source NAME`)")  # fmt: skip
+        msg = f"{nothing}: no bronze table for source(s) {sources}; land events first {fix}"
         raise NoBronzeError(msg, sources[0])
     return kept
 
@@ -336,21 +348,13 @@ def _materializable(views: list[PlanView], root: Path) -> list[PlanView]:
 
     A view whose source has data but no feature table still fails (run ``headwater run offline``).
     """
-    from headwater.pipelines.offline.job import NoBronzeError, skip_warning
     from headwater.pipelines.offline.lake import bronze_path, feature_path, is_delta_table
 
-    kept = []
-    for view in views:
-        if is_delta_table(feature_path(root, view.name)) or is_delta_table(bronze_path(root, view.source)):
-            kept.append(view)
-        else:
-            click.echo(skip_warning(view.name, view.source), err=True)
-    if views and not kept:
-        sources = sorted({v.source for v in views})
-        msg = (f"no view to materialize: no bronze table for source(s) {sources}; land events first"
-               " with `headwater run landing`, then `headwater run offline`")  # fmt: skip
-        raise NoBronzeError(msg, sources[0])
-    return kept
+    def has_data(view: PlanView) -> bool:
+        return is_delta_table(feature_path(root, view.name)) or is_delta_table(bronze_path(root, view.source))
+
+    fix = "with `headwater run landing`, then `headwater run offline`"
+    return _keep(views, has_data, "no view to materialize", fix)
 
 
 @click.command("consistency", cls=HeadwaterCommand)
