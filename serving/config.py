@@ -17,6 +17,7 @@ from headwater.registry.yamlsrc import YamlSyntaxError, parse_yaml
 from headwater.serving.experiments import ExperimentConfig
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.recording import RecordingConfig
+from headwater.serving.served import FeedbackTrustConfig
 from headwater.serving.skew import PredictionLogConfig
 
 DEFAULT_POPULARITY = "item_popularity_offline.item_clicks_1d"
@@ -66,6 +67,8 @@ class FeedbackConfig(BaseModel):
     linger_ms: int = Field(default=5, ge=0, le=1000)
     reconnect_s: float = Field(default=2.0, gt=0.0)
     """Pause between attempts to reach a Kafka that is down."""
+    trust: FeedbackTrustConfig = FeedbackTrustConfig()
+    """Which feedback is accepted: items served to the user (the served ledger's bounds), in the catalog."""
 
 
 class ClassQuota(BaseModel):

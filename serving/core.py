@@ -38,9 +38,9 @@ from headwater.serving.feedback import (
     FeedbackProducer,
     FeedbackRefused,
     IdempotencyKeys,
+    check_feedback,
     impressions,
     new_request_id,
-    receive_feedback,
 )
 from headwater.serving.fetch import FeatureFetcher, ItemVectorCache
 from headwater.serving.funnel.stages import Funnel, FunnelMetrics, FunnelParts, RecommendQuery
@@ -62,6 +62,7 @@ from headwater.serving.schemas import (
     RequestOptions,
     StageAnswer,
 )
+from headwater.serving.served import FeedbackGate, ItemCatalog, ServedLedger, found_items
 from headwater.serving.skew import PredictionLog, prediction_record
 from headwater.serving.store import FeatureReader, ReadPool, now_ms
 from headwater.serving.telemetry import Telemetry
@@ -227,6 +228,10 @@ class RankingService:
         edge = parts.config.edge
         self.ledger = ImpressionLedger(edge.request_id_ttl_s, edge.request_id_entries)
         """The callers' request ids answered lately: a retry of one logs its impressions once."""
+        trust = parts.config.feedback.trust  # feedback only for items served to the user, in the catalog
+        catalog = ItemCatalog(parts.engines.reader, parts.registry.item.layouts, parts.io, parts.mirror)
+        self.gate = FeedbackGate(ServedLedger.of(trust), catalog, trust.allow_unsolicited)
+        """What each user was served lately, and the checks a feedback post passes (serving/served.py)."""
         self.servers: list[Server] = [parts.arms]  # the experiment's engines: before any other server
         """Run with :meth:`start` and :meth:`stop`, in this order (an adapter adds its server here)."""
         for extra in (parts.recorder, parts.predictions, parts.funnel):  # the funnel: its refresh thread
@@ -296,6 +301,9 @@ class RankingService:
         async with p.admission.slot(admitted):
             ranked = await self._ranked(routed.engine, query)
         answer = rank_answer(ranked, request_id, routed.arm)
+        if body.log_impressions:
+            known = found_items(body.candidates, ranked.features)  # in an item view: no read at feedback
+            self.gate.served(body.user_id, request_id, [item for item, _ in ranked.items], known)
         if body.log_impressions and (not given or self.ledger.first(body.user_id, request_id)):
             self._shown(body, ranked, answer, routed.arm, arrived_ms)
         if recording and p.recorder is not None:
@@ -363,6 +371,8 @@ class RankingService:
                 self.telemetry.rejected.labels("queue_full").inc()
                 raise
         shown = [item for item, _, _ in got.items]
+        if body.log_impressions:
+            self.gate.served(body.user_id, request_id, shown)
         if body.log_impressions and shown and (not given or self.ledger.first(body.user_id, request_id)):
             p.funnel.recent.served(body.user_id, shown, arrived_ms)
             if p.feedback is not None:
@@ -378,16 +388,22 @@ class RankingService:
             "request_id": request_id,
         }
 
-    async def feedback(self, body: FeedbackRequest, idempotency_key: str | None = None) -> FeedbackAnswer:
+    async def feedback(
+        self, body: FeedbackRequest, idempotency_key: str | None = None, unsolicited_allowed: bool = False
+    ) -> FeedbackAnswer:
         """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka.
 
         ``idempotency_key``: the protocol's key (a header), the same as the body's field. A retry with
         the same key produces the same event (``headwater.serving.feedback``). Raises
-        :class:`FeedbackRefused` for a post that cannot be accepted.
+        :class:`FeedbackRefused` for a post that cannot be accepted, :class:`FeedbackUntrusted` (409)
+        for an item not served to the user (unless ``unsolicited_allowed``: the caller's identity
+        may post events for items it was not served) or not in the catalog (:attr:`gate`).
         """
         p = self.parts
         try:
-            got = receive_feedback(body, idempotency_key, p.keys, now_ms())
+            checked = check_feedback(body, idempotency_key, p.keys, now_ms())
+            await self.gate.check(body.user_id, body.item_id, body.request_id, unsolicited_allowed)
+            got = checked.accept()
         except FeedbackRefused:
             self.count_invalid()
             raise

@@ -675,6 +675,9 @@ HEADER, KEY_FIELD, TIME_FIELD, BODY = "Idempotency-Key", "idempotency_key", "eve
 class FeedbackRefused(HeadwaterError, ValueError):
     """A feedback post that cannot be accepted; ``field`` names the offending field."""
 
+    status = 422
+    """The HTTP status of the refusal (a subclass may answer another)."""
+
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
@@ -789,10 +792,42 @@ def _fingerprint(body: FeedbackRequest) -> str:
     return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A feedback post that passed :func:`check_feedback`; :meth:`accept` remembers its key."""
+
+    receipt: Receipt
+    keys: IdempotencyKeys
+    user_id: str
+    key: str | None
+    fingerprint: str
+
+    def accept(self) -> Receipt:
+        """Remember the post's key (a first post with one) and return its receipt."""
+        event = self.receipt.event
+        if self.key is not None and not self.receipt.replayed:
+            at = event["event_time"]
+            self.keys.remember(self.user_id, self.key, self.fingerprint, event["event_id"], at)
+        return self.receipt
+
+
 def receive_feedback(
     body: FeedbackRequest, header_key: str | None, keys: IdempotencyKeys, now: int
 ) -> Receipt:
     """Return the event of a feedback post (see the module docstring for the idempotency contract).
+
+    :func:`check_feedback` then :meth:`Checked.accept`; a caller with a check of its own between
+    the two (the service's :class:`~headwater.serving.served.FeedbackGate`) calls them itself, so a
+    post it refuses leaves no key behind.
+
+    Raises:
+        FeedbackRefused: a bad key, a key reused for another feedback, an event time out of bounds.
+    """
+    return check_feedback(body, header_key, keys, now).accept()
+
+
+def check_feedback(body: FeedbackRequest, header_key: str | None, keys: IdempotencyKeys, now: int) -> Checked:
+    """Return the event a feedback post makes, checked, with its key not yet remembered.
 
     Raises:
         FeedbackRefused: a bad key, a key reused for another feedback, an event time out of bounds.
@@ -822,10 +857,9 @@ def receive_feedback(
         )  # fmt: skip
     except ValueError as exc:
         raise FeedbackRefused(BODY, str(exc)) from None
-    if key is not None and first is None:
-        keys.remember(body.user_id, key, fingerprint, event_id, at)
     fresh = at >= now - MAX_FEEDBACK_AGE_S * 1000
-    return Receipt(event, replayed=first is not None, send=first is None or fresh)
+    receipt = Receipt(event, replayed=first is not None, send=first is None or fresh)
+    return Checked(receipt, keys, body.user_id, key, fingerprint)
 
 
 def feedback_time_problem(at_ms: int, now: int) -> str | None:

@@ -186,6 +186,11 @@ class ItemMirror:
                 self.version += 1
         return gone
 
+    def holds(self, item_id: str) -> bool:
+        """Return whether the mirror holds ``item_id`` (it was in an item view at the last refresh)."""
+        with self._lock:
+            return item_id in self._slots.row
+
     def lookup(self, ids: Sequence[str], at_ms: int | None = None) -> MirrorLookup | None:
         """Return the candidates' rows of the views served from memory now; None when no view is."""
         now = now_ms() if at_ms is None else at_ms

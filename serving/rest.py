@@ -299,6 +299,10 @@ _RECOMMEND_REFUSED: dict[int | str, dict[str, Any]] = {
     429: {"model": ErrorResponse, "description": "Over quota or the scoring queue is full; retry"},
     404: {"model": ErrorResponse, "description": "The service runs without the funnel"},
 }
+_FEEDBACK_REFUSED: dict[int | str, dict[str, Any]] = {
+    **REFUSED,
+    409: {"model": ErrorResponse, "description": "The item was not served to the user, or is unknown"},
+}
 _FORMS: dict[str, type[BaseModel]] = {"/v1/feedback": FeedbackRequest, "/v1/recommend": RecommendRequest}
 """The body model of each POST path whose 422 names its fields (any other path: ``RankRequest``'s)."""
 
@@ -307,7 +311,8 @@ def refused(exc: Throttled | QueueFullError | FunnelOff | FeedbackRefused) -> Re
     """Return the HTTP answer of a refusal the core raised (:data:`headwater.serving.core.REFUSALS`).
 
     429 with ``Retry-After``: the user's class is over its quota, or the batcher's queue is full;
-    404: recommend on a service without the funnel; 422: a feedback post that cannot be accepted.
+    404: recommend on a service without the funnel; a feedback post that cannot be accepted: its
+    ``status`` (422 invalid, 409 an item not served, not in the catalog, or not checkable now).
     """
     if isinstance(exc, Throttled):
         detail = {"detail": str(exc), "errors": [], "user_class": exc.user_class}
@@ -325,7 +330,7 @@ def refused(exc: Throttled | QueueFullError | FunnelOff | FeedbackRefused) -> Re
     if isinstance(exc, FunnelOff):
         return FastJSON({"detail": str(exc), "errors": []}, status_code=404)
     errors = [{"field": exc.field, "message": exc.message}]
-    return FastJSON({"detail": f"invalid feedback: {exc}", "errors": errors}, status_code=422)
+    return FastJSON({"detail": f"invalid feedback: {exc}", "errors": errors}, status_code=exc.status)
 
 
 _ID_HELP = (
@@ -477,7 +482,7 @@ def rest_app(
     )  # fmt: skip
     app.add_api_route(
         "/v1/feedback", routes.post_feedback, methods=["POST"], response_model=FeedbackResponse,
-        status_code=202, responses=REFUSED,
+        status_code=202, responses=_FEEDBACK_REFUSED,
     )  # fmt: skip
     app.add_api_route("/health", routes.health, methods=["GET"], response_model=HealthResponse)
     app.add_api_route("/metrics", routes.metrics, methods=["GET"], response_class=Response)

@@ -27,11 +27,11 @@ The steps of one batch (:meth:`IngestService.accept`):
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -44,6 +44,7 @@ from headwater.registry.plans import PlanSource
 
 Status = Literal["accepted", "rejected", "failed"]
 Headers = Mapping[str, str]
+OnDone = Callable[[BaseException | None], None]
 Authorize = Callable[[Headers], None]
 """The auth hook: raises :class:`NotAuthorized` (401/403) for a caller without the ``ingest`` role."""
 
@@ -104,9 +105,12 @@ class IngestSink(Protocol):
     """Where checked events go: a Kafka producer (:class:`~headwater.serving.ingest.sink.KafkaIngestSink`)."""
 
     def send(
-        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> Future[None]:
-        """Queue one record; the future is done when the broker acknowledged it (or failed)."""
+        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]], on_done: OnDone
+    ) -> None:
+        """Queue one record; ``on_done(None)`` once the broker acknowledged it, ``on_done(error)`` if not.
+
+        ``on_done`` may run in another thread (the producer's), or at once (the record was refused).
+        """
         ...
 
     def room(self) -> int:
@@ -204,7 +208,7 @@ class Submission:
     source: PlanSource
     results: list[EventResult | None]
     """The rejects so far, by index; None where the acknowledgement is pending."""
-    pending: list[tuple[int, Future[None]]]
+    acks: Acks
     deadline: float
     """Monotonic time after which an unacknowledged event is answered ``failed``."""
 
@@ -334,7 +338,8 @@ class IngestService:
         # Step 3: check and queue each row
         checker = self._checker(source)
         headers_now = checker.codec.headers()
-        submission = Submission(source, [None] * len(rows), [], time.monotonic() + self.ack_timeout_s)
+        acks = Acks()
+        submission = Submission(source, [None] * len(rows), acks, time.monotonic() + self.ack_timeout_s)
         for index, row in enumerate(rows):
             file_row = row if isinstance(row, FileRow) else FileRow(index, row)
             checked = check_row(checker, file_row)
@@ -347,15 +352,25 @@ class IngestService:
                 )
                 self._dead_letter(source, index, checked, code)
                 continue
-            future = self.sink.send(source.topic, checked.value, checked.key, headers_now)
-            submission.pending.append((index, future))
+            self.sink.send(source.topic, checked.value, checked.key, headers_now, acks.expect(index))
+        acks.sealed()
         return submission
 
     def finish(self, submission: Submission) -> IngestAnswer:
         """Wait (step 4 of :meth:`accept`, until the submission's deadline) for its acknowledgements."""
         results = submission.results
-        for index, future in submission.pending:
-            results[index] = _acknowledged(index, future, submission.deadline)
+        acks = submission.acks
+        acks.wait(max(0.0, submission.deadline - time.monotonic()))
+        late = "the broker did not acknowledge it in time; retry"
+        with acks.lock:  # a callback after the deadline changes nothing now
+            for index in acks.indexes:
+                if index not in acks.answered:
+                    results[index] = EventResult(index, "failed", None, late, "timeout")
+                elif (error := acks.answered[index]) is not None:
+                    reason = f"not written: {error}; retry"
+                    results[index] = EventResult(index, "failed", None, reason, "delivery_failed")
+                else:
+                    results[index] = EventResult(index, "accepted")
         source = submission.source
         answer = IngestAnswer(source.name, [r for r in results if r is not None], source.event_id is not None)
         with self.stats.lock:
@@ -398,25 +413,49 @@ class IngestService:
             failed_at_ms=time.time_ns() // 1_000_000,
             original_headers=[("source-api", b"/v1/sources/" + source.name.encode("utf-8") + b"/events")],
         )
-        future = self.sink.send(self.dlq_topic, value, None, letter.kafka_headers())
-        future.add_done_callback(self._dead_letter_done)
+        self.sink.send(self.dlq_topic, value, None, letter.kafka_headers(), self._dead_letter_done)
 
-    def _dead_letter_done(self, future: Future[None]) -> None:
+    def _dead_letter_done(self, error: BaseException | None) -> None:
         with self.stats.lock:
-            if future.exception() is None:
+            if error is None:
                 self.stats.dead_letters += 1
             else:
                 self.stats.dead_letters_lost += 1
 
 
-def _acknowledged(index: int, future: Future[None], deadline: float) -> EventResult:
-    """Wait for one record's acknowledgement until ``deadline``; its result."""
-    try:
-        future.result(timeout=max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        return EventResult(
-            index, "failed", None, "the broker did not acknowledge it in time; retry", "timeout"
-        )
-    except Exception as exc:  # a delivery error of the Kafka client: the event was not written
-        return EventResult(index, "failed", None, f"not written: {exc}; retry", "delivery_failed")
-    return EventResult(index, "accepted")
+class Acks:
+    """The acknowledgements of one batch: one callback per record, one wait for them all.
+
+    Cheaper than a ``Future`` per record (each holds a condition): a lock-guarded count and one event.
+    """
+
+    def __init__(self) -> None:
+        self.indexes: list[int] = []
+        self.answered: dict[int, BaseException | None] = {}
+        """Index -> None (acknowledged) or the error, for every record the producer answered."""
+        self.lock = threading.Lock()
+        self._left = 1  # the seal: the batch is complete only after sealed()
+        self._all = threading.Event()
+
+    def expect(self, index: int) -> OnDone:
+        """Return the callback of the record at ``index``."""
+        self.indexes.append(index)
+        with self.lock:
+            self._left += 1
+        return functools.partial(self._done, index)
+
+    def sealed(self) -> None:
+        """No more records: the wait ends when the ones expected are done."""
+        self._done(None, None)
+
+    def _done(self, index: int | None, error: BaseException | None) -> None:
+        with self.lock:
+            if index is not None:
+                self.answered[index] = error
+            self._left -= 1
+            if self._left == 0:
+                self._all.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait until every expected record is done; False if ``timeout_s`` passed first."""
+        return self._all.wait(timeout_s)

@@ -12,18 +12,18 @@ in C, which is what lets one process take tens of thousands of events a second
 - ``queue.buffering.max.messages``: the buffer whose room :meth:`KafkaIngestSink.room` reports; a batch
   that does not fit is answered 429 instead of blocking the request.
 
-One thread polls the producer, which runs the delivery callbacks that complete the futures.
+One thread polls the producer, which runs the delivery callbacks (the core's per-batch acks).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future
 from typing import Any
 
 from headwater.pipelines import kafka as kafka_clients
 from headwater.registry.errors import HeadwaterError
+from headwater.serving.ingest.core import OnDone
 
 DEFAULT_BUFFER = 200_000
 """Records the producer holds before a batch is refused with 429."""
@@ -33,6 +33,18 @@ _LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)  # a line per failed connect, many a 
 
 class SinkError(HeadwaterError, ConnectionError):
     """Kafka cannot be reached or a topic is missing; the message says which and what to do."""
+
+
+class _Delivered:
+    """librdkafka's delivery callback ``(err, msg)`` -> the core's ``on_done(error | None)``."""
+
+    __slots__ = ("on_done",)
+
+    def __init__(self, on_done: OnDone) -> None:
+        self.on_done = on_done
+
+    def __call__(self, err: Any, _msg: Any) -> None:
+        self.on_done(None if err is None else ConnectionError(str(err)))
 
 
 class KafkaIngestSink:
@@ -91,27 +103,18 @@ class KafkaIngestSink:
         self._poller.start()
 
     def send(
-        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> Future[None]:
-        """Queue one record; the future completes on the broker's acknowledgement.
+        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]], on_done: OnDone
+    ) -> None:
+        """Queue one record; ``on_done`` runs in the poll thread on the broker's answer.
 
-        A full local queue fails the future at once (``BufferError``): the core's room check makes it
+        A full local queue calls ``on_done`` at once with ``BufferError``: the core's room check makes it
         rare (two requests racing for the last room).
         """
-        future: Future[None] = Future()
-
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is None:
-                future.set_result(None)
-            else:
-                future.set_exception(ConnectionError(str(err)))
-
         pairs: list[tuple[str, str | bytes | None]] = list(headers)
         try:
-            self._producer.produce(topic, value, key, on_delivery=delivered, headers=pairs)
+            self._producer.produce(topic, value, key, on_delivery=_Delivered(on_done), headers=pairs)
         except BufferError:
-            future.set_exception(BufferError("the producer's buffer is full"))
-        return future
+            on_done(BufferError("the producer's buffer is full"))
 
     def room(self) -> int:
         """Return how many records can still be queued (the buffer less what librdkafka holds)."""
@@ -144,17 +147,15 @@ class MemorySink:
         self._lock = threading.Lock()
 
     def send(
-        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> Future[None]:
-        """Keep the record; its future is done at once (failed for a topic in ``failing``)."""
-        future: Future[None] = Future()
+        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]], on_done: OnDone
+    ) -> None:
+        """Keep the record and call ``on_done`` at once (with an error for a topic in ``failing``)."""
         if topic in self.failing:
-            future.set_exception(ConnectionError(f"topic {topic} is failing (MemorySink)"))
-            return future
+            on_done(ConnectionError(f"topic {topic} is failing (MemorySink)"))
+            return
         with self._lock:
             self.records.append((topic, value, key, headers))
-        future.set_result(None)
-        return future
+        on_done(None)
 
     def room(self) -> int:
         """Return the room set by the test."""

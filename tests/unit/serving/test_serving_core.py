@@ -80,7 +80,9 @@ def test_core_answers_every_call_without_a_protocol() -> None:
             rank = await service.rank(RankRequest(user_id="u1", candidates=ITEMS, k=2, log_impressions=False))
             recommend = await service.recommend(RecommendRequest(user_id="u1", k=3, log_impressions=False))
             click = FeedbackRequest(user_id="u1", item_id="i1", event_type="click", idempotency_key="k1")
-            first, again = await service.feedback(click), await service.feedback(click)
+            # i1 was not served (log_impressions false): a caller allowed unsolicited events
+            first = await service.feedback(click, unsolicited_allowed=True)
+            again = await service.feedback(click, unsolicited_allowed=True)
             return rank, recommend, first, again, await service.health()
         finally:
             await service.stop()

@@ -14,9 +14,10 @@ from kafka.errors import KafkaTimeoutError
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
 from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
-from headwater.serving.config import ServingConfig
+from headwater.serving.config import FeedbackConfig, ServingConfig
 from headwater.serving.feedback import EventSink, FeedbackProducer, impression_events
 from headwater.serving.runtime import LoadedModels
+from headwater.serving.served import FeedbackTrustConfig
 from headwater.serving.store import InMemoryFeatureStore, now_ms
 
 REGISTRY = small_registry({"u": ["a"]}, {"i": ["x"]}, "i.x")
@@ -140,12 +141,14 @@ def test_unacknowledged_records_count_as_failed() -> None:
     assert producer.counters.sent == 0
 
 
-def client(sink: FakeSink | None) -> TestClient:
+def client(sink: FakeSink | None, allow_unsolicited: bool = False) -> TestClient:
+    """The app over items i1 and i2; ``allow_unsolicited``: feedback for items never served is accepted."""
     store = InMemoryFeatureStore()
     store.write(REGISTRY.item.layouts[0], ["i1", "i2"], np.array([[1.0], [5.0]], np.float32), now_ms())
     producer = FeedbackProducer("events-test", lambda: sink) if sink is not None else None
     loaded = LoadedModels(None, None, None, None, "cpu")
-    return TestClient(create_app(ServingConfig(), REGISTRY, store, loaded, producer))
+    trust = FeedbackConfig(trust=FeedbackTrustConfig(allow_unsolicited=allow_unsolicited))
+    return TestClient(create_app(ServingConfig(feedback=trust), REGISTRY, store, loaded, producer))
 
 
 def test_rank_sends_its_top_k_as_impressions_with_the_request_id() -> None:
@@ -172,17 +175,23 @@ def test_rank_sends_its_top_k_as_impressions_with_the_request_id() -> None:
 def test_feedback_click_is_produced_with_the_ranking_session_and_position() -> None:
     sink = FakeSink()
     with client(sink) as c:
+        ranked = c.post(
+            "/v1/rank",
+            json={"user_id": "u1", "candidates": ["i1", "i2"], "k": 2},
+            headers={"X-Request-Id": "r42"},
+        )
+        assert ranked.json()["items"][0]["item_id"] == "i2"
         before = now_ms()
         response = c.post(
             "/v1/feedback",
             json={"user_id": "u1", "item_id": "i2", "event_type": "click", "request_id": "r42", "position": 1,
                   "category": "music"},
         )  # fmt: skip
-        wait_for(lambda: len(sink.records) == 1)
+        wait_for(lambda: len(sink.records) == 3)  # the ranking's 2 impressions, the click
     assert response.status_code == 202
     body = response.json()
     assert body["queued"] is True
-    (event,) = [d.event for d in decoded(sink)]
+    (event,) = [d.event for d in decoded(sink) if d.event["event_type"] == "click"]
     assert event["event_id"] == body["event_id"]
     assert (event["event_type"], event["item_id"], event["session_id"], event["position"]) == (
         "click",
@@ -230,6 +239,7 @@ def test_kafka_down_rank_and_feedback_still_answer() -> None:
 
     producer = FeedbackProducer("t", down, max_buffer=2, reconnect_s=0.05)
     store = InMemoryFeatureStore()
+    store.write(REGISTRY.item.layouts[0], ["i1", "i2"], np.array([[1.0], [5.0]], np.float32), now_ms())
     loaded = LoadedModels(None, None, None, None, "cpu")
     with TestClient(create_app(ServingConfig(), REGISTRY, store, loaded, producer)) as c:
         ranked = c.post("/v1/rank", json={"user_id": "u1", "candidates": ["i1", "i2"], "k": 2})

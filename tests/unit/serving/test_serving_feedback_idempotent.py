@@ -37,6 +37,7 @@ fb = importlib.util.module_from_spec(_spec)
 sys.modules["fb_units"] = fb
 _spec.loader.exec_module(fb)
 
+# These posts stand for a trusted caller's (allow_unsolicited): the items are in the catalog, never served.
 CLICK = {"user_id": "u1", "item_id": "i2", "event_type": "click", "request_id": "r42", "position": 1}
 
 
@@ -47,7 +48,7 @@ def _post(c: TestClient, body: dict[str, Any], key: str | None = None) -> Any:
 
 def test_a_retry_without_event_time_produces_the_same_event_bytes() -> None:
     sink = fb.FakeSink()
-    with fb.client(sink) as c:
+    with fb.client(sink, allow_unsolicited=True) as c:
         first = _post(c, {**CLICK, "idempotency_key": "k-1"})
         time.sleep(0.02)  # the retry comes later: a new receipt time if the key were not remembered
         retry = _post(c, {**CLICK, "idempotency_key": "k-1"})
@@ -70,7 +71,7 @@ def test_the_event_id_comes_from_the_key_and_user_alone_so_another_replica_agree
     body = {**CLICK, "idempotency_key": "k-9", "event_time_ms": stamp}
     sinks = [fb.FakeSink(), fb.FakeSink()]
     for sink in sinks:  # two replicas: nothing shared but the request
-        with fb.client(sink) as c:
+        with fb.client(sink, allow_unsolicited=True) as c:
             assert _post(c, body).status_code == 202
             fb.wait_for(lambda s=sink: len(s.records) == 1)  # type: ignore[misc]
     assert sinks[0].records[0][1:3] == sinks[1].records[0][1:3]  # same key and Avro bytes
@@ -78,7 +79,7 @@ def test_the_event_id_comes_from_the_key_and_user_alone_so_another_replica_agree
 
 def test_a_key_reused_for_another_feedback_is_422_naming_the_field() -> None:
     sink = fb.FakeSink()
-    with fb.client(sink) as c:
+    with fb.client(sink, allow_unsolicited=True) as c:
         assert _post(c, {**CLICK, "idempotency_key": "k-1"}).status_code == 202
         other_item = _post(c, {**CLICK, "item_id": "i1", "idempotency_key": "k-1"})
         other_user = _post(c, {**CLICK, "user_id": "u2", "idempotency_key": "k-1"})  # keys are per user
@@ -104,7 +105,7 @@ def test_client_chosen_ids_and_bad_keys_are_422(
     body: dict[str, Any], key: str | None, field: str, message: str
 ) -> None:
     sink = fb.FakeSink()
-    with fb.client(sink) as c:
+    with fb.client(sink, allow_unsolicited=True) as c:
         response = _post(c, body, key)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]

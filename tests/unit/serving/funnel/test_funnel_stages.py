@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
-from headwater.serving.config import ServingConfig
+from headwater.serving.config import FeedbackConfig, ServingConfig
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import MemoryRecentItems
 from headwater.serving.funnel.rules import apply_rules
 from headwater.serving.funnel.stages import FunnelParts
 from headwater.serving.runtime import LoadedModels
+from headwater.serving.served import FeedbackTrustConfig
 from headwater.serving.store import InMemoryFeatureStore
 
 REGISTRY = small_registry({"u": ["a", "b"]}, {"i": ["x", "y"]}, "i.x")
@@ -82,7 +83,9 @@ def app_client(
     retriever: Any = None, reranker: Any = None, funnel: FunnelConfig | None = None, on: bool = True
 ) -> tuple[TestClient, MemoryRecentItems]:
     cfg = funnel or FunnelConfig(retrieve_n=20, rank_keep=15, rerank_top=5, max_per_category=None)
-    config = ServingConfig(item_cache_ttl_s=0.0, editorial_items=("i7", "i8"), funnel=cfg)
+    # The clicks these tests post stand for a trusted caller's (items of the catalog, never served).
+    trusted = FeedbackConfig(trust=FeedbackTrustConfig(allow_unsolicited=True))
+    config = ServingConfig(item_cache_ttl_s=0.0, editorial_items=("i7", "i8"), funnel=cfg, feedback=trusted)
     recent = MemoryRecentItems(cfg, CATEGORY)
     art = type("A", (), {"version": "abc123abc123"})()
     loaded = LoadedModels(FakeNeural(), art, None, None, "cpu")  # type: ignore[arg-type]

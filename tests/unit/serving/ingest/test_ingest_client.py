@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -11,7 +10,7 @@ from fastapi.testclient import TestClient
 from headwater.client import IngestClient, IngestRequestError, IngestUnavailable
 from headwater.pipelines.events.codec import EventCodec
 from headwater.pipelines.events.sources import example_sources
-from headwater.serving.ingest.core import IngestService
+from headwater.serving.ingest.core import IngestService, OnDone
 from headwater.serving.ingest.rest import ingest_app
 from headwater.serving.ingest.sink import MemorySink
 
@@ -35,14 +34,13 @@ class FlakySink(MemorySink):
         return super().room()
 
     def send(
-        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> Future[None]:
+        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]], on_done: OnDone
+    ) -> None:
         if self.drop:
             self.drop -= 1
-            future: Future[None] = Future()
-            future.set_exception(ConnectionError("broker gone"))
-            return future
-        return super().send(topic, value, key, headers)
+            on_done(ConnectionError("broker gone"))
+            return
+        super().send(topic, value, key, headers, on_done)
 
 
 def client_over(sink: MemorySink, **options: Any) -> tuple[IngestClient, list[float]]:
