@@ -95,7 +95,7 @@ def parse_args() -> argparse.Namespace:
 def start(args: argparse.Namespace, ctx: dict[str, Any], *extra: str) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``headwater serve`` with ``extra`` flags; return the process and its REST port."""
     port = free_port()
-    cmd = [HEADWATER, "serve", "--port", str(port), "--model", str(ctx["model"]), "--redis-url",
+    cmd = [HEADWATER, "serve", "--no-auth", "--port", str(port), "--model", str(ctx["model"]), "--redis-url",
            args.redis_url, "--namespace", ctx["namespace"], "--state-dir", str(ctx["state"]),
            "--log-level", "warning", "--no-feedback", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -296,7 +296,8 @@ def run_one(ooo_s: float, args: argparse.Namespace, work: Path) -> dict[str, Any
             "--checkpoint-dir", str(run_dir / "checkpoints"), "--no-restore",
         ], job_log))  # fmt: skip
         serve = start([
-            HEADWATER, "serve", "--port", str(port), "--model", str(model), "--state-dir", str(state),
+            HEADWATER, "serve", "--no-auth", "--port", str(port), "--model", str(model),
+            "--state-dir", str(state),
             "--namespace", namespace, "--redis-url", args.redis_url, "--bootstrap", args.bootstrap,
             "--feedback-topic", topic, "--log-level", "warning",
         ], run_dir / "serve.log")  # fmt: skip

@@ -571,7 +571,8 @@ def run_variant(
     topic = f"hwbench-rec-{namespace[-6:]}-{name}"
     feedback = "--no-feedback" not in extra and not args.no_feedback and create_topic(args.bootstrap, topic)
     port = free_port()
-    cmd = [HEADWATER, "serve", "--port", str(port), "--model", str(models), "--redis-url", redis_url,
+    cmd = [HEADWATER, "serve", "--no-auth", "--port", str(port), "--model", str(models),
+           "--redis-url", redis_url,
            "--namespace", namespace, "--state-dir", str(state_dir), "--log-level", "warning",
            "--config", str(cfg_path)]  # fmt: skip
     cmd += ["--bootstrap", args.bootstrap, "--feedback-topic", topic] if feedback else ["--no-feedback"]

@@ -136,7 +136,7 @@ def main() -> None:
     topic = f"hwbench-replay-{namespace[-6:]}"
     feedback = create_topic(args.bootstrap, topic)
     port = free_port()
-    cmd = [HEADWATER, "serve", "--port", str(port), "--model", str(work / "models"),
+    cmd = [HEADWATER, "serve", "--no-auth", "--port", str(port), "--model", str(work / "models"),
            "--redis-url", args.redis_url, "--namespace", namespace, "--state-dir", str(state_dir),
            "--config", str(work / "serving.yaml"), "--log-level", "warning"]  # fmt: skip
     cmd += ["--bootstrap", args.bootstrap, "--feedback-topic", topic] if feedback else ["--no-feedback"]

@@ -483,6 +483,7 @@ def main() -> None:
     cmd = [
         HEADWATER,
         "serve",
+        "--no-auth",  # loopback: explicit (issue 32)
         "--port",
         str(port),
         "--model",

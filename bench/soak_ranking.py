@@ -69,8 +69,8 @@ class RankingLoad:
         port = free_port()
         extra = [*("--state-dir", str(state))] if state is not None else []
         extra += ["--feedback-topic", topic] if topic is not None else []
-        system.start("serve", "serve", "--port", str(port), "--namespace", namespace, "--model", str(model),
-                     "--device", "cpu", *extra)  # fmt: skip
+        system.start("serve", "serve", "--no-auth", "--port", str(port), "--namespace", namespace,
+                     "--model", str(model), "--device", "cpu", *extra)  # fmt: skip
         load = cls(port, qps)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

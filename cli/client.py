@@ -7,6 +7,7 @@ service says which address was tried and how to start one.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -20,10 +21,14 @@ URL = click.option("--url", default=DEFAULT_URL, show_default=True, help="Base U
 
 
 def post(url: str, path: str, body: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
-    """POST ``body`` as JSON to ``url + path``; return the JSON answer or raise a ClickException."""
-    request = urllib.request.Request(
-        url.rstrip("/") + path, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-    )
+    """POST ``body`` as JSON to ``url + path``; return the JSON answer or raise a ClickException.
+
+    ``HEADWATER_API_KEY`` (an API key or a JWT), when set, is sent as ``Authorization: Bearer``.
+    """
+    headers = {"content-type": "application/json"}
+    if os.environ.get("HEADWATER_API_KEY"):
+        headers["authorization"] = f"Bearer {os.environ['HEADWATER_API_KEY']}"
+    request = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             return dict(json.load(answer))

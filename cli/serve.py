@@ -112,6 +112,10 @@ def train(
     "--no-retrieval", is_flag=True,
     help="Do not build the retrieval index at start-up (/v1/recommend takes popularity candidates).",
 )  # fmt: skip
+@click.option(
+    "--no-auth", is_flag=True,
+    help="Run without credentials, as the config's `auth: none` (a loopback --host only).",
+)  # fmt: skip
 @click.option("--log-level", default="info", show_default=True)
 def serve(
     host: str,
@@ -128,6 +132,7 @@ def serve(
     feedback_topic: str | None,
     no_feedback: bool,
     no_retrieval: bool,
+    no_auth: bool,
     log_level: str,
 ) -> None:
     """Run the ranking service: POST /v1/rank, /v1/recommend, GET /health, /metrics, /openapi.json.
@@ -150,6 +155,9 @@ def serve(
     if admission is not None:
         edge = config.admission.model_copy(update={"enabled": admission})
         config = config.model_copy(update={"admission": edge})
+    if no_auth:
+        config = config.model_copy(update={"auth": "none"})
+    _check_auth(config, host)
     plans = state_dir or config.state_dir or resolved_state_dir()
     registry = load_registry(plans, config.popularity)
     if model_path is None and (plans / MODELS).is_dir():
@@ -193,7 +201,7 @@ def serve(
         f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
         f" admission={'on' if config.admission.enabled else 'off'}"
         f" max_body_bytes={config.max_body_bytes} max_connections={config.edge.max_connections}"
-        f" grpc_max_rpcs={config.edge.grpc_max_rpcs}"
+        f" grpc_max_rpcs={config.edge.grpc_max_rpcs} auth={_auth_line(config)}"
         + "".join(f" {name}={value or 'none'}" for name, value in runtimes(loaded, funnel).items())
     )
     app = create_app(
@@ -218,6 +226,45 @@ def serve(
     # The edge limits: connections, backlog, keep-alive and the header deadline (the body's is the app's).
     limits = uvicorn_options(config.edge)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **limits)
+
+
+def _check_auth(config: ServingConfig, host: str) -> None:
+    """Refuse to start without an explicit auth choice, or open on a non-loopback address; warn when open."""
+    import ipaddress
+
+    from headwater.serving.config import ServingConfigError
+
+    if config.auth is None:
+        msg = (
+            "the serving config has no `auth:` section: give API keys or JWT there (docs/operations/"
+            "security.md), or write `auth: none` (or pass --no-auth) to run without credentials on loopback"
+        )
+        raise ServingConfigError(msg)
+    if config.auth != "none":
+        return
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        msg = (
+            f"auth: none is allowed only on a loopback address; --host {host} is not one: configure API keys"
+            " or JWT under `auth:`, or serve on 127.0.0.1"
+        )
+        raise ServingConfigError(msg)
+    logging.getLogger("headwater.serving.auth").warning(
+        "auth: none: every caller on %s may rank, post feedback and read /metrics, and chooses its own"
+        " user class; configure `auth:` before this address is reachable by anyone else",
+        host,
+    )
+
+
+def _auth_line(config: ServingConfig) -> str:
+    auth = config.auth
+    if auth is None or auth == "none":
+        return "none"
+    kinds = [k for k, on in (("keys", auth.api_keys_file or auth.api_keys_env), ("jwt", auth.jwt)) if on]
+    return "+".join(kinds)
 
 
 def _experiment_and_recorder(

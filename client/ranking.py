@@ -200,9 +200,11 @@ class RankingClient:
     """A thread-safe client of the rank call with timeouts, retries and a circuit breaker.
 
     ``base_url``: ``http://host:port`` for REST; ``host:port`` (or ``grpc://host:port``) with
-    ``protocol="grpc"``. ``fallback``: the popularity list (or a function returning it) used to top
-    up a degraded answer and to answer when the user has no last good result. ``transport``,
-    ``clock``, ``sleep`` and ``rng`` are for tests (an ``httpx.MockTransport`` or any
+    ``protocol="grpc"``. ``token``: the credential sent on every call (an API key or a JWT, as
+    ``Authorization: Bearer``); a 401 or 403 is a :class:`RankingRequestError`, never retried.
+    ``fallback``: the popularity list (or a function returning it) used to top up a degraded
+    answer and to answer when the user has no last good result. ``transport``, ``clock``, ``sleep``
+    and ``rng`` are for tests (an ``httpx.MockTransport`` or any
     :class:`~headwater.client.transport.Transport`, a fake clock, a recorded sleep, a seeded rng).
     """
 
@@ -217,6 +219,7 @@ class RankingClient:
         fallback: Fallback | None = None,
         cache_users: int = 10_000,
         protocol: Protocol = "rest",
+        token: str | None = None,
         transport: httpx.BaseTransport | Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -242,9 +245,9 @@ class RankingClient:
         if transport is not None and not isinstance(transport, httpx.BaseTransport):
             self._transport = transport
         elif protocol == "grpc":
-            self._transport = GrpcTransport(self.base_url)
+            self._transport = GrpcTransport(self.base_url, token)
         elif protocol == "rest":
-            self._transport = RestTransport(self.base_url, transport)
+            self._transport = RestTransport(self.base_url, transport, token)
         else:
             msg = f"protocol must be 'rest' or 'grpc'; got {protocol!r}"
             raise ValueError(msg)

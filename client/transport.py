@@ -5,7 +5,8 @@ after), or raise :class:`NoAnswer` (timed out, refused, unreachable), so the cli
 breaker do not care which protocol carried the call. gRPC status codes map as the service maps
 them (``headwater.serving.grpc_server``): INVALID_ARGUMENT is 422, RESOURCE_EXHAUSTED 429 (its
 ``retry-after-ms`` trailing metadata is the wait), DEADLINE_EXCEEDED and UNAVAILABLE no answer,
-anything else a 5xx.
+UNAUTHENTICATED 401, PERMISSION_DENIED 403, anything else a 5xx. A ``token`` (an API key or a JWT)
+goes as ``Authorization: Bearer <token>`` (gRPC: ``authorization`` metadata) on every call.
 """
 
 from __future__ import annotations
@@ -52,12 +53,19 @@ class Transport(Protocol):
         ...
 
 
+def bearer(token: str | None) -> dict[str, str]:
+    """Return the ``Authorization`` header of ``token`` (none for None)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class RestTransport:
     """``POST {base_url}/v1/rank`` with httpx (``http``: an ``httpx.MockTransport`` in tests)."""
 
-    def __init__(self, base_url: str, http: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, http: httpx.BaseTransport | None = None, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, transport=http)
+        self._http = httpx.Client(base_url=self.base_url, transport=http, headers=bearer(token))
 
     def call(self, body: dict[str, Any], timeout_s: float, request_id: str | None = None) -> Reply:
         """POST the body as JSON; the reply, or :class:`NoAnswer` on a timeout or connection failure."""
@@ -89,13 +97,14 @@ class RestTransport:
 class GrpcTransport:
     """``headwater.v1.Ranking/Rank`` on ``target`` (``host:port``; a ``grpc://`` prefix is dropped)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, token: str | None = None) -> None:
         import grpc
 
         from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 
         self.target = target.removeprefix("grpc://").rstrip("/")
         self._grpc, self._pb = grpc, pb
+        self._auth = tuple((k.lower(), v) for k, v in bearer(token).items())
         self._channel = grpc.insecure_channel(self.target)
         self._rank = self._channel.unary_unary(
             RANK_METHOD,
@@ -111,8 +120,10 @@ class GrpcTransport:
         except (TypeError, ValueError) as exc:  # a field the message does not have, or of another type
             return Reply(422, None, f"not a headwater.v1.RankRequest: {exc}")
         try:
-            metadata = ((REQUEST_ID_HEADER.lower(), request_id),) if request_id is not None else None
-            answer = self._rank(request, timeout=timeout_s, metadata=metadata)
+            metadata = self._auth + (
+                ((REQUEST_ID_HEADER.lower(), request_id),) if request_id is not None else ()
+            )
+            answer = self._rank(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -125,6 +136,10 @@ class GrpcTransport:
                 return Reply(429, None, details, _trailing_retry_after(exc))
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 return Reply(422, None, details)
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return Reply(401, None, details)
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                return Reply(403, None, details)
             return Reply(500, None, f"{code.name}: {details}")
         return Reply(200, answer_fields(answer), "")
 

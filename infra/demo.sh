@@ -80,6 +80,11 @@ $HW materialize
 
 step "4. Live: the realtime tier and the ranking service, ${DURATION} s of traffic at ${RATE} events/s, a click"
 background realtime $HW run realtime --from-latest
+# The demo's calls carry a generated API key (HEADWATER_API_KEY); the service holds only its hash.
+rm -f "$RUN_DIR/api-keys.yaml"
+HEADWATER_API_KEY=$($PY -c 'import sys; from pathlib import Path; from headwater.serving.auth import add_api_key
+print(add_api_key(Path(sys.argv[1]), "demo", ["rank", "feedback", "admin"]))' "$RUN_DIR/api-keys.yaml")
+export HEADWATER_API_KEY
 background serve $HW serve --port "$PORT" --config infra/demo/serving.yaml
 for _ in $(seq 1 120); do grep -q "realtime job .*submitted" "$RUN_DIR/realtime.log" && break; sleep 1; done
 for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done

@@ -164,6 +164,91 @@ class EdgeConfig(BaseModel):
     """Request ids remembered at most; past it the oldest is forgotten early (counted and logged)."""
 
 
+Role = Literal["rank", "feedback", "ingest", "admin", "gateway"]
+ROLES: tuple[Role, ...] = ("rank", "feedback", "ingest", "admin", "gateway")
+"""What a credential may do: ``rank`` (rank, recommend), ``feedback`` (post feedback), ``ingest``
+(push events), ``admin`` (metrics), ``gateway`` (a trusted gateway: its ``x-user-class`` is honoured)."""
+JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+"""The asymmetric algorithms a token may be signed with (never ``none``, never a shared-secret HS*)."""
+
+
+class CredentialQuota(BaseModel):
+    """One credential's own token bucket (on top of its class's): requests a second and the burst."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate_per_s: float = Field(gt=0.0)
+    burst: float | None = Field(default=None, ge=1.0)
+    """Tokens the bucket holds; None = one second's worth (at least one request)."""
+
+    @property
+    def capacity(self) -> float:
+        """The bucket's size: ``burst``, else one second of ``rate_per_s`` (at least one request)."""
+        return self.burst if self.burst is not None else max(1.0, self.rate_per_s)
+
+
+class JwtConfig(BaseModel):
+    """Bearer tokens (OIDC access tokens) verified against a JWKS: signature, issuer, audience, exp, nbf."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    jwks: str = Field(min_length=1)
+    """The issuer's keys: an ``https://`` (or ``http://``) URL, fetched and cached, or a local JSON file."""
+    issuer: str = Field(min_length=1)
+    audience: str = Field(min_length=1)
+    algorithms: tuple[str, ...] = ("RS256", "ES256")
+    """Allowed signing algorithms, a subset of :data:`JWT_ALGORITHMS`."""
+    roles_claim: str = "roles"
+    """The claim holding the roles: a list, or one space-separated string (like ``scope``)."""
+    class_claim: str = "user_class"
+    """The claim naming the caller's user class (absent or unknown: the admission's default class)."""
+    leeway_s: float = Field(default=30.0, ge=0.0, le=300.0)
+    """Clock skew allowed on ``exp`` and ``nbf``."""
+    jwks_cache_s: float = Field(default=300.0, gt=0.0)
+    """How long fetched keys are kept (an unknown ``kid`` fetches the set again)."""
+    subject_quota: CredentialQuota | None = None
+    """Each token subject's own bucket; None: only the class's quota."""
+
+    @model_validator(mode="after")
+    def _algorithms(self) -> JwtConfig:
+        bad = [a for a in self.algorithms if a not in JWT_ALGORITHMS]
+        if bad or not self.algorithms:
+            msg = f"jwt.algorithms: {bad or 'none given'} not allowed; pick from {', '.join(JWT_ALGORITHMS)}"
+            raise ValueError(msg)
+        return self
+
+
+class AuthConfig(BaseModel):
+    """Who may call the service: API keys (hashed, from a file or a variable) and/or JWT bearer tokens.
+
+    ``auth: none`` instead of this mapping runs without credentials: allowed only on a loopback
+    address, and `headwater serve` says so at start (see docs/operations/security.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_keys_file: Path | None = None
+    """A YAML file of hashed keys (``keys: [{id, sha256, roles, user_class, quota, gateway}]``);
+    re-read when its modification time changes, so keys rotate without a restart."""
+    api_keys_env: str | None = Field(default=None, min_length=1)
+    """The name of an environment variable holding the same document (read once at start)."""
+    jwt: JwtConfig | None = None
+    metrics: Literal["admin", "open"] = "admin"
+    """``/metrics``: for the ``admin`` role only, or open to anyone who reaches the service."""
+    reload_check_s: float = Field(default=1.0, ge=0.0, le=60.0)
+    """How often the key file's (and a local JWKS file's) modification time is looked at."""
+
+    @model_validator(mode="after")
+    def _some_credential(self) -> AuthConfig:
+        if self.api_keys_file is None and self.api_keys_env is None and self.jwt is None:
+            msg = (
+                "auth: name api_keys_file, api_keys_env or jwt (or write `auth: none` to run without"
+                " credentials, on loopback only)"
+            )
+            raise ValueError(msg)
+        return self
+
+
 class ServingConfig(BaseModel):
     """Everything ``headwater serve`` needs besides the model and the store address."""
 
@@ -210,6 +295,9 @@ class ServingConfig(BaseModel):
     """The one size limit of a request: REST bodies (413 past it) and gRPC messages, received and sent."""
     edge: EdgeConfig = EdgeConfig()
     """Connections, concurrency, read timeouts and the request-id ledger at the edges."""
+    auth: AuthConfig | Literal["none"] | None = None
+    """Credentials and roles (serving/auth.py); ``none``: no credentials (loopback only). Absent: an
+    in-process app runs open; `headwater serve` refuses to start until one of the two is written."""
 
     @model_validator(mode="after")
     def _deadlines(self) -> ServingConfig:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -29,6 +29,7 @@ from headwater.ranking.features import BoundRegistry
 from headwater.ranking.model import gpu_memory_used_percent
 from headwater.registry.errors import HeadwaterError
 from headwater.serving.admission import Admission, Admitted, Throttled
+from headwater.serving.auth import Authenticator, Identity
 from headwater.serving.batcher import MicroBatcher, QueueFullError
 from headwater.serving.business import BusinessMetrics
 from headwater.serving.config import ServingConfig
@@ -166,6 +167,8 @@ class ServiceParts:
     funnel: FunnelParts | None = None
     recommender: Funnel | None = None
     mirror: ItemMirror | None = None
+    auth: Authenticator = field(default_factory=lambda: Authenticator(None))
+    """Who may call what (serving/auth.py); each adapter asks it before calling the service."""
 
     @classmethod
     def build(
@@ -209,6 +212,7 @@ class ServiceParts:
         return cls(
             config, registry, loaded, telemetry, io, cache, engines, engines.fetcher(loaded), arms, admission,
             IdempotencyKeys(), business, feedback, recorder, predictions, funnel, recommender, mirror,
+            Authenticator(config.auth, telemetry.registry),
         )  # fmt: skip
 
 
@@ -273,25 +277,34 @@ class RankingService:
         """Count a request an adapter refused as invalid (its validation, not the core's)."""
         self.telemetry.rejected.labels("invalid").inc()
 
-    def _admit(self, body: RequestOptions, header_class: str | None) -> Admitted:
-        asked = body.priority if "priority" in body.model_fields_set else None
+    def _admit(
+        self, body: RequestOptions | None, header_class: str | None, identity: Identity | None
+    ) -> Admitted:
+        asked = body.priority if body is not None and "priority" in body.model_fields_set else None
         try:
-            return self.parts.admission.admit(header_class, body.user_class, asked)
+            claimed = body.user_class if body is not None else None
+            return self.parts.admission.admit(header_class, claimed, asked, identity)
         except Throttled:
             self.telemetry.rejected.labels("throttled").inc()
             raise
 
     async def rank(
-        self, body: RankRequest, header_class: str | None = None, request_id: str | None = None
+        self,
+        body: RankRequest,
+        header_class: str | None = None,
+        request_id: str | None = None,
+        identity: Identity | None = None,
     ) -> RankAnswer:
         """Rank the candidates: admission, the engine (degrading to the editorial list), the impressions.
 
-        ``header_class``: the protocol's user-class header, which wins over the body's;
+        ``header_class``: the protocol's user-class header; ``identity``: the caller's credential
+        (the adapter authenticated it), whose class is the request's unless it is a gateway's (then
+        the header's) or None (``auth: none``: the header's, else the body's);
         ``request_id``: the caller's id of this logical request (checked by the adapter), the same on
         its retries, whose impressions are logged once (:attr:`ledger`); None: a fresh id.
         """
         p = self.parts
-        admitted = self._admit(body, header_class)
+        admitted = self._admit(body, header_class, identity)
         query = RankQuery(body.user_id, body.candidates, body.k, admitted.priority, body.deadline_ms)
         given, request_id = request_id is not None, request_id or new_request_id()
         # Recorded: a sample of what users see (log_impressions); replays and benchmarks send false.
@@ -350,17 +363,22 @@ class RankingService:
         )  # fmt: skip
 
     async def recommend(
-        self, body: RecommendRequest, header_class: str | None = None, request_id: str | None = None
+        self,
+        body: RecommendRequest,
+        header_class: str | None = None,
+        request_id: str | None = None,
+        identity: Identity | None = None,
     ) -> RecommendAnswer:
         """Recommend k items from the whole catalog: admission, the funnel, the impressions and seen set.
 
-        ``request_id`` as :meth:`rank`'s: a retry's impressions are logged once.
+        ``header_class``, ``request_id`` and ``identity`` as :meth:`rank`'s: a retry's impressions are
+        logged once.
         """
         p = self.parts
         if p.recommender is None or p.funnel is None:
             msg = "this service runs without the funnel (/v1/recommend); start it with `headwater serve`"
             raise FunnelOff(msg)
-        admitted = self._admit(body, header_class)
+        admitted = self._admit(body, header_class, identity)
         given, request_id = request_id is not None, request_id or new_request_id()
         arrived_ms = now_ms()
         query = RecommendQuery(body.user_id, body.k, admitted.priority, body.deadline_ms)
@@ -389,7 +407,11 @@ class RankingService:
         }
 
     async def feedback(
-        self, body: FeedbackRequest, idempotency_key: str | None = None, unsolicited_allowed: bool = False
+        self,
+        body: FeedbackRequest,
+        idempotency_key: str | None = None,
+        unsolicited_allowed: bool = False,
+        identity: Identity | None = None,
     ) -> FeedbackAnswer:
         """Produce a click, like, purchase or dwell to Kafka; never waits for Kafka.
 
@@ -397,9 +419,12 @@ class RankingService:
         the same key produces the same event (``headwater.serving.feedback``). Raises
         :class:`FeedbackRefused` for a post that cannot be accepted, :class:`FeedbackUntrusted` (409)
         for an item not served to the user (unless ``unsolicited_allowed``: the caller's identity
-        may post events for items it was not served) or not in the catalog (:attr:`gate`).
+        may post events for items it was not served) or not in the catalog (:attr:`gate`);
+        :class:`Throttled` when ``identity`` (the caller's credential) or, with admission on, its
+        class is over its quota.
         """
         p = self.parts
+        self._admit(None, None, identity)  # the credential's quota (and its class's): Throttled, 429
         try:
             checked = check_feedback(body, idempotency_key, p.keys, now_ms())
             await self.gate.check(body.user_id, body.item_id, body.request_id, unsolicited_allowed)

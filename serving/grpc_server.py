@@ -20,7 +20,13 @@ REST                                           gRPC
 503 (a bug's net)                              UNAVAILABLE ("internal error, request id X; retry",
                                                the detail in the log), never UNKNOWN or INTERNAL
 413 (over ``max_body_bytes``)                  RESOURCE_EXHAUSTED (grpc's own message-size check)
+401 no, an invalid or an expired credential    UNAUTHENTICATED ("invalid or expired credential")
+403 a credential without the ``rank`` role     PERMISSION_DENIED
 =============================================  ==================================================
+
+The credential is the ``authorization`` metadata (``Bearer <API key or JWT>``), checked first
+(:mod:`headwater.serving.auth`); ``x-user-class`` is honoured only from a trusted gateway's
+credential (or with ``auth: none``).
 
 Limits (the serving config's ``max_body_bytes`` and ``edge``): a message received or sent is at
 most ``max_body_bytes``, REST's body limit; at most ``edge.grpc_max_rpcs`` calls run at once (more
@@ -46,8 +52,9 @@ from pydantic import BaseModel, ValidationError
 
 from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.admission import CLASS_HEADER, Throttled
+from headwater.serving.auth import AuthError, Forbidden, Identity
 from headwater.serving.batcher import QueueFullError
-from headwater.serving.config import EdgeConfig
+from headwater.serving.config import EdgeConfig, Role
 from headwater.serving.core import FunnelOff, RankingService
 from headwater.serving.edge import internal_error
 from headwater.serving.feedback import new_request_id
@@ -132,6 +139,7 @@ class GrpcEdge:
             self._server = None
 
     async def _serve(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RankResponse:
+        identity = await self._authenticate(context, "rank")
         request_id = await self._request_id(context)
         message = await self._decode(pb.RankRequest, raw, context)
         if len(message.candidates) > MAX_CANDIDATES:  # refused before the ids are copied into a list
@@ -142,19 +150,37 @@ class GrpcEdge:
             )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
         body = await self._validate(RankRequest, to_fields(message), context)
-        call = self._service.rank(body, _metadata(context, CLASS_HEADER), request_id)
+        call = self._service.rank(body, _metadata(context, CLASS_HEADER), request_id, identity)
         return to_message(await self._answer(call, context, "Rank", request_id))
 
     async def _serve_recommend(
         self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RecommendResponse:
+        identity = await self._authenticate(context, "rank")
         request_id = await self._request_id(context)
         message = await self._decode(pb.RecommendRequest, raw, context)
         fields: dict[str, Any] = {"user_id": message.user_id, "k": message.k}
         fields.update({n: getattr(message, n) for n in OPTION_FIELDS if message.HasField(n)})
         body = await self._validate(RecommendRequest, fields, context)
-        call = self._service.recommend(body, _metadata(context, CLASS_HEADER), request_id)
+        call = self._service.recommend(body, _metadata(context, CLASS_HEADER), request_id, identity)
         return recommend_message(await self._answer(call, context, "Recommend", request_id))
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any], role: Role) -> Identity:
+        """Return the caller's identity, or abort UNAUTHENTICATED / PERMISSION_DENIED (REST's 401 / 403)."""
+        metadata: dict[str, str] = {}
+        for name, value in context.invocation_metadata() or ():
+            if isinstance(value, str):  # binary (-bin) metadata carries no credential
+                metadata.setdefault(name, value)
+        try:
+            return self._service.parts.auth.authenticate(metadata, role)
+        except AuthError as exc:
+            code = (
+                grpc.StatusCode.PERMISSION_DENIED
+                if isinstance(exc, Forbidden)
+                else grpc.StatusCode.UNAUTHENTICATED
+            )
+            await context.abort(code, str(exc))
+            raise  # abort raises; this line only tells the type checker
 
     async def _request_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
         """Return the caller's ``x-request-id`` (None: none), or abort INVALID_ARGUMENT if it is not valid."""

@@ -27,7 +27,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from headwater.serving.admission import CLASS_HEADER, Throttled
+from headwater.serving.auth import Authenticator, AuthError, Forbidden, Identity
 from headwater.serving.batcher import QueueFullError
+from headwater.serving.config import AuthConfig, Role
 from headwater.serving.core import FunnelOff, RankingService
 from headwater.serving.edge import internal_error
 from headwater.serving.feedback import FeedbackRefused, new_request_id
@@ -139,8 +141,62 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-Handler = Callable[[Any, str | None, str | None], Awaitable[Response]]
-"""A hot route's handler: the validated body, the user-class and request-id headers, to the response."""
+IDENTITY = "headwater.identity"
+"""The scope key where :class:`Guard` leaves the caller's :class:`~headwater.serving.auth.Identity`."""
+ROUTE_ROLES: dict[str, Role] = {"/v1/rank": "rank", "/v1/recommend": "rank", "/v1/feedback": "feedback"}
+"""The role each write route needs; ``/metrics`` needs ``admin`` unless ``auth.metrics: open``."""
+
+
+class Guard:
+    """ASGI middleware: the caller of a protected route must be allowed (401, 403); writes must be JSON (415).
+
+    Runs before the body is read. ``/health`` and the OpenAPI document stay open. A write route's
+    body must say ``Content-Type: application/json`` (or ``+json``): a browser page can POST
+    ``text/plain`` to any address without a preflight, and without this check FastAPI would parse it.
+    """
+
+    def __init__(self, app: ASGIApp, auth: Authenticator, roles: Mapping[str, Role]) -> None:
+        self.app = app
+        self.auth = auth
+        self.roles = dict(roles)
+
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """Refuse a caller without the route's role, or a write that is not JSON; pass the rest on."""
+        role = self.roles.get(scope["path"]) if scope["type"] == "http" else None
+        if role is None:
+            await self.app(scope, receive, send)
+            return
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))  # the first of repeats
+        try:
+            identity = self.auth.authenticate(headers, role)
+        except AuthError as exc:
+            forbidden = isinstance(exc, Forbidden)
+            extra = {} if forbidden else {"WWW-Authenticate": "Bearer"}
+            response = FastJSON({"detail": str(exc), "errors": []}, status_code=403 if forbidden else 401,
+                                headers=extra)  # fmt: skip
+            await response(scope, receive, send)
+            return
+        if scope["method"] == "POST" and not _is_json(headers.get("content-type", "").encode("latin-1")):
+            got = headers.get("content-type", "none")[:100]
+            msg = f"the body must be JSON with Content-Type: application/json; got {got!r}"
+            await FastJSON({"detail": msg, "errors": []}, status_code=415)(scope, receive, send)
+            return
+        scope[IDENTITY] = identity
+        await self.app(scope, receive, send)
+
+
+def identity_of(scope: Scope) -> Identity | None:
+    """Return the identity :class:`Guard` found for this request (None: the route is not guarded)."""
+    found = scope.get(IDENTITY)
+    return found if isinstance(found, Identity) else None
+
+
+Handler = Callable[[Any, str | None, str | None, Identity | None], Awaitable[Response]]
+"""A hot route's handler: the validated body, the user-class and request-id headers, the caller."""
 
 
 class FastRoutes:
@@ -194,7 +250,7 @@ class FastRoutes:
             whole = {"type": "http.request", "body": raw, "more_body": False}
             await self.app(scope, _replay([whole], receive), send)
             return
-        response = await handler(body, user_class, request_id)
+        response = await handler(body, user_class, request_id, identity_of(scope))
         await response(scope, receive, send)
 
 
@@ -278,11 +334,17 @@ def _request_id_of(scope: Scope) -> str:
     return new_request_id()
 
 
+_AUTH_REFUSED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "No credential, or an invalid or expired one"},
+    403: {"model": ErrorResponse, "description": "The credential lacks the role this route needs"},
+}
 REFUSED: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "The body cannot be read (not UTF-8, not JSON)"},
     408: {"model": ErrorResponse, "description": "The body did not arrive within the configured time"},
     413: {"model": ErrorResponse, "description": "The body is over the configured limit"},
     422: {"model": ErrorResponse, "description": "The request is not valid; one entry per field"},
+    **_AUTH_REFUSED,
+    415: {"model": ErrorResponse, "description": "The body is not sent as Content-Type: application/json"},
 }
 """The refusals documented on every POST route."""
 
@@ -333,6 +395,9 @@ def refused(exc: Throttled | QueueFullError | FunnelOff | FeedbackRefused) -> Re
     return FastJSON({"detail": f"invalid feedback: {exc}", "errors": errors}, status_code=exc.status)
 
 
+_CLASS_HELP = (
+    "Honoured only from a trusted gateway's credential (or with auth: none); else the credential's class."
+)
 _ID_HELP = (
     "Your id of this logical request (1-64 of A-Z a-z 0-9 . _ -), the same on every retry: the answer's"
     " request_id, and its impressions are logged once however often it is retried."
@@ -348,19 +413,23 @@ class RestRoutes:
     async def rank(
         self,
         body: RankRequest,
-        user_class: Annotated[
-            str | None,
-            Header(alias=CLASS_HEADER, description="The caller's user class (wins over the body's)."),
-        ] = None,
+        request: Request,
+        user_class: Annotated[str | None, Header(alias=CLASS_HEADER, description=_CLASS_HELP)] = None,
         request_id: Annotated[str | None, Header(alias=REQUEST_ID_HEADER, description=_ID_HELP)] = None,
     ) -> Response:
         """Rank the candidates for the user; degrades through the fallback chain, never a 5xx.
 
         The returned items go back to Kafka as impressions (unless ``log_impressions`` is false).
         """
+        return await self.rank_as(body, user_class, request_id, identity_of(request.scope))
+
+    async def rank_as(
+        self, body: RankRequest, user_class: str | None, request_id: str | None, identity: Identity | None
+    ) -> Response:
+        """:meth:`rank` for a caller already authenticated (the hot route's handler)."""
         try:
             given = checked_request_id(request_id)
-            return FastJSON(await self.service.rank(body, user_class, given))
+            return FastJSON(await self.service.rank(body, user_class, given, identity))
         except InvalidRequestId as exc:
             return self._bad_id(exc)
         except (Throttled, QueueFullError) as exc:
@@ -369,10 +438,8 @@ class RestRoutes:
     async def recommend(
         self,
         body: RecommendRequest,
-        user_class: Annotated[
-            str | None,
-            Header(alias=CLASS_HEADER, description="The caller's user class (wins over the body's)."),
-        ] = None,
+        request: Request,
+        user_class: Annotated[str | None, Header(alias=CLASS_HEADER, description=_CLASS_HELP)] = None,
         request_id: Annotated[str | None, Header(alias=REQUEST_ID_HEADER, description=_ID_HELP)] = None,
     ) -> Response:
         """Recommend k items from the whole catalog: retrieve, drop seen, rank, re-rank, business rules.
@@ -380,9 +447,19 @@ class RestRoutes:
         Each stage's time, candidates and fallback are in ``stages``; the answer goes back to Kafka
         as impressions and into the user's seen set (unless ``log_impressions`` is false).
         """
+        return await self.recommend_as(body, user_class, request_id, identity_of(request.scope))
+
+    async def recommend_as(
+        self,
+        body: RecommendRequest,
+        user_class: str | None,
+        request_id: str | None,
+        identity: Identity | None,
+    ) -> Response:
+        """:meth:`recommend` for a caller already authenticated (the hot route's handler)."""
         try:
             given = checked_request_id(request_id)
-            return FastJSON(await self.service.recommend(body, user_class, given))
+            return FastJSON(await self.service.recommend(body, user_class, given, identity))
         except InvalidRequestId as exc:
             return self._bad_id(exc)
         except (Throttled, QueueFullError, FunnelOff) as exc:
@@ -396,6 +473,7 @@ class RestRoutes:
     async def post_feedback(
         self,
         body: FeedbackRequest,
+        request: Request,
         idempotency_key: Annotated[
             str | None, Header(alias="Idempotency-Key", description="Same as the idempotency_key field.")
         ] = None,
@@ -405,8 +483,9 @@ class RestRoutes:
         A retry with the same idempotency key produces the same event (``headwater.serving.feedback``).
         """
         try:
-            return FastJSON(await self.service.feedback(body, idempotency_key), status_code=202)
-        except FeedbackRefused as exc:
+            answer = await self.service.feedback(body, idempotency_key, identity=identity_of(request.scope))
+            return FastJSON(answer, status_code=202)
+        except (FeedbackRefused, Throttled) as exc:
             return refused(exc)
 
     async def health(self) -> HealthResponse:
@@ -485,13 +564,20 @@ def rest_app(
         status_code=202, responses=_FEEDBACK_REFUSED,
     )  # fmt: skip
     app.add_api_route("/health", routes.health, methods=["GET"], response_model=HealthResponse)
-    app.add_api_route("/metrics", routes.metrics, methods=["GET"], response_class=Response)
+    app.add_api_route(
+        "/metrics", routes.metrics, methods=["GET"], response_class=Response, responses=_AUTH_REFUSED
+    )
     if fast_routes:  # added first = innermost: behind the body limit and the last-resort 503
         hot: dict[str, tuple[type[BaseModel], Handler]] = {
-            "/v1/rank": (RankRequest, routes.rank),
-            "/v1/recommend": (RecommendRequest, routes.recommend),
+            "/v1/rank": (RankRequest, routes.rank_as),
+            "/v1/recommend": (RecommendRequest, routes.recommend_as),
         }
         app.add_middleware(FastRoutes, routes=hot)
     app.add_middleware(BodyLimit, limit=max_body_bytes, timeout_s=body_timeout_s)
+    roles = dict(ROUTE_ROLES)
+    auth = service.parts.config.auth
+    if not (isinstance(auth, AuthConfig) and auth.metrics == "open"):
+        roles["/metrics"] = "admin"
+    app.add_middleware(Guard, auth=service.parts.auth, roles=roles)  # before the body is read
     app.add_middleware(LastResort)  # added last = outermost: also covers BodyLimit
     return app

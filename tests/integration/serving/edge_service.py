@@ -63,14 +63,20 @@ def _grpc_listens(port: int) -> bool:
 
 @contextmanager
 def serve_process(
-    tmp: Path, *args: str, grpc_port: int | None = None, timeout_s: float = 120.0
+    tmp: Path,
+    *args: str,
+    grpc_port: int | None = None,
+    timeout_s: float = 120.0,
+    auth: tuple[str, ...] = ("--no-auth",),
 ) -> Iterator[Service]:
-    """Run `headwater serve --port P *args` (log in ``tmp``) until /health (and gRPC) answer; stop on exit.
+    """Run `headwater serve --port P *auth *args` (log in ``tmp``) until /health (and gRPC) answer.
 
-    Fails with the log's tail when the process exits or does not answer within ``timeout_s``.
+    ``auth``: the credentials flags; by default ``--no-auth`` (loopback, explicit); ``()`` when the
+    test's serving config has an ``auth:`` section. Stops the process on exit. Fails with the log's
+    tail when the process exits or does not answer within ``timeout_s``.
     """
     port = free_port()
-    serve = [HEADWATER, "serve", "--port", str(port), *args]
+    serve = [HEADWATER, "serve", "--port", str(port), *auth, *args]
     if grpc_port is not None:
         serve += ["--grpc-port", str(grpc_port)]
     log = tmp / "serve.log"
@@ -111,7 +117,13 @@ def drop_namespace(redis_url: str, namespace: str) -> None:
 
 @contextmanager
 def running_service(
-    tmp: Path, redis_url: str, *extra: str, grpc: bool = False, users: int = 20, items: int = 60
+    tmp: Path,
+    redis_url: str,
+    *extra: str,
+    grpc: bool = False,
+    users: int = 20,
+    items: int = 60,
+    auth: tuple[str, ...] = ("--no-auth",),
 ) -> Iterator[Service]:
     """Apply features/, write a synthetic world to a fresh namespace and serve it (no model: popularity)."""
     state = tmp / "state"
@@ -125,7 +137,7 @@ def running_service(
     args = ["--state-dir", str(state), "--redis-url", redis_url, "--namespace", namespace, "--no-feedback",
             "--device", "cpu", *extra]  # fmt: skip
     try:
-        with serve_process(tmp, *args, grpc_port=free_port() if grpc else None) as service:
+        with serve_process(tmp, *args, grpc_port=free_port() if grpc else None, auth=auth) as service:
             service.world = world
             yield service
     finally:

@@ -113,11 +113,12 @@ def test_over_quota_is_throttled_with_whole_seconds_and_counted() -> None:
     assert 'headwater_admission_requests_total{result="throttled",user_class="regular"} 0.0' in text
 
 
-def test_off_everything_is_admitted_at_the_asked_priority_and_counted() -> None:
+def test_off_everything_is_admitted_at_most_at_its_class_priority_and_counted() -> None:
     registry = CollectorRegistry()
     admission = Admission(AdmissionConfig(), registry)
     got = [admission.admit(None, "new", "high") for _ in range(100)]
-    assert {(a.user_class, a.priority) for a in got} == {("new", "high")}
+    # Off, no quota applies, but a request still cannot ask above its class (issue 32 item 2).
+    assert {(a.user_class, a.priority) for a in got} == {("new", "low")}
     assert admission.admit(None, None, None).priority == "normal"
     assert 'result="admitted",user_class="new"} 100.0' in generate_latest(registry).decode()
 

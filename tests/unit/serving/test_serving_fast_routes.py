@@ -85,7 +85,7 @@ CASES: list[tuple[str, bytes, dict[str, str], int]] = [
     ("/v1/rank", b'{"user_id": "u1", "candidates": [', {}, 422),
     ("/v1/rank", b"", {}, 422),
     ("/v1/rank", b"[]", {}, 422),
-    ("/v1/rank", json.dumps(RANK).encode(), {"content-type": "text/plain"}, 422),
+    ("/v1/rank", json.dumps(RANK).encode(), {"content-type": "text/plain"}, 415),  # a browser's CSRF POST
     ("/v1/rank", json.dumps(RANK).encode(), {"content-type": "application/vnd.api+json; charset=utf-8"}, 200),
     (
         "/v1/rank",
