@@ -1,0 +1,87 @@
+"""``headwater ingest push`` against an in-process push API (uvicorn over the memory sink); option errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from click.testing import CliRunner
+
+from headwater.cli.main import main
+from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.events.sources import example_sources
+from headwater.registry.plans import build_plans, plan_path, registry_hash
+from headwater.registry.validate import check_repo
+from headwater.serving.ingest.core import IngestService
+from headwater.serving.ingest.rest import ingest_app
+from headwater.serving.ingest.sink import MemorySink
+
+SOURCES = {s.name: s for s in example_sources()}
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from headwater.pipelines.events.schema import example_repo
+
+    folder = tmp_path_factory.mktemp("state")
+    result = check_repo(example_repo())
+    path = plan_path(folder, "offline")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(build_plans(result, registry_hash(result))["offline"].model_dump_json(), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, MemorySink]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    sink = MemorySink()
+    app = ingest_app(IngestService(SOURCES, sink))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", sink
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_push_generated_and_file(state: Path, served: tuple[str, MemorySink], tmp_path: Path) -> None:
+    url, sink = served
+    runner = CliRunner()
+    base = ["ingest", "push", "--state-dir", str(state), "--source", "payments", "--url", url]
+    done = runner.invoke(main, [*base, "--max-events", "40", "--duration", "30"])
+    assert done.exit_code == 0, done.output
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (counts["accepted"], counts["rejected"]) == (40, 0)
+    codec = EventCodec(SOURCES["payments"])
+    ids = {codec.decode(r[1], r[3]).event["payment_id"] for r in sink.records}  # type: ignore[union-attr]
+    assert len(ids) == 40
+
+    rows = tmp_path / "p.jsonl"
+    good = {"payment_id": "f1", "account_id": "a", "merchant_id": "m", "method": "card", "status": "captured",
+            "amount": 1.0, "currency": "EUR", "occurred_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    rows.write_text(json.dumps(good) + "\n" + json.dumps({**good, "payment_id": "f2", "amount": -1}) + "\n")
+    done = runner.invoke(main, [*base, "--from", str(rows)])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout.strip().splitlines()[-1])["rejected"] == 1
+    assert "rejected: amount: rule 'amount >= 0'" in done.stderr
+
+
+def test_option_errors(state: Path) -> None:
+    runner = CliRunner()
+    done = runner.invoke(main, ["ingest", "serve", "--state-dir", str(state), "--feast-push", "nope"])
+    assert done.exit_code == 2
+    assert "expected PUSH_SOURCE=SOURCE" in done.output
+    done = runner.invoke(main, ["ingest", "push", "--state-dir", str(state), "--source", "nope"])
+    assert done.exit_code == 1
+    assert "not in the applied plan" in done.output
