@@ -62,8 +62,8 @@ class FeedbackTrustConfig(BaseModel):
     """How long a served item accepts feedback (a purchase an hour after the ranking is accepted)."""
     per_user: int = Field(default=1000, ge=1, le=1_000_000)
     """Served (request, item) pairs remembered per user; past it the user's oldest are forgotten."""
-    max_entries: int = Field(default=1_000_000, ge=1, le=100_000_000)
-    """Served pairs remembered in all (about 300 B each: 1,000,000 is about 300 MB); past it the
+    max_entries: int = Field(default=500_000, ge=1, le=100_000_000)
+    """Served pairs remembered in all (about 400 B each: 500,000 is about 200 MB); past it the
     least recently served users' oldest pairs are forgotten first."""
     allow_unsolicited: bool = False
     """Accept feedback for items never served to the user from every caller (a deployment whose

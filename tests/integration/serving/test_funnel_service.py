@@ -29,17 +29,20 @@ from headwater.ranking.reranker import RerankOptions, save_reranker, train_reran
 from headwater.ranking.synthetic import make_world, training_set, write_world
 from headwater.ranking.train import TrainOptions, train_and_save
 from headwater.serving.app import create_app
-from headwater.serving.config import ServingConfig
+from headwater.serving.config import FeedbackConfig, ServingConfig
 from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
 from headwater.serving.funnel.build import build_funnel
 from headwater.serving.funnel.config import FunnelConfig
 from headwater.serving.funnel.recent import RedisRecentItems
 from headwater.serving.retrieval import TowerOptions, save_towers, train_two_tower
 from headwater.serving.runtime import load_models
+from headwater.serving.served import FeedbackTrustConfig
 from headwater.serving.store import OnlineStoreReader, now_ms
 
 FUNNEL = FunnelConfig(retrieve_n=300, rank_keep=100, rerank_top=50, max_per_category=2, pins={"i000007": 2})
-CONFIG = ServingConfig(item_cache_ttl_s=0.0, default_deadline_ms=2000.0, funnel=FUNNEL)
+# The click below is a trusted caller's (an item of the catalog the user was not necessarily shown).
+TRUSTED = FeedbackConfig(trust=FeedbackTrustConfig(allow_unsolicited=True))
+CONFIG = ServingConfig(item_cache_ttl_s=0.0, default_deadline_ms=2000.0, funnel=FUNNEL, feedback=TRUSTED)
 REGISTRY: BoundRegistry = registry_from_repo(
     Path(__file__).resolve().parents[3] / "features", CONFIG.popularity
 )

@@ -72,7 +72,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, kafka_boots
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     admin.create_topics([NewTopic(topic, 1, 1)])
     # Under load a cold DCN call can miss the default deadline and fall back; the test checks the DCN.
-    (tmp / "serving.yaml").write_text(json.dumps({"default_deadline_ms": 5000.0}))  # JSON is YAML
+    # JSON is YAML; the test's feedback is a trusted caller's (for items not served to the user)
+    config = {"default_deadline_ms": 5000.0, "feedback": {"trust": {"allow_unsolicited": True}}}
+    (tmp / "serving.yaml").write_text(json.dumps(config))
     args = ["--model", str(tmp / "models"), "--state-dir", str(state), "--namespace", namespace,
             "--feedback-topic", topic, "--device", "cpu", "--config", str(tmp / "serving.yaml")]  # fmt: skip
     try:

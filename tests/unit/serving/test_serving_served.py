@@ -184,7 +184,7 @@ def test_under_tight_caps_nothing_unserved_is_ever_accepted(
 
 def test_the_config_refuses_bad_bounds_and_has_documented_defaults() -> None:
     assert FeedbackTrustConfig() == FeedbackTrustConfig(
-        ttl_s=3600.0, per_user=1000, max_entries=1_000_000, allow_unsolicited=False
+        ttl_s=3600.0, per_user=1000, max_entries=500_000, allow_unsolicited=False
     )
     for bad in ({"ttl_s": 0}, {"per_user": 0}, {"max_entries": 0}, {"extra": 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):

@@ -38,10 +38,11 @@ from headwater.pipelines.windows import (
 from headwater.ranking.synthetic import small_registry
 from headwater.registry.plans import TierPlan
 from headwater.serving.app import create_app
-from headwater.serving.config import ServingConfig
+from headwater.serving.config import FeedbackConfig, ServingConfig
 from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
 from headwater.serving.runtime import LoadedModels
-from headwater.serving.store import InMemoryFeatureStore
+from headwater.serving.served import FeedbackTrustConfig
+from headwater.serving.store import InMemoryFeatureStore, now_ms
 
 from .conftest import JobProcess, Names, expected_vectors, read_store, wait_for
 
@@ -64,7 +65,11 @@ class Service:
         producer = FeedbackProducer(topic, kafka_sink_factory(bootstrap, 5), reconnect_s=0.2)
         registry = small_registry({"u": ["a"]}, {"i": ["x"]}, "i.x")
         loaded = LoadedModels(None, None, None, None, "cpu")
-        self.app = create_app(ServingConfig(), registry, InMemoryFeatureStore(), loaded, producer)
+        store = InMemoryFeatureStore()  # the catalog: feedback for an item in no item view is refused
+        store.write(registry.item.layouts[0], ["i1", "i2", "i9"], np.ones((3, 1), np.float32), now_ms())
+        # The purchases and clicks stand for a trusted order system's: items it was never served.
+        trusted = FeedbackConfig(trust=FeedbackTrustConfig(allow_unsolicited=True))
+        self.app = create_app(ServingConfig(feedback=trusted), registry, store, loaded, producer)
 
     def run(self, steps: Any) -> Any:
         """Run ``steps(post)`` inside the app's lifespan (its end flushes the producer)."""
