@@ -105,7 +105,7 @@ def serve_cmd(
     feast_push: tuple[str, ...],
     log_level: str,
 ) -> None:
-    """Serve the push API for every source of the applied plan (restart it after `headwater apply`).
+    """Serve the push API for every source of the applied plan (a new `headwater apply` is read within 2 s).
 
     Each event is checked against its source's current schema and rules with the codec of `events
     produce --from`, keyed by the source's key (murmur2) and sent with acks=all and idempotence;
@@ -117,7 +117,6 @@ def serve_cmd(
     """
     import uvicorn
 
-    from headwater.pipelines.events.sources import applied_sources
     from headwater.pipelines.settings import Settings
     from headwater.serving.ingest.core import IngestService
     from headwater.serving.ingest.rest import ingest_app
@@ -125,7 +124,8 @@ def serve_cmd(
 
     mapping = _feast_mapping(feast_push)
     settings = Settings.from_env()
-    sources = {s.name: s for s in applied_sources(state_dir)}
+    watcher = PlanWatcher(state_dir)
+    sources = watcher.sources()
     unknown = sorted(set(mapping.values()) - set(sources))
     if unknown:
         known = ", ".join(sorted(sources))
@@ -134,7 +134,7 @@ def serve_cmd(
     dlq = settings.dlq_topic if rejects_to == "dlq" else None
     topics = sorted({s.topic for s in sources.values()} | ({dlq} if dlq else set()))
     sink = KafkaIngestSink(bootstrap or settings.kafka_bootstrap, topics, buffer=buffer, linger_ms=linger_ms)
-    service = IngestService(sources, sink, dlq_topic=dlq, max_batch=max_batch)
+    service = IngestService(sources, sink, dlq_topic=dlq, max_batch=max_batch, reload=watcher.changed)
     app = ingest_app(service, max_body_bytes=max_body_bytes, feast_sources=mapping)
     grpc = None
     if grpc_port is not None:
@@ -148,6 +148,54 @@ def serve_cmd(
     finally:
         if grpc is not None:
             grpc.stop(1.0)
+
+
+class PlanWatcher:
+    """The applied plan's sources, read again when ``headwater apply`` rewrote the plan file."""
+
+    def __init__(self, state_dir: Path | None) -> None:
+        from headwater.pipelines.events.sources import PLAN_TIER, default_state
+        from headwater.registry.plans import plan_path
+
+        self.path = plan_path(state_dir if state_dir is not None else default_state(), PLAN_TIER)
+        self.state_dir = state_dir
+        self._stamp: int | None = None
+
+    def sources(self) -> dict[str, PlanSource]:
+        """Read the sources now.
+
+        Raises:
+            SourceError: no applied plan (or an unreadable one).
+        """
+        from headwater.pipelines.events.sources import applied_sources
+
+        self._stamp = self._mtime()
+        return {s.name: s for s in applied_sources(self.state_dir)}
+
+    def changed(self) -> dict[str, PlanSource] | None:
+        """Return the sources when the plan file changed since the last read, else None.
+
+        A plan that cannot be read now (being written, or broken) keeps the previous sources and is
+        tried again at the next call.
+        """
+        from headwater.pipelines.events.sources import SourceError
+
+        if self._mtime() == self._stamp:
+            return None
+        try:
+            return self.sources()
+        except SourceError as exc:
+            self._stamp = None
+            click.echo(
+                f"warning: the applied plan changed but cannot be read ({exc}); kept the last", err=True
+            )
+            return None
+
+    def _mtime(self) -> int | None:
+        try:
+            return self.path.stat().st_mtime_ns
+        except OSError:
+            return None
 
 
 @ingest.command(name="push")

@@ -46,6 +46,8 @@ Status = Literal["accepted", "rejected", "failed"]
 Headers = Mapping[str, str]
 OnDone = Callable[[BaseException | None], None]
 Authorize = Callable[[Headers], None]
+Reload = Callable[[], Mapping[str, "PlanSource"] | None]
+"""Return the sources when the applied plan changed since the last call, else None."""
 """The auth hook: raises :class:`NotAuthorized` (401/403) for a caller without the ``ingest`` role."""
 
 DEFAULT_MAX_BATCH = 10_000
@@ -226,6 +228,8 @@ class IngestService:
         max_batch: the most events of one request.
         ack_timeout_s: how long a batch waits for the broker's acknowledgements.
         retry_after_s: the wait a 429 asks for.
+        reload: asked at most every ``reload_s`` for the sources of a newly applied plan (a new
+            schema version, a new rule or source is then checked without a restart).
 
     Thread-safe: each thread checks with its own codecs (a codec reuses a buffer).
     """
@@ -240,6 +244,8 @@ class IngestService:
         max_batch: int = DEFAULT_MAX_BATCH,
         ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S,
         retry_after_s: float = 1.0,
+        reload: Reload | None = None,
+        reload_s: float = 2.0,
     ) -> None:
         """Bind the sources and the sink; nothing is sent yet."""
         self.sources = dict(sources)
@@ -251,6 +257,24 @@ class IngestService:
         self.retry_after_s = retry_after_s
         self.stats = IngestStats()
         self._local = threading.local()
+        self._reload = reload
+        self._reload_s = reload_s
+        self._next_reload = time.monotonic() + reload_s
+        self._reload_lock = threading.Lock()
+
+    def _reloaded(self) -> None:
+        """Swap in the sources of a newly applied plan (one thread asks; the others go on)."""
+        if self._reload is None or time.monotonic() < self._next_reload:
+            return
+        if not self._reload_lock.acquire(blocking=False):
+            return
+        try:
+            self._next_reload = time.monotonic() + self._reload_s
+            fresh = self._reload()
+            if fresh is not None:
+                self.sources = dict(fresh)  # one reference swap: a request sees the old or the new plan
+        finally:
+            self._reload_lock.release()
 
     def source(self, name: str) -> PlanSource:
         """Return the source ``name``.
@@ -258,13 +282,14 @@ class IngestService:
         Raises:
             UnknownSource: not in the applied plan (the message lists those there).
         """
+        self._reloaded()
         found = self.sources.get(name)
         if found is None:
             known = ", ".join(sorted(self.sources)) or "none"
             shown = name if len(name) <= 64 else name[:61] + "..."
             msg = (
                 f"source {shown!r} is not in the applied plan (sources: {known}); declare it in "
-                "sources.yaml, run `headwater apply` and restart `headwater ingest serve`"
+                "sources.yaml, and run `headwater apply` (the push API reads a new plan within seconds)"
             )
             raise UnknownSource(msg)
         return found
@@ -390,7 +415,7 @@ class IngestService:
         if checkers is None:
             checkers = self._local.checkers = {}
         checker = checkers.get(source.name)
-        if checker is None:
+        if checker is None or checker.source is not source:  # first use, or a newly applied plan
             checker = checkers[source.name] = RowChecker(source, EventCodec(source))
         return checker
 

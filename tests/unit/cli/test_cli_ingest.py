@@ -85,3 +85,19 @@ def test_option_errors(state: Path) -> None:
     done = runner.invoke(main, ["ingest", "push", "--state-dir", str(state), "--source", "nope"])
     assert done.exit_code == 1
     assert "not in the applied plan" in done.output
+
+
+def test_plan_watcher_reads_a_new_apply(state: Path) -> None:
+    import os
+
+    from headwater.cli.ingest import PlanWatcher
+
+    watcher = PlanWatcher(state)
+    assert "payments" in watcher.sources()
+    assert watcher.changed() is None
+    stat = watcher.path.stat()
+    os.utime(watcher.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # `headwater apply` again
+    again = watcher.changed()
+    assert again is not None
+    assert set(again) == {"events", "payments"}
+    assert watcher.changed() is None

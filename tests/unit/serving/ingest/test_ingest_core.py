@@ -240,3 +240,13 @@ def test_describe(client: tuple[TestClient, MemorySink], sources: dict[str, Plan
     assert body["fingerprint"] == sources["payments"].current.fingerprint
     assert (body["key"], body["event_id"]) == ("account_id", "payment_id")
     assert http.get("/health").json()["status"] == "ok"
+
+
+def test_a_newly_applied_plan_is_read(sources: dict[str, PlanSource]) -> None:
+    sink = MemorySink()
+    moved = {**sources, "payments": sources["payments"].model_copy(update={"topic": "payments-v2"})}
+    plans = iter([None, moved])
+    svc = service(sources, sink, reload=lambda: next(plans, None), reload_s=0.0)
+    svc.accept("payments", [payment(1)])  # the reload said: unchanged
+    svc.accept("payments", [payment(2)])  # the new plan: its topic, and a new checker for it
+    assert [r[0] for r in sink.records] == ["payments", "payments-v2"]
