@@ -432,3 +432,31 @@ def test_any_authorization_and_class_header_is_200_401_or_403_never_5xx(
     sent = {name: text.encode("latin-1") for name, text in headers.items()}  # any byte a header may hold
     answer = client.post("/v1/rank", json=BODY, headers=sent)
     assert answer.status_code in (200, 401, 403), answer.text
+
+
+# --- headwater serve: an explicit choice -----------------------------------------------------------------
+
+
+def test_serve_refuses_to_start_without_an_auth_choice_or_open_off_loopback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from click.testing import CliRunner
+
+    from headwater.cli.serve import serve
+
+    runner = CliRunner()
+    empty = tmp_path / "serving.yaml"
+    empty.write_text("{}\n")
+    got = runner.invoke(serve, ["--config", str(empty), "--state-dir", str(tmp_path / "none")])
+    assert got.exit_code == 1
+    assert "no `auth:` section" in got.output
+    assert "auth: none" in got.output
+    got = runner.invoke(serve, ["--no-auth", "--host", "0.0.0.0", "--state-dir", str(tmp_path / "none")])
+    assert got.exit_code == 1
+    assert "allowed only on a loopback address; --host 0.0.0.0" in got.output
+    opened = tmp_path / "open.yaml"
+    opened.write_text("auth: none\n")
+    with caplog.at_level("WARNING"):  # on loopback it goes on (and fails later: no plans here)
+        nowhere = str(tmp_path / "none")
+        runner.invoke(serve, ["--config", str(opened), "--host", "::1", "--state-dir", nowhere])
+    assert any("auth: none: every caller on ::1" in r.getMessage() for r in caplog.records)
