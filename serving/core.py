@@ -63,7 +63,7 @@ from headwater.serving.schemas import (
     RequestOptions,
     StageAnswer,
 )
-from headwater.serving.served import FeedbackGate, ItemCatalog, ServedLedger, found_items
+from headwater.serving.served import FeedbackGate, ItemCatalog, ServedLedger, catalog_prefix, found_items
 from headwater.serving.skew import PredictionLog, prediction_record
 from headwater.serving.store import FeatureReader, ReadPool, now_ms
 from headwater.serving.telemetry import Telemetry
@@ -345,9 +345,10 @@ class RankingService:
         p = self.parts
         shown = [item for item, _ in ranked.items]
         request_id = answer["request_id"]
-        if p.feedback is not None:
+        logged = catalog_prefix(shown, body.candidates, ranked.features)  # no impression creates an item
+        if p.feedback is not None and logged:
             p.feedback.offer(  # one unit per answer: built, validated and encoded by the sender thread
-                impressions(request_id, body.user_id, shown, body.session_id, body.device, arm=arm)
+                impressions(request_id, body.user_id, logged, body.session_id, body.device, arm=arm)
             )
         if p.funnel is not None:  # the seen filter of /v1/recommend
             p.funnel.recent.served(body.user_id, shown, arrived_ms)

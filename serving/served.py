@@ -324,3 +324,22 @@ def found_items(candidates: Sequence[str], features: RequestFeatures | None) -> 
     if features is None or len(features.items_found) != len(candidates):
         return set()
     return {item for item, found in zip(candidates, features.items_found.tolist(), strict=True) if found}
+
+
+def catalog_prefix(
+    shown: Sequence[str], candidates: Sequence[str], features: RequestFeatures | None
+) -> list[str]:
+    """Return the answer's items before the first one its ranking found in no item view.
+
+    Impressions of those are not logged: an item view that counts impressions would otherwise give
+    a caller's made-up candidate a key, and so a place in the catalog. The ranking puts candidates
+    without item rows after every candidate with them, so the cut keeps every position of the
+    others. Without features (a fallback answer) nothing is known to be missing: all are kept.
+    """
+    if features is None or len(features.items_found) != len(candidates):
+        return list(shown)
+    missing = set(candidates) - found_items(candidates, features)
+    for position, item in enumerate(shown):
+        if item in missing:
+            return list(shown[:position])
+    return list(shown)

@@ -370,3 +370,26 @@ def test_a_failing_store_never_makes_feedback_a_5xx() -> None:
     assert known.status_code == 202, known.text
     assert unknown.status_code == 409
     assert unknown.json()["errors"][0]["message"].startswith("catalog-unavailable: ")
+
+
+def test_a_made_up_candidate_gets_no_impression_so_it_never_enters_the_catalog() -> None:
+    """The ranking read the rows: a candidate in no item view ranks last and its impression is not sent."""
+    f32 = np.float32
+    linear = LinearRanker(
+        {
+            "user_mean": np.zeros(2, f32), "user_scale": np.ones(2, f32), "item_mean": np.zeros(3, f32),
+            "item_scale": np.ones(3, f32), "w_user": np.zeros(2, f32), "w_item": np.array([0, 1, 0], f32),
+            "w_cross": np.zeros((2, 3), f32), "bias": np.zeros(1, f32),
+        }
+    )  # fmt: skip
+    loaded = LoadedModels(None, None, linear, type("A", (), {"version": "linlinlinlin"})(), "cpu")
+    sink = FakeSink()
+    config = ServingConfig(item_cache_ttl_s=0.0)
+    app = create_app(config, FOUR, four_item_store(), loaded, FeedbackProducer("t", lambda: sink))
+    with TestClient(app) as c:
+        shown = _rank(c, "u1", ["made-up", "i0", "i1"], "rq-1")
+        wait_for(lambda: len(sink.records) == 2)
+        time.sleep(0.1)
+    assert shown == ["i1", "i0", "made-up"]  # answered as before, the made-up candidate last
+    events = [d.event for d in decoded(sink)]
+    assert [(e["item_id"], e["position"]) for e in events] == [("i1", 1), ("i0", 2)]
