@@ -131,7 +131,7 @@ def start_server(state: Path, bootstrap: str, grpc_port: int) -> tuple[subproces
     port = _free_port()
     cmd = [str(Path(sys.executable).with_name("headwater")), "ingest", "serve", "--state-dir", str(state)]
     env = {**os.environ, "HEADWATER_KAFKA_BOOTSTRAP": bootstrap}
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--grpc-port", str(grpc_port)], env=env)
+    proc = subprocess.Popen([*cmd, "--port", str(port), "--grpc-port", str(grpc_port), "--no-auth"], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

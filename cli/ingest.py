@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +88,13 @@ def _feast_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Map a Feast push source to a headwater source for POST /push (repeatable; default: same name).",
 )  # fmt: skip
 @click.option(
+    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    help="The serving config whose `auth:` section (API keys or JWT) grants the `ingest` role.",
+)  # fmt: skip
+@click.option(
+    "--no-auth", is_flag=True, help="Run without credentials, as `auth: none` (a loopback --host only)."
+)
+@click.option(
     "--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="warning",
     show_default=True,
 )  # fmt: skip
@@ -103,6 +110,8 @@ def serve_cmd(
     buffer: int,
     linger_ms: int,
     feast_push: tuple[str, ...],
+    config_path: Path | None,
+    no_auth: bool,
     log_level: str,
 ) -> None:
     """Serve the push API for every source of the applied plan (a new `headwater apply` is read within 2 s).
@@ -112,8 +121,9 @@ def serve_cmd(
     the answer says per event accepted, or rejected with field and reason. Resending a batch with
     the same event ids is safe: every tier counts an event id once.
 
-    Auth: no credential is checked yet (listen on loopback, or behind a gateway that checks the
-    `ingest` role); the service takes an `authorize(headers)` hook for it.
+    Auth: every push needs a credential with the `ingest` role (Authorization: Bearer <API key or
+    JWT>, REST and gRPC), from the `auth:` section of --config, as `headwater serve` checks it;
+    --no-auth (or `auth: none`) runs open, on a loopback --host only.
     """
     import uvicorn
 
@@ -123,6 +133,7 @@ def serve_cmd(
     from headwater.serving.ingest.sink import KafkaIngestSink
 
     mapping = _feast_mapping(feast_push)
+    authorize = _authorizer(config_path, no_auth, host)
     settings = Settings.from_env()
     watcher = PlanWatcher(state_dir)
     sources = watcher.sources()
@@ -134,7 +145,9 @@ def serve_cmd(
     dlq = settings.dlq_topic if rejects_to == "dlq" else None
     topics = sorted({s.topic for s in sources.values()} | ({dlq} if dlq else set()))
     sink = KafkaIngestSink(bootstrap or settings.kafka_bootstrap, topics, buffer=buffer, linger_ms=linger_ms)
-    service = IngestService(sources, sink, dlq_topic=dlq, max_batch=max_batch, reload=watcher.changed)
+    service = IngestService(
+        sources, sink, dlq_topic=dlq, max_batch=max_batch, reload=watcher.changed, authorize=authorize
+    )
     app = ingest_app(service, max_body_bytes=max_body_bytes, feast_sources=mapping)
     grpc = None
     if grpc_port is not None:
@@ -148,6 +161,52 @@ def serve_cmd(
     finally:
         if grpc is not None:
             grpc.stop(1.0)
+
+
+class IngestRole:
+    """The push API's auth hook: the caller's credential must carry the ``ingest`` role (serving/auth.py)."""
+
+    def __init__(self, authenticator: Any) -> None:
+        self.authenticator = authenticator
+
+    def __call__(self, headers: Mapping[str, str]) -> None:
+        """Pass, or raise NotAuthorized (401: no or a bad credential, 403: no ``ingest`` role)."""
+        from headwater.serving.auth import Forbidden, Unauthenticated
+        from headwater.serving.ingest.core import NotAuthorized
+
+        try:
+            self.authenticator.authenticate(headers, "ingest")
+        except Unauthenticated as exc:
+            raise NotAuthorized(str(exc), 401) from None
+        except Forbidden as exc:
+            raise NotAuthorized(str(exc), 403) from None
+
+
+def _authorizer(config_path: Path | None, no_auth: bool, host: str) -> IngestRole | None:
+    """Return the auth hook of --config's ``auth:`` section; None when open (refused off loopback)."""
+    import ipaddress
+
+    from headwater.serving.auth import Authenticator
+    from headwater.serving.config import load_config
+
+    auth = "none" if no_auth else load_config(config_path).auth
+    if auth is None:
+        msg = (
+            "ingest serve needs an auth choice: --config FILE whose `auth:` section gives API keys or JWT "
+            "(the `ingest` role; docs/operations/security.md), or --no-auth to run open on loopback"
+        )
+        raise click.UsageError(msg)
+    if auth != "none":
+        return IngestRole(Authenticator(auth))
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        msg = f"--no-auth (auth: none) is allowed only on a loopback address; --host {host} is not one"
+        raise click.UsageError(msg)
+    click.echo(f"warning: no credentials: every caller on {host} may push events of every source", err=True)
+    return None
 
 
 class PlanWatcher:
@@ -216,6 +275,10 @@ class PlanWatcher:
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the generated events.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=500, show_default=True)
 @click.option(
+    "--token", envvar="HEADWATER_API_KEY", default=None,
+    help="A credential with the `ingest` role, sent as Authorization: Bearer [default: $HEADWATER_API_KEY].",
+)  # fmt: skip
+@click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
     help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR, else headwater.yaml's].",
 )  # fmt: skip
@@ -229,6 +292,7 @@ def push_cmd(
     max_events: int | None,
     seed: int,
     batch_size: int,
+    token: str | None,
     state_dir: Path | None,
 ) -> None:
     """Push events to `headwater ingest serve` through headwater.client.IngestClient (demos, smoke tests).
@@ -245,8 +309,14 @@ def push_cmd(
     target = url.removeprefix("http://") if protocol == "grpc" else url
     id_field = source.event_id if protocol == "grpc" else "auto"
     shown = 0
+    headers = {"authorization": f"Bearer {token}"} if token else None
     with IngestClient(
-        target, source.name, batch_size=batch_size, protocol=protocol, event_id_field=id_field
+        target,
+        source.name,
+        batch_size=batch_size,
+        protocol=protocol,
+        event_id_field=id_field,
+        headers=headers,
     ) as client:
         started = last_flush = time.monotonic()
         outcomes = []

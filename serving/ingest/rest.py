@@ -139,12 +139,17 @@ class IngestRoutes:
         return self.service.accept(name, rows, headers)
 
     async def list_sources(self, request: Request) -> Response:
-        """``GET /v1/sources``: every source's description."""
+        """``GET /v1/sources``: every source's description (for a caller the auth hook lets push)."""
+        try:
+            self.service.check_access(dict(request.headers))
+        except IngestRefused as exc:
+            return refused(exc)
         return FastJSON({"sources": [self.service.describe(n) for n in sorted(self.service.sources)]})
 
     async def get_source(self, request: Request) -> Response:
         """``GET /v1/sources/{source}``: one source's topic, key, event id, fingerprint and fields."""
         try:
+            self.service.check_access(dict(request.headers))
             return FastJSON(self.service.describe(request.path_params["source"]))
         except IngestRefused as exc:
             return refused(exc)

@@ -71,6 +71,7 @@ def server(example: tuple[h.Env, TierPlan]) -> Iterator[str]:
     cmd = [
         str(Path(sys.executable).with_name("headwater")),
         "ingest", "serve", "--state-dir", str(env.tmp), "--port", str(port), "--rejects-to", "dlq",
+        "--no-auth",
     ]  # fmt: skip
     log = open(env.tmp / "ingest.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(cmd, env=env.env(), stdout=log, stderr=subprocess.STDOUT)

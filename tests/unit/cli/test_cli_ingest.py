@@ -101,3 +101,42 @@ def test_plan_watcher_reads_a_new_apply(state: Path) -> None:
     assert again is not None
     assert set(again) == {"events", "payments"}
     assert watcher.changed() is None
+
+
+def test_serve_needs_an_auth_choice(state: Path) -> None:
+    runner = CliRunner()
+    done = runner.invoke(main, ["ingest", "serve", "--state-dir", str(state)])
+    assert done.exit_code == 2
+    assert "needs an auth choice" in done.output
+    done = runner.invoke(
+        main, ["ingest", "serve", "--state-dir", str(state), "--no-auth", "--host", "0.0.0.0"]
+    )
+    assert done.exit_code == 2
+    assert "only on a loopback address" in done.output
+
+
+def test_the_ingest_role_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from headwater.cli.ingest import IngestRole
+    from headwater.serving.auth import Authenticator, key_hash, new_api_key
+    from headwater.serving.config import AuthConfig
+
+    from ..serving.ingest.test_ingest_core import payment
+
+    pusher, ranker = new_api_key()[0], new_api_key()[0]
+    doc = (
+        f"keys:\n- id: pusher\n  sha256: {key_hash(pusher)}\n  roles: [ingest]\n"
+        f"- id: ranker\n  sha256: {key_hash(ranker)}\n  roles: [rank]\n"
+    )
+    monkeypatch.setenv("HW_TEST_INGEST_KEYS", doc)
+    authorize = IngestRole(Authenticator(AuthConfig(api_keys_env="HW_TEST_INGEST_KEYS")))
+    sink = MemorySink()
+    http = TestClient(ingest_app(IngestService(SOURCES, sink, authorize=authorize)))
+    url = "/v1/sources/payments/events"
+    assert http.post(url, json=[payment(1)]).status_code == 401
+    assert http.post(url, json=[payment(1)], headers={"authorization": f"Bearer {ranker}"}).status_code == 403
+    assert http.get("/v1/sources/payments").status_code == 401
+    reply = http.post(url, json=[payment(1)], headers={"authorization": f"Bearer {pusher}"})
+    assert reply.status_code == 200, reply.text
+    assert len(sink.records) == 1
