@@ -33,6 +33,7 @@ import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,10 @@ JWKS_REFETCH_S = 30.0
 JWKS_TIMEOUT_S = 5.0
 """A JWKS fetch waits at most this long (it runs on the request path, on a cache miss only)."""
 KEY_PREFIX = "hw_"
+VERIFIED_TOKENS = 4096
+"""Tokens whose verification is remembered (an RS256 check costs ~40x an API key's: bench_auth.py)."""
+VERIFIED_TTL_S = 60.0
+"""How long a verified token is trusted without checking its signature again (never past its exp)."""
 ClassSource = Literal["credential", "gateway", "caller"]
 
 
@@ -335,6 +340,9 @@ class Authenticator:
             if c.jwt is not None:
                 self._jwt = JwtVerifier(c.jwt, c.reload_check_s, clock)
         self._env_digests = _digests(self._env)
+        self._verified: OrderedDict[str, tuple[Identity, float, float]] = OrderedDict()
+        """Verified tokens: identity, exp (wall clock), recheck at (monotonic)."""
+        self._clock = clock
         self.refused = Counter(
             "headwater_auth_refused",
             "Requests refused at the edge by reason (missing, invalid, expired, forbidden).",
@@ -389,6 +397,9 @@ class Authenticator:
         if self._jwt is None:
             self.refused.labels("invalid").inc()
             raise Unauthenticated(INVALID)
+        known = self._verified.get(token)
+        if known is not None and known[1] > time.time() and known[2] > self._clock():
+            return known[0]
         try:
             claims = self._jwt.claims(token)
         except jwt.ExpiredSignatureError as exc:
@@ -400,10 +411,15 @@ class Authenticator:
             raise Unauthenticated(INVALID) from exc
         c = self._jwt.config
         user_class = claims.get(c.class_claim)
-        return _identity(
+        identity = _identity(
             f"sub:{claims['sub']}", _roles_of(claims.get(c.roles_claim)) & set(ROLES),
             user_class if isinstance(user_class, str) else None, c.subject_quota,
         )  # fmt: skip
+        # Remembered for a minute (never past exp): a client sends the same token on every call.
+        self._verified[token] = (identity, float(claims["exp"]), self._clock() + VERIFIED_TTL_S)
+        while len(self._verified) > VERIFIED_TOKENS:
+            self._verified.popitem(last=False)
+        return identity
 
 
 def _identity(

@@ -460,3 +460,67 @@ def test_serve_refuses_to_start_without_an_auth_choice_or_open_off_loopback(
         nowhere = str(tmp_path / "none")
         runner.invoke(serve, ["--config", str(opened), "--host", "::1", "--state-dir", nowhere])
     assert any("auth: none: every caller on ::1" in r.getMessage() for r in caplog.records)
+
+
+def test_a_jwks_url_is_fetched_once_and_an_unknown_kid_refetches_at_most_every_30_s() -> None:
+    import http.server
+    import threading
+
+    rsa_jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(PRIVATE.public_key()))
+    served: dict[str, Any] = {"doc": json.dumps({"keys": [{**rsa_jwk, "kid": "k1"}]}), "fetches": 0}
+
+    class Issuer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            served["fetches"] += 1
+            body = served["doc"].encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Issuer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    now = [0.0]
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/jwks.json"
+        config = JwtConfig(jwks=url, issuer=ISSUER, audience=AUDIENCE)
+        auth = Authenticator(AuthConfig(jwt=config), clock=lambda: now[0])
+        for _ in range(3):
+            assert auth.authenticate(bearer(token()), "rank").subject == "sub:alice"
+        assert served["fetches"] == 1  # at start; then from the cache
+        for _ in range(5):  # random kids cannot make the service hammer the issuer
+            with pytest.raises(Unauthenticated):
+                auth.authenticate(bearer(token(kid="rotated")), "rank")
+        assert served["fetches"] == 1
+        other = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(OTHER.public_key()))
+        served["doc"] = json.dumps({"keys": [{**rsa_jwk, "kid": "k1"}, {**other, "kid": "rotated"}]})
+        now[0] = 31.0  # the issuer rotated: the next unknown kid fetches the set again
+        assert auth.authenticate(bearer(token(key=OTHER, kid="rotated")), "rank").subject == "sub:alice"
+        assert served["fetches"] == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_verified_token_is_remembered_for_a_minute_at_most(tmp_path: Path) -> None:
+    now = [0.0]
+    config = JwtConfig(jwks=str(jwks_file(tmp_path)), issuer=ISSUER, audience=AUDIENCE, leeway_s=0)
+    auth = Authenticator(AuthConfig(jwt=config, reload_check_s=0), clock=lambda: now[0])
+    good, short = token(), token({"exp": int(time.time()) + 1})
+    assert auth.authenticate(bearer(good), "rank").subject == "sub:alice"
+    assert auth.authenticate(bearer(short), "rank").subject == "sub:alice"
+    other = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(OTHER.public_key()))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**other, "kid": "k9"}]}))  # k1 withdrawn
+    now[0] = 59.0
+    assert auth.authenticate(bearer(good), "rank").subject == "sub:alice"  # remembered, not checked
+    now[0] = 61.0
+    with pytest.raises(Unauthenticated):
+        auth.authenticate(bearer(good), "rank")  # checked again: its key is gone
+    time.sleep(max(0.0, int(time.time()) + 1.05 - time.time()) + 1.0)
+    now[0] = 1.0  # within the minute, but past the token's exp
+    with pytest.raises(Unauthenticated):
+        auth.authenticate(bearer(short), "rank")
