@@ -9,7 +9,9 @@ edge over an in-memory store) with an ``auth:`` section: a key file and a JWKS f
   the credential's class; a trusted gateway's header is honoured;
 - a non-JSON write is 415; /health is open, /metrics needs admin;
 - the Python client sends its token over both protocols;
-- a key added to the running server's key file works at once, one removed is refused at once.
+- a key added to the running server's key file works at once, one removed is refused at once;
+- hypothesis over the gRPC authorization and class metadata: OK, UNAUTHENTICATED or
+  PERMISSION_DENIED, never another code.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headwater.client import RankingClient, RankingRequestError
 from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
@@ -197,3 +201,23 @@ def test_keys_rotate_in_the_running_server(server: dict[str, Any]) -> None:
     time.sleep(0.05)
     assert httpx.post(f"{url}/v1/rank", json=BODY, headers=_bearer(fresh[0]), timeout=10).status_code == 401
     assert httpx.post(f"{url}/v1/rank", json=BODY, headers=_bearer(RANKER[0]), timeout=10).status_code == 200
+
+
+METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    scheme=st.sampled_from(["Bearer ", "bearer ", "Basic ", ""]),
+    value=st.one_of(METADATA_TEXT, st.sampled_from([RANKER[0], GATEWAY[0], "a.b.c", "e30.e30.e30"])),
+    user_class=st.one_of(st.none(), METADATA_TEXT, st.sampled_from(["vip", "VIP", " new "])),
+)
+def test_any_grpc_authorization_and_class_metadata_is_ok_or_refused_never_an_error(
+    server: dict[str, Any], scheme: str, value: str, user_class: str | None
+) -> None:
+    metadata = (("authorization", scheme + value),)
+    if user_class is not None:
+        metadata += (("x-user-class", user_class),)
+    code, _ = _grpc_rank(server["grpc"], metadata)
+    allowed = (grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    assert code in allowed

@@ -524,3 +524,31 @@ def test_a_verified_token_is_remembered_for_a_minute_at_most(tmp_path: Path) -> 
     now[0] = 1.0  # within the minute, but past the token's exp
     with pytest.raises(Unauthenticated):
         auth.authenticate(bearer(short), "rank")
+
+
+def test_the_command_line_client_sends_headwater_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from headwater.cli import client as cli_client
+
+    seen: dict[str, str] = {}
+
+    class Answer:
+        def __enter__(self) -> io.BytesIO:
+            return io.BytesIO(b'{"ok": true}')
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+    def urlopen(request: Any, timeout: float) -> Answer:
+        seen.update(dict(request.header_items()))
+        return Answer()
+
+    monkeypatch.setattr(cli_client.urllib.request, "urlopen", urlopen)
+    monkeypatch.delenv("HEADWATER_API_KEY", raising=False)
+    assert cli_client.post("http://127.0.0.1:1", "/v1/rank", {}) == {"ok": True}
+    assert "Authorization" not in seen
+    monkeypatch.setenv("HEADWATER_API_KEY", "hw_demo")
+    cli_client.post("http://127.0.0.1:1", "/v1/rank", {})
+    assert seen["Authorization"] == "Bearer hw_demo"
+    assert seen["Content-type"] == "application/json"
