@@ -215,7 +215,7 @@ METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), m
 def test_any_grpc_authorization_and_class_metadata_is_ok_or_refused_never_an_error(
     server: dict[str, Any], scheme: str, value: str, user_class: str | None
 ) -> None:
-    metadata = (("authorization", scheme + value),)
+    metadata: tuple[tuple[str, str], ...] = (("authorization", scheme + value),)
     if user_class is not None:
         metadata += (("x-user-class", user_class),)
     code, _ = _grpc_rank(server["grpc"], metadata)

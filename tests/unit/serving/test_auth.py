@@ -528,6 +528,7 @@ def test_a_verified_token_is_remembered_for_a_minute_at_most(tmp_path: Path) -> 
 
 def test_the_command_line_client_sends_headwater_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
+    import urllib.request
 
     from headwater.cli import client as cli_client
 
@@ -544,7 +545,7 @@ def test_the_command_line_client_sends_headwater_api_key(monkeypatch: pytest.Mon
         seen.update(dict(request.header_items()))
         return Answer()
 
-    monkeypatch.setattr(cli_client.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)  # the module cli.client calls
     monkeypatch.delenv("HEADWATER_API_KEY", raising=False)
     assert cli_client.post("http://127.0.0.1:1", "/v1/rank", {}) == {"ok": True}
     assert "Authorization" not in seen
