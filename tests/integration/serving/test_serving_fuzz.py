@@ -132,6 +132,18 @@ def fuzz(schema: Any, method: str, path: str) -> list[Any]:
         response = valid.call_and_validate(checks=CHECKS)
         if response.status_code < 300:
             served.append(response.json())
+    if path == "/v1/feedback":
+        # Feedback is accepted only for an item served to the user (a random one is 409): rank for
+        # the user, then click the answer's top item with its request id.
+        rank = schema["/v1/rank"]["POST"].Case(body={"user_id": "u0", "candidates": ["i000001"], "k": 1})
+        ranked = rank.call_and_validate(checks=CHECKS)
+        if ranked.status_code < 300:
+            answer = ranked.json()
+            click = {"user_id": "u0", "item_id": answer["items"][0]["item_id"], "event_type": "click",
+                     "request_id": answer["request_id"]}  # fmt: skip
+            response = operation.Case(body=click).call_and_validate(checks=CHECKS)
+            if response.status_code < 300:
+                served.append(response.json())
     return served
 
 
