@@ -179,7 +179,9 @@ async def click_loop(
             "log_impressions": False,
             "deadline_ms": 2000,
         }
-        base = (await client.post("/v1/rank", json=body)).json()
+        # The ranking the user clicks in logs its impressions: feedback is accepted only for an item
+        # served to that user (serving/served.py); the polls below log none.
+        base = (await client.post("/v1/rank", json={**body, "log_impressions": True})).json()
         top = base["items"][0]["item_id"]
         posted = time.perf_counter()
         fb = await client.post(
