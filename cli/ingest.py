@@ -302,6 +302,7 @@ def push_cmd(
     given once, so they count once. Prints the first rejects on stderr and the counts as JSON.
     """
     from headwater.client import IngestClient
+    from headwater.client.ingest import IngestError, IngestRequestError
     from headwater.pipelines.events.sources import applied_source
 
     source = applied_source(source_name, state_dir)
@@ -310,29 +311,36 @@ def push_cmd(
     id_field = source.event_id if protocol == "grpc" else "auto"
     shown = 0
     headers = {"authorization": f"Bearer {token}"} if token else None
-    with IngestClient(
-        target,
-        source.name,
-        batch_size=batch_size,
-        protocol=protocol,
-        event_id_field=id_field,
-        headers=headers,
-    ) as client:
-        started = last_flush = time.monotonic()
-        outcomes = []
-        for count, event in enumerate(events, start=1):
-            if rate > 0:
-                due = started + count / rate
-                if due > time.monotonic():
-                    time.sleep(due - time.monotonic())
-            outcomes = client.add(event)
-            if rate > 0 and time.monotonic() - last_flush >= 1.0:  # paced: no event waits long for its batch
-                outcomes += client.flush()
-                last_flush = time.monotonic()
-            shown = _show_rejects(outcomes, shown)
-            if max_events is not None and count >= max_events:
-                break
-        shown = _show_rejects(client.flush(), shown)
+    try:
+        with IngestClient(
+            target,
+            source.name,
+            batch_size=batch_size,
+            protocol=protocol,
+            event_id_field=id_field,
+            headers=headers,
+        ) as client:
+            started = last_flush = time.monotonic()
+            outcomes = []
+            for count, event in enumerate(events, start=1):
+                if rate > 0:
+                    due = started + count / rate
+                    if due > time.monotonic():
+                        time.sleep(due - time.monotonic())
+                outcomes = client.add(event)
+                # paced: no event waits long for its batch
+                if rate > 0 and time.monotonic() - last_flush >= 1.0:
+                    outcomes += client.flush()
+                    last_flush = time.monotonic()
+                shown = _show_rejects(outcomes, shown)
+                if max_events is not None and count >= max_events:
+                    break
+            shown = _show_rejects(client.flush(), shown)
+    except IngestRequestError as exc:  # refused whole (401, 403, 404...): say so, no traceback
+        raise click.ClickException(f"the push API at {url} refused the batch: {exc}") from exc
+    except IngestError as exc:
+        msg = f"the push API at {url} did not take the events: {exc}; is `headwater ingest serve` running?"
+        raise click.ClickException(msg) from exc
     out = {"source": source.name, "url": url, "protocol": protocol, **vars(client.stats)}
     click.echo(json.dumps(out))
 

@@ -10,7 +10,8 @@
 #      starts at the live traffic, with --from-latest)
 #   3. offline: land the history in Delta, compute every view per day, label the impressions,
 #      build a point-in-time training set, train the ranker from it, materialize to Redis
-#   4. live: the ranking service starts; generated traffic streams; rankings are requested and a
+#   4. live: the ranking service and the push API start (both with a generated API key); generated
+#      traffic streams to Kafka, live payments through the push API; rankings are requested and a
 #      click is posted, which changes the user's realtime features and the next ranking
 #   5. freshness of every view against its SLA, judged after each tier's catch-up (table + HTML page
 #      from one report)
@@ -29,6 +30,8 @@ DURATION=${HEADWATER_DEMO_SECONDS:-120}
 RATE=${HEADWATER_DEMO_RATE:-1000}
 PORT=${HEADWATER_SERVE_PORT:-8080}
 URL="http://127.0.0.1:$PORT"
+INGEST_PORT=${HEADWATER_INGEST_PORT:-8090}
+INGEST_URL="http://127.0.0.1:$INGEST_PORT"
 pids=()
 cleanup() {
   local pid
@@ -78,20 +81,25 @@ $HW funnel train-reranker --training-set "$RUN_DIR/train.parquet"
 $HW funnel categories
 $HW materialize
 
-step "4. Live: the realtime tier and the ranking service, ${DURATION} s of traffic at ${RATE} events/s, a click"
+step "4. Live: the realtime tier, the ranking service and the push API, ${DURATION} s of traffic at ${RATE} events/s, a click"
 background realtime $HW run realtime --from-latest
 # The demo's calls carry a generated API key (HEADWATER_API_KEY); the service holds only its hash.
 rm -f "$RUN_DIR/api-keys.yaml"
 HEADWATER_API_KEY=$($PY -c 'import sys; from pathlib import Path; from headwater.serving.auth import add_api_key
-print(add_api_key(Path(sys.argv[1]), "demo", ["rank", "feedback", "admin"]))' "$RUN_DIR/api-keys.yaml")
+print(add_api_key(Path(sys.argv[1]), "demo", ["rank", "feedback", "admin", "ingest"]))' "$RUN_DIR/api-keys.yaml")
 export HEADWATER_API_KEY
 background serve $HW serve --port "$PORT" --config infra/demo/serving.yaml
+# The push API (a process of its own): the live payments arrive through it, checked, keyed and sent
+# to Kafka as `events produce` would; the same key, with its `ingest` role.
+background ingest $HW ingest serve --port "$INGEST_PORT" --rejects-to dlq --config infra/demo/serving.yaml
 for _ in $(seq 1 120); do grep -q "realtime job .*submitted" "$RUN_DIR/realtime.log" && break; sleep 1; done
 for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
 curl -sf "$URL/health"; echo
+for _ in $(seq 1 60); do curl -sf "$INGEST_URL/health" > /dev/null && break; sleep 1; done
+curl -sf "$INGEST_URL/health"; echo
 background traffic $HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 --quiet
 traffic_pid=${pids[-1]}
-background payments $HW events produce --source payments --rate 50 --duration "$DURATION" --seed 8 --quiet
+background payments $HW ingest push --source payments --rate 50 --duration "$DURATION" --seed 8 --url "$INGEST_URL"
 traffic_started=$(date +%s)
 sleep 20
 $PY infra/demo_loop.py --url "$URL" --wait 30

@@ -140,3 +140,47 @@ def test_the_ingest_role_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     reply = http.post(url, json=[payment(1)], headers={"authorization": f"Bearer {pusher}"})
     assert reply.status_code == 200, reply.text
     assert len(sink.records) == 1
+
+
+def test_a_refused_push_is_a_clean_error(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headwater.cli.ingest import IngestRole
+    from headwater.serving.auth import Authenticator, key_hash, new_api_key
+    from headwater.serving.config import AuthConfig
+
+    ranker = new_api_key()[0]
+    monkeypatch.setenv(
+        "HW_TEST_INGEST_KEYS", f"keys:\n- id: ranker\n  sha256: {key_hash(ranker)}\n  roles: [rank]\n"
+    )
+    authorize = IngestRole(Authenticator(AuthConfig(api_keys_env="HW_TEST_INGEST_KEYS")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    app = ingest_app(IngestService(SOURCES, MemorySink(), authorize=authorize))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        base = [
+            "ingest",
+            "push",
+            "--state-dir",
+            str(state),
+            "--source",
+            "payments",
+            "--url",
+            url,
+            "--max-events",
+            "3",
+        ]
+        for token, status in (("wrong", 401), (ranker, 403)):
+            done = CliRunner().invoke(main, [*base, "--token", token])
+            assert done.exit_code == 1
+            assert done.exception is None or isinstance(done.exception, SystemExit)  # no traceback
+            assert f"Error: the push API at {url} refused the batch: {status}" in done.output
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
