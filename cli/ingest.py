@@ -323,10 +323,10 @@ def push_cmd(
             started = last_flush = time.monotonic()
             outcomes = []
             for count, event in enumerate(events, start=1):
-                if rate > 0:
-                    due = started + count / rate
-                    if due > time.monotonic():
-                        time.sleep(due - time.monotonic())
+                if rate > 0:  # one reading of the clock: a second one could be past `due` already
+                    wait = started + count / rate - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
                 outcomes = client.add(event)
                 # paced: no event waits long for its batch
                 if rate > 0 and time.monotonic() - last_flush >= 1.0:
