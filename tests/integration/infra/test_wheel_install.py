@@ -237,6 +237,7 @@ def test_installed_wheel_runs_a_repo_in_a_temp_folder(
         "kafka.dlq_topic": "events.dlq",
         "kafka.partitions": 4,
         "redis.url": redis_url,
+        "redis.eviction": "refuse",
     }
 
     tool.run("check", cwd=repo)
