@@ -16,9 +16,8 @@ edge over an in-memory store) with an ``auth:`` section: a key file and a JWKS f
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -38,6 +37,11 @@ from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 from headwater.serving.auth import INVALID, MISSING, new_api_key
 
 HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("edge_limits_server", HERE / "edge_limits_server.py")
+assert _spec is not None
+assert _spec.loader is not None
+edge_server = sys.modules.setdefault("edge_limits_server", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(edge_server)
 RANKER, ADMIN, GATEWAY = new_api_key(), new_api_key(), new_api_key()
 PRIVATE = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 ISSUER, AUDIENCE = "https://idp.test", "headwater-test"
@@ -59,12 +63,6 @@ def _token(**claims: Any) -> str:
     return jwt.encode(body, PRIVATE, algorithm="RS256", headers={"kid": "main"})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("auth")
@@ -77,31 +75,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         "auth": {"api_keys_file": str(keys), "reload_check_s": 0.0,
                  "jwt": {"jwks": str(tmp / "jwks.json"), "issuer": ISSUER, "audience": AUDIENCE}},
     }  # fmt: skip
-    (tmp / "config.json").write_text(json.dumps(config))
-    port, grpc_port = _free_port(), _free_port()
-    log = (tmp / "server.log").open("wb")
-    script = str(HERE / "edge_limits_server.py")
-    cmd = [sys.executable, script, str(tmp / "config.json"), str(port), str(grpc_port)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited: {(tmp / 'server.log').read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:  # liveness: no credential
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > end:
-                pytest.fail(f"the server did not start: {(tmp / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.2)
-        yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}", "keys": keys}
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    with edge_server.running(tmp, config) as running:
+        yield {**running, "keys": keys}
 
 
 def _bearer(token: str) -> dict[str, str]:

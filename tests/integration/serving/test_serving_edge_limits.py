@@ -14,9 +14,9 @@ The server is uvicorn with ``headwater serve``'s options and the gRPC edge, over
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +31,11 @@ import pytest
 from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
 
 HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("edge_limits_server", HERE / "edge_limits_server.py")
+assert _spec is not None
+assert _spec.loader is not None
+edge_server = sys.modules.setdefault("edge_limits_server", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(edge_server)
 SECRET = "hunter2"
 BODY_TIMEOUT_S = 1.0
 HEADER_TIMEOUT_S = 1.0
@@ -54,42 +59,10 @@ MARGIN_S = 1.5
 """Past the configured timeout, how long the answer may take to arrive (2 loaded cores)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("edge")
-    config = tmp / "config.json"
-    config.write_text(json.dumps(CONFIG))
-    port, grpc_port = _free_port(), _free_port()
-    log = (tmp / "server.log").open("wb")
-    script = str(HERE / "edge_limits_server.py")
-    proc = subprocess.Popen(
-        [sys.executable, script, str(config), str(port), str(grpc_port)], stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited: {(tmp / 'server.log').read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > end:
-                pytest.fail(f"the server did not start: {(tmp / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.2)
-        yield {"url": url, "port": port, "grpc": f"127.0.0.1:{grpc_port}", "log": tmp / "server.log"}
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    with edge_server.running(tmp_path_factory.mktemp("edge"), CONFIG) as running:
+        yield running
 
 
 def _open(port: int) -> socket.socket:
