@@ -7,7 +7,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -37,22 +39,30 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[str, MemorySink]]:
+@contextmanager
+def _serving(app: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port in a thread; yield its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    sink = MemorySink()
-    app = ingest_app(IngestService(SOURCES, sink))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", sink
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, MemorySink]]:
+    sink = MemorySink()
+    with _serving(ingest_app(IngestService(SOURCES, sink))) as url:
+        yield url, sink
 
 
 def test_push_generated_and_file(state: Path, served: tuple[str, MemorySink], tmp_path: Path) -> None:
@@ -152,35 +162,12 @@ def test_a_refused_push_is_a_clean_error(state: Path, monkeypatch: pytest.Monkey
         "HW_TEST_INGEST_KEYS", f"keys:\n- id: ranker\n  sha256: {key_hash(ranker)}\n  roles: [rank]\n"
     )
     authorize = IngestRole(Authenticator(AuthConfig(api_keys_env="HW_TEST_INGEST_KEYS")))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
     app = ingest_app(IngestService(SOURCES, MemorySink(), authorize=authorize))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port}"
-        base = [
-            "ingest",
-            "push",
-            "--state-dir",
-            str(state),
-            "--source",
-            "payments",
-            "--url",
-            url,
-            "--max-events",
-            "3",
-        ]
+    with _serving(app) as url:
+        base = ["ingest", "push", "--state-dir", str(state), "--source", "payments", "--url", url]
+        base += ["--max-events", "3"]
         for token, status in (("wrong", 401), (ranker, 403)):
             done = CliRunner().invoke(main, [*base, "--token", token])
             assert done.exit_code == 1
             assert done.exception is None or isinstance(done.exception, SystemExit)  # no traceback
             assert f"Error: the push API at {url} refused the batch: {status}" in done.output
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
