@@ -172,11 +172,11 @@ def realtime(
             raise click.ClickException(str(exc)) from exc
         return
     # The JVM sink writes the values: refuse an evicting store before anything is submitted.
-    check_eviction_policy(
-        redis_client(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0),
-        allowed=settings.redis_eviction,
-        tier="the realtime tier",
-    )
+    store = redis_client(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    try:
+        check_eviction_policy(store, allowed=settings.redis_eviction, tier="the realtime tier")
+    finally:
+        store.close()  # the job opens its own connections; this one would idle until the job ends
     _run(plan, options, run, running)
 
 
