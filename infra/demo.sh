@@ -106,8 +106,9 @@ $PY infra/demo_loop.py --url "$URL" --wait 30
 # The funnel: retrieval from the whole catalog, the seen filter, the DCN, the re-ranker, the rules.
 $PY infra/demo/recommend.py --url "$URL" --user "$(cat "$RUN_DIR/loop_user")"
 # Many users through the service: the experiment's arms get impressions and clicks, and a sample of the
-# answers is logged for `headwater skew` (the generated traffic carries no arm).
-$PY infra/demo/experiment_traffic.py --url "$URL" --users 300
+# answers is logged for `headwater skew` (the generated traffic carries no arm). The users are drawn
+# from the labels (active users, by impressions) plus 5% new ones, so a fallback that is a fault shows.
+$PY infra/demo/experiment_traffic.py --url "$URL" --users 300 --users-from "$RUN_DIR/labels.parquet"
 $HW online get user_session_realtime "$(cat "$RUN_DIR/loop_user")"
 # The second source through every tier: realtime payment velocity, nearline merchant risk (behind a
 # repartition by merchant_id), offline spend (materialized from Delta).
