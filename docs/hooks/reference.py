@@ -7,8 +7,9 @@
 - ``reference/http.md``: the service's OpenAPI document, from the FastAPI app itself, built the way
   ``tests/unit/serving`` build it (an in-memory store, a two-view registry, no model), so no
   service, Redis or trained model is needed.
-- ``reference/grpc.md``: ``client/proto/headwater/v1/ranking.proto``, its services and messages as
-  tables, then the file verbatim.
+- ``reference/grpc.md``: the proto files under ``client/proto/headwater/v1/`` (the ranking service's
+  ``ranking.proto``, the push API's ``ingest.proto``), each one's services and messages as tables,
+  then the file verbatim.
 
 The CLI page is not generated here: ``reference/cli.md`` holds a ``::: mkdocs-click`` directive
 that mkdocs-click expands from the click group at build time.
@@ -29,7 +30,25 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTO = ROOT / "client" / "proto" / "headwater" / "v1" / "ranking.proto"
+PROTO_DIR = ROOT / "client" / "proto" / "headwater" / "v1"
+PROTOS = (
+    (
+        "ranking.proto",
+        "the ranking service",
+        "`headwater serve --grpc-port PORT` serves it from the same process, engine, fallbacks and "
+        "`/metrics` as the [HTTP API](http.md). "
+        '`headwater.client.RankingClient("host:port", protocol="grpc")` calls it.',
+    ),
+    (
+        "ingest.proto",
+        "the push API",
+        "`headwater ingest serve --grpc-port PORT` serves it beside REST's "
+        "`POST /v1/sources/{source}/events`, with the same checks and answers "
+        "([push ingest tutorial](../tutorials/push-ingest.md)). "
+        '`headwater.client.IngestClient("host:port", protocol="grpc")` calls it.',
+    ),
+)
+"""Each proto file of the reference: its name, what it serves, who serves and calls it."""
 GENERATED = "<!-- Generated at build time by docs/hooks/reference.py; edit the code, not this page. -->\n\n"
 
 
@@ -518,30 +537,37 @@ def _comment_above(lines: list[str], index: int) -> str:
 
 
 def grpc_page() -> str:
-    """Return the gRPC reference page from the proto file."""
-    text = PROTO.read_text(encoding="utf-8")
-    package = re.search(r"^package\s+([\w.]+);", text, re.M)
-    pkg = package.group(1) if package else ""
-    header = [line[2:].strip() for line in text.splitlines() if line.startswith("//")]
-    head: list[str] = []
-    for line in header:  # the file's leading comment, up to the first blank comment line after text
-        if not line and head:
-            head.append("")
-            continue
-        head.append(line)
+    """Return the gRPC reference page: a section per proto file of :data:`PROTOS`."""
     out = [
         "# gRPC API\n",
-        f"Package `{pkg}`, from `client/proto/headwater/v1/ranking.proto` (rendered at each docs build; the "
-        "file itself is at the end of this page). `headwater serve --grpc-port PORT` serves it from the same "
-        "process, engine, fallbacks and `/metrics` as the [HTTP API](http.md). The Python code is generated "
-        'at `make setup` and shipped in the wheel; `headwater.client.RankingClient("host:port", '
-        'protocol="grpc")` calls it.\n',
+        "The services headwater serves over gRPC, rendered at each docs build from their proto files "
+        "(each file itself is at the end of its section). The Python code is generated at `make setup` "
+        "and shipped in the wheel.\n",
+    ]
+    for name, serves, how in PROTOS:
+        out.extend(_proto_section(PROTO_DIR / name, serves, how))
+    return "\n".join(out)
+
+
+def _proto_section(path: Path, serves: str, how: str) -> list[str]:
+    """Return one proto file's section: its leading comment, services, messages and enums, the file."""
+    text = path.read_text(encoding="utf-8")
+    package = re.search(r"^package\s+([\w.]+);", text, re.M)
+    pkg = package.group(1) if package else ""
+    head: list[str] = []
+    for line in text.splitlines():  # the file's leading comment
+        if not line.startswith("//"):
+            break
+        head.append(line[2:].strip())
+    out = [
+        f"## `{path.name}`: {serves}\n",
+        f"Package `{pkg}`, from `client/proto/headwater/v1/{path.name}`. {how}\n",
         "> " + " ".join(x for x in head if x) + "\n",
     ]
     for kind, name, body in _BLOCK.findall(text):
         lines = body.splitlines()
         if kind == "service":
-            out.append(f"## service `{pkg}.{name}`\n")
+            out.append(f"### service `{pkg}.{name}`\n")
             out.append("| method | request | response | meaning |\n| --- | --- | --- | --- |")
             for i, line in enumerate(lines):
                 rpc = _RPC.search(line)
@@ -554,7 +580,7 @@ def grpc_page() -> str:
                     )
             out.append("")
         elif kind == "message":
-            out.append(f"### {name} {{#{name.lower()}}}\n")
+            out.append(f"#### {name} {{#{name.lower()}}}\n")
             out.append("| # | field | type | label | meaning |\n| --- | --- | --- | --- | --- |")
             for i, line in enumerate(lines):
                 field = _FIELD.match(line)
@@ -568,7 +594,7 @@ def grpc_page() -> str:
             out.append("")
         else:
             values = re.findall(r"(\w+)\s*=\s*(\d+);", body)
-            out.append(f"### enum {name}\n\n" + ", ".join(f"`{v}` = {n}" for v, n in values) + "\n")
-    out.append("## The proto file, verbatim\n")
+            out.append(f"#### enum {name}\n\n" + ", ".join(f"`{v}` = {n}" for v, n in values) + "\n")
+    out.append(f"### `{path.name}`, verbatim\n")
     out.append("```proto\n" + text.rstrip("\n") + "\n```\n")
-    return "\n".join(out)
+    return out
