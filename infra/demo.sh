@@ -42,12 +42,40 @@ cleanup() {
 }
 trap cleanup EXIT
 started_at=$(date +%s)
-step() { printf '\n\033[1m== %s\033[0m  (%s, %ss in)\n' "$*" "$(date +%T)" "$(($(date +%s) - started_at))"; }
+watched=()  # "NAME PID" of the background steps that must run until the demo stops them
 background() {  # background NAME CMD...: start in its own process group, log to $RUN_DIR/NAME.log
   local name=$1; shift
   setsid "$@" > "$RUN_DIR/$name.log" 2>&1 &
   pids+=($!)
   echo "started $name (pid $!, log $RUN_DIR/$name.log)"
+}
+service() {  # service NAME CMD...: a background step that must not stop on its own (a tier, a server)
+  background "$@"
+  watched+=("$1 ${pids[-1]}")
+}
+unwatch() {  # unwatch NAME: the demo is about to stop it
+  local entry kept=()
+  for entry in "${watched[@]}"; do [ "${entry%% *}" = "$1" ] || kept+=("$entry"); done
+  watched=("${kept[@]}")
+}
+died() {  # died NAME WHAT: say which step failed and show its log's tail, then stop the demo
+  echo "demo: the $1 step $2; the last lines of $RUN_DIR/$1.log:" >&2
+  tail -n 30 "$RUN_DIR/$1.log" >&2
+  exit 1
+}
+check_alive() {  # a tier or server that died would leave every later figure untrue: stop here instead
+  local entry state
+  for entry in "${watched[@]}"; do
+    state=$(ps -o stat= -p "${entry##* }" 2>/dev/null || true)
+    if [ -z "$state" ] || [ "${state:0:1}" = Z ]; then died "${entry%% *}" "(pid ${entry##* }) stopped on its own"; fi
+  done
+}
+finished() {  # finished NAME PID: wait for a finite background step; its failure stops the demo
+  wait "$2" || died "$1" "failed (exit $?)"
+}
+step() {
+  check_alive
+  printf '\n\033[1m== %s\033[0m  (%s, %ss in)\n' "$*" "$(date +%T)" "$(($(date +%s) - started_at))"
 }
 
 step "0. A clean slate: remove the topics, Redis keys and state of an earlier demo"
@@ -61,7 +89,7 @@ $HW apply features/
 step "2. Two days of history into Kafka (${HISTORY_EVENTS} events); the nearline tier starts on it"
 $HW events produce --history 2d --max-events "$HISTORY_EVENTS" --seed 11 --quiet
 $HW events produce --source payments --history 2d --max-events "$PAYMENT_EVENTS" --seed 12 --quiet
-background nearline $HW run nearline
+service nearline $HW run nearline
 nearline_pid=${pids[-1]}
 
 step "3. Offline: land in Delta, compute the views per day, label, build the training set, train, materialize"
@@ -82,16 +110,16 @@ $HW funnel categories
 $HW materialize
 
 step "4. Live: the realtime tier, the ranking service and the push API, ${DURATION} s of traffic at ${RATE} events/s, a click"
-background realtime $HW run realtime --from-latest
+service realtime $HW run realtime --from-latest
 # The demo's calls carry a generated API key (HEADWATER_API_KEY); the service holds only its hash.
 rm -f "$RUN_DIR/api-keys.yaml"
 HEADWATER_API_KEY=$($PY -c 'import sys; from pathlib import Path; from headwater.serving.auth import add_api_key
 print(add_api_key(Path(sys.argv[1]), "demo", ["rank", "feedback", "admin", "ingest"]))' "$RUN_DIR/api-keys.yaml")
 export HEADWATER_API_KEY
-background serve $HW serve --port "$PORT" --config infra/demo/serving.yaml
+service serve $HW serve --port "$PORT" --config infra/demo/serving.yaml
 # The push API (a process of its own): the live payments arrive through it, checked, keyed and sent
 # to Kafka as `events produce` would; the same key, with its `ingest` role.
-background ingest $HW ingest serve --port "$INGEST_PORT" --rejects-to dlq --config infra/demo/serving.yaml
+service ingest $HW ingest serve --port "$INGEST_PORT" --rejects-to dlq --config infra/demo/serving.yaml
 for _ in $(seq 1 120); do grep -q "realtime job .*submitted" "$RUN_DIR/realtime.log" && break; sleep 1; done
 for _ in $(seq 1 90); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
 curl -sf "$URL/health"; echo
@@ -100,6 +128,7 @@ curl -sf "$INGEST_URL/health"; echo
 background traffic $HW events produce --rate "$RATE" --duration "$DURATION" --seed 7 --quiet
 traffic_pid=${pids[-1]}
 background payments $HW ingest push --source payments --rate 50 --duration "$DURATION" --seed 8 --url "$INGEST_URL"
+payments_pid=${pids[-1]}
 traffic_started=$(date +%s)
 sleep 20
 $PY infra/demo_loop.py --url "$URL" --wait 30
@@ -109,6 +138,7 @@ $PY infra/demo/recommend.py --url "$URL" --user "$(cat "$RUN_DIR/loop_user")"
 # answers is logged for `headwater skew` (the generated traffic carries no arm). The users are drawn
 # from the labels (active users, by impressions) plus 5% new ones, so a fallback that is a fault shows.
 $PY infra/demo/experiment_traffic.py --url "$URL" --users 300 --users-from "$RUN_DIR/labels.parquet"
+check_alive
 $HW online get user_session_realtime "$(cat "$RUN_DIR/loop_user")"
 # The second source through every tier: realtime payment velocity, nearline merchant risk (behind a
 # repartition by merchant_id), offline spend (materialized from Delta).
@@ -130,18 +160,21 @@ cp infra/demo/account_methods_nearline.yaml "$RUN_DIR/features-next/"
 $HW plan "$RUN_DIR/features-next"  # one view to add, and how it is backfilled; nothing else restarts
 applied_at=$(date +%s%N)
 $HW apply "$RUN_DIR/features-next" --no-feast
+unwatch nearline
 kill -TERM -- "-$nearline_pid" 2>/dev/null || true
 wait "$nearline_pid" 2>/dev/null || true
-background nearline-next $HW run nearline
+service nearline-next $HW run nearline
 for _ in $(seq 1 240); do  # served = its values are in the store (after the backfill)
   $HW online get account_methods_nearline account-00000 --format json 2>/dev/null | grep -q '"found": true' && break
   sleep 0.5
 done
 echo "account_methods_nearline served $(( ($(date +%s%N) - applied_at) / 1000000 )) ms after apply"
 $HW online get account_methods_nearline account-00000 account-00001
-wait "$traffic_pid" || true
+finished traffic "$traffic_pid"
+finished payments "$payments_pid"
 sleep 10  # the watermarks pass the last boundaries before the tiers stop
-cleanup; pids=()
+check_alive
+cleanup; pids=(); watched=()
 $HW run landing > /dev/null  # the live events too, so offline can recompute what the tiers wrote
 $HW consistency --tier nearline --sample 200  # both sources; realtime skipped the history: see bench/bench_soak.py
 # One line each. Exit 1 is a verdict (the split is flagged; a model's |online - offline| score is over
