@@ -94,8 +94,11 @@ class Identity:
     (then the credential's); the caller's own claim (``auth: none`` only)."""
 
 
-OPEN = Identity("anonymous", frozenset(ROLES), None, None, "caller")
-"""Every caller with ``auth: none``: every role, the class it claims (loopback only)."""
+OPEN = Identity("anonymous", frozenset(ROLES) - {"unsolicited"}, None, None, "caller")
+"""Every caller with ``auth: none``: every role but ``unsolicited``, the class it claims (loopback
+only). Not ``unsolicited``: a page in the user's browser can post to a loopback service, so without
+credentials feedback stays limited to items served to that user (``feedback.trust.allow_unsolicited``
+lifts that for a deployment whose every caller is trusted)."""
 
 
 class KeyEntry(BaseModel):

@@ -164,10 +164,12 @@ class EdgeConfig(BaseModel):
     """Request ids remembered at most; past it the oldest is forgotten early (counted and logged)."""
 
 
-Role = Literal["rank", "feedback", "ingest", "admin", "gateway"]
-ROLES: tuple[Role, ...] = ("rank", "feedback", "ingest", "admin", "gateway")
-"""What a credential may do: ``rank`` (rank, recommend), ``feedback`` (post feedback), ``ingest``
-(push events), ``admin`` (metrics), ``gateway`` (a trusted gateway: its ``x-user-class`` is honoured)."""
+Role = Literal["rank", "feedback", "unsolicited", "ingest", "admin", "gateway"]
+ROLES: tuple[Role, ...] = ("rank", "feedback", "unsolicited", "ingest", "admin", "gateway")
+"""What a credential may do: ``rank`` (rank, recommend), ``feedback`` (post feedback), ``unsolicited``
+(with ``feedback``: post feedback for catalog items the service did not serve to that user, e.g. an
+order system's purchases; see docs/operations/feedback-trust.md), ``ingest`` (push events), ``admin``
+(metrics), ``gateway`` (a trusted gateway: its ``x-user-class`` is honoured)."""
 JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 """The asymmetric algorithms a token may be signed with (never ``none``, never a shared-secret HS*)."""
 
@@ -249,6 +251,38 @@ class AuthConfig(BaseModel):
         return self
 
 
+class TlsConfig(BaseModel):
+    """TLS on the service's ports (HTTPS and gRPC): the certificate, its key, and for mTLS a client CA.
+
+    The files are PEM. With ``client_ca_file`` every client must present a certificate signed by
+    that authority (mutual TLS); without it any client that trusts the certificate may connect
+    (and then authenticates with its credential, ``auth:``). Paths relative to the working directory.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cert_file: Path
+    """The service's certificate chain (PEM), leaf first; its SAN must name the address clients dial."""
+    key_file: Path
+    """The private key of ``cert_file`` (PEM, unencrypted): readable by the service's user only."""
+    client_ca_file: Path | None = None
+    """The authority (PEM) client certificates must be signed by: set, every client needs one (mTLS)."""
+
+    @model_validator(mode="after")
+    def _files_readable(self) -> TlsConfig:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            path: Path | None = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                with path.open("rb") as handle:
+                    handle.read(1)
+            except OSError as exc:
+                msg = f"{name} {path}: cannot be read ({exc.strerror or exc}); give an existing PEM file"
+                raise ValueError(msg) from None
+        return self
+
+
 class ServingConfig(BaseModel):
     """Everything ``headwater serve`` needs besides the model and the store address."""
 
@@ -298,6 +332,8 @@ class ServingConfig(BaseModel):
     auth: AuthConfig | Literal["none"] | None = None
     """Credentials and roles (serving/auth.py); ``none``: no credentials (loopback only). Absent: an
     in-process app runs open; `headwater serve` refuses to start until one of the two is written."""
+    tls: TlsConfig | None = None
+    """HTTPS and gRPC TLS (serving/tls.py); None: plaintext (a warning at start off loopback)."""
 
     @model_validator(mode="after")
     def _deadlines(self) -> ServingConfig:

@@ -419,8 +419,9 @@ class RankingService:
         ``idempotency_key``: the protocol's key (a header), the same as the body's field. A retry with
         the same key produces the same event (``headwater.serving.feedback``). Raises
         :class:`FeedbackRefused` for a post that cannot be accepted, :class:`FeedbackUntrusted` (409)
-        for an item not served to the user (unless ``unsolicited_allowed``: the caller's identity
-        may post events for items it was not served) or not in the catalog (:attr:`gate`);
+        for an item not served to the user (unless ``unsolicited_allowed`` or ``identity`` has the
+        ``unsolicited`` role: the caller may post events for items it was not served) or not in the
+        catalog (:attr:`gate`);
         :class:`Throttled` when ``identity`` (the caller's credential) or, with admission on, its
         class is over its quota.
         """
@@ -428,7 +429,8 @@ class RankingService:
         self._admit(None, None, identity)  # the credential's quota (and its class's): Throttled, 429
         try:
             checked = check_feedback(body, idempotency_key, p.keys, now_ms())
-            await self.gate.check(body.user_id, body.item_id, body.request_id, unsolicited_allowed)
+            allowed = unsolicited_allowed or (identity is not None and "unsolicited" in identity.roles)
+            await self.gate.check(body.user_id, body.item_id, body.request_id, allowed)
             got = checked.accept()
         except FeedbackRefused:
             self.count_invalid()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -393,3 +394,36 @@ def test_a_made_up_candidate_gets_no_impression_so_it_never_enters_the_catalog()
     assert shown == ["i1", "i0", "made-up"]  # answered as before, the made-up candidate last
     events = [d.event for d in decoded(sink)]
     assert [(e["item_id"], e["position"]) for e in events] == [("i1", 1), ("i0", 2)]
+
+
+def test_the_unsolicited_role_lets_a_credential_post_for_items_it_was_not_served(tmp_path: Path) -> None:
+    """A key with ``unsolicited`` beside ``feedback`` skips the served check, never the catalog check.
+
+    A ``feedback`` key alone is held to items served to that user; so is every caller with
+    ``auth: none`` (a browser page can post to a loopback service).
+    """
+    from headwater.serving.auth import OPEN, add_api_key
+    from headwater.serving.config import AuthConfig
+
+    keys = tmp_path / "keys.yaml"
+    tracker = add_api_key(keys, "order-system", ["feedback", "unsolicited"])
+    web = add_api_key(keys, "web", ["rank", "feedback"])
+    sink = FakeSink()
+    store = _store("i1", "i2", "i3")
+    producer = FeedbackProducer("events-test", lambda: sink)
+    config = ServingConfig(auth=AuthConfig(api_keys_file=keys, reload_check_s=0))
+    loaded = LoadedModels(None, None, None, None, "cpu")
+    with TestClient(create_app(config, REGISTRY, store, loaded, producer)) as c:
+
+        def click(key: str, item: str) -> Any:
+            body = {"user_id": "u5", "item_id": item, "event_type": "purchase", "price": 2.0}
+            return c.post("/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"})
+
+        by_web, by_tracker, ghost = click(web, "i2"), click(tracker, "i2"), click(tracker, "never-existed")
+        wait_for(lambda: len(sink.records) == 1)
+    assert (by_web.status_code, by_tracker.status_code, ghost.status_code) == (409, 202, 409)
+    assert by_web.json()["errors"][0]["message"].startswith(NOT_SERVED)
+    assert ghost.json()["errors"][0]["message"].startswith(UNKNOWN_ITEM)
+    assert _kinds(sink) == [("purchase", "i2")]
+    assert "unsolicited" not in OPEN.roles
+    assert "feedback" in OPEN.roles
