@@ -343,6 +343,17 @@ def days_read(shape: Shape) -> int:
     return max(1, math.ceil(reach / SECONDS_PER_DAY - 1e-9))
 
 
+def day_tiled(window_s: float, slide_s: float) -> bool:
+    """Whether a feature's window at every UTC midnight is whole UTC days (the offline job can tile it).
+
+    True when the window is a multiple of a day and the slide divides a day or is a multiple of
+    one: then the boundary ``floor(T / S) * S`` of a midnight T is a midnight, and the window
+    ``[B - W, B)`` is a set of whole days (``pipelines/offline/tiles.py``).
+    """
+    window, slide, day = round(window_s * 1000), round(slide_s * 1000), SECONDS_PER_DAY * 1000
+    return window > 0 and slide > 0 and window % day == 0 and (day % slide == 0 or slide % day == 0)
+
+
 def live_entities(shape: Shape, rate_per_s: float, entities: float | None) -> float:
     """Entities with state: the declared distinct keys, at most one per event of the longest window."""
     bound = rate_per_s * max(shape.longest_window_s, 1.0)
