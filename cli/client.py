@@ -10,27 +10,34 @@ import json
 import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import click
 
 from headwater.cli.errors import HeadwaterCommand
+from headwater.cli.tls import client_options, client_tls
+from headwater.client.tls import ClientTls
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL = click.option("--url", default=DEFAULT_URL, show_default=True, help="Base URL of `headwater serve`.")
 
 
-def post(url: str, path: str, body: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
+def post(
+    url: str, path: str, body: dict[str, Any], timeout_s: float = 10.0, tls: ClientTls | None = None
+) -> dict[str, Any]:
     """POST ``body`` as JSON to ``url + path``; return the JSON answer or raise a ClickException.
 
     ``HEADWATER_API_KEY`` (an API key or a JWT), when set, is sent as ``Authorization: Bearer``.
+    ``tls``: the CA (and the client certificate) an ``https://`` URL is checked with.
     """
     headers = {"content-type": "application/json"}
     if os.environ.get("HEADWATER_API_KEY"):
         headers["authorization"] = f"Bearer {os.environ['HEADWATER_API_KEY']}"
     request = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        context = tls.ssl_context() if tls is not None else None
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as answer:
             return dict(json.load(answer))
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:2000]
@@ -61,10 +68,21 @@ def item_range(spec: str) -> list[str]:
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @URL
-def rank(user_id: str, candidates: tuple[str, ...], k: int, as_json: bool, url: str) -> None:
+@client_options
+def rank(
+    user_id: str,
+    candidates: tuple[str, ...],
+    k: int,
+    as_json: bool,
+    url: str,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+) -> None:
     """Rank CANDIDATES (ids or ranges like i000001..i000500) for USER_ID; print the top K."""
     items = [item for spec in candidates for item in item_range(spec)]
-    answer = post(url, "/v1/rank", {"user_id": user_id, "candidates": items, "k": k})
+    body = {"user_id": user_id, "candidates": items, "k": k}
+    answer = post(url, "/v1/rank", body, tls=client_tls(tls_ca, tls_cert, tls_key))
     if as_json:
         click.echo(json.dumps(answer))
         return
@@ -89,6 +107,7 @@ def rank(user_id: str, candidates: tuple[str, ...], k: int, as_json: bool, url: 
 @click.option("--position", type=click.IntRange(min=1), default=None)
 @click.option("--dwell-ms", type=click.IntRange(min=0), default=None)
 @URL
+@client_options
 def feedback(
     user_id: str,
     item_id: str,
@@ -97,10 +116,13 @@ def feedback(
     position: int | None,
     dwell_ms: int | None,
     url: str,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
 ) -> None:
     """Tell the service USER_ID clicked (liked, bought, dwelt on) ITEM_ID; it goes to Kafka as an event."""
     body: dict[str, Any] = {"user_id": user_id, "item_id": item_id, "event_type": event_type}
     for key, value in (("request_id", request_id), ("position", position), ("dwell_ms", dwell_ms)):
         if value is not None:
             body[key] = value
-    click.echo(json.dumps(post(url, "/v1/feedback", body)))
+    click.echo(json.dumps(post(url, "/v1/feedback", body, tls=client_tls(tls_ca, tls_cert, tls_key))))

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from headwater.cli.errors import HeadwaterGroup
+from headwater.cli.tls import client_options, client_tls, server_options
 
 if TYPE_CHECKING:
     from headwater.registry.plans import PlanSource
+    from headwater.serving.config import TlsConfig
 
 DEFAULT_PORT = 8090
 REJECTS_SHOWN = 5
@@ -94,6 +96,7 @@ def _feast_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--no-auth", is_flag=True, help="Run without credentials, as `auth: none` (a loopback --host only)."
 )
+@server_options
 @click.option(
     "--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="warning",
     show_default=True,
@@ -112,6 +115,9 @@ def serve_cmd(
     feast_push: tuple[str, ...],
     config_path: Path | None,
     no_auth: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
     log_level: str,
 ) -> None:
     """Serve the push API for every source of the applied plan (a new `headwater apply` is read within 2 s).
@@ -124,6 +130,9 @@ def serve_cmd(
     Auth: every push needs a credential with the `ingest` role (Authorization: Bearer <API key or
     JWT>, REST and gRPC), from the `auth:` section of --config, as `headwater serve` checks it;
     --no-auth (or `auth: none`) runs open, on a loopback --host only.
+
+    TLS: --tls-cert and --tls-key (or the `tls:` section of --config) serve HTTPS and gRPC TLS
+    only; --tls-client-ca requires client certificates signed by that CA (mTLS).
     """
     import uvicorn
 
@@ -131,9 +140,11 @@ def serve_cmd(
     from headwater.serving.ingest.core import IngestService
     from headwater.serving.ingest.rest import ingest_app
     from headwater.serving.ingest.sink import KafkaIngestSink
+    from headwater.serving.tls import scheme, uvicorn_tls_options
 
     mapping = _feast_mapping(feast_push)
     authorize = _authorizer(config_path, no_auth, host)
+    tls = _tls(config_path, host, tls_cert, tls_key, tls_client_ca)
     settings = Settings.from_env()
     watcher = PlanWatcher(state_dir)
     sources = watcher.sources()
@@ -153,14 +164,33 @@ def serve_cmd(
     if grpc_port is not None:
         from headwater.serving.ingest.grpc_adapter import grpc_server
 
-        grpc = grpc_server(service, host, grpc_port)
-        click.echo(f"push API over gRPC on {host}:{grpc_port}", err=True)
-    click.echo(f"push API on http://{host}:{port} for source(s) {', '.join(sorted(sources))}", err=True)
+        grpc = grpc_server(service, host, grpc_port, tls=tls)
+        click.echo(f"push API over gRPC{'' if tls is None else ' TLS'} on {host}:{grpc_port}", err=True)
+    where = f"{scheme(tls)}://{host}:{port}"
+    click.echo(f"push API on {where} for source(s) {', '.join(sorted(sources))}", err=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+        uvicorn.run(
+            app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_tls_options(tls)
+        )
     finally:
         if grpc is not None:
             grpc.stop(1.0)
+
+
+def _tls(
+    config_path: Path | None, host: str, cert: Path | None, key: Path | None, client_ca: Path | None
+) -> TlsConfig | None:
+    """Return --config's ``tls:`` with the --tls-* options over it, the files checked; warn if none."""
+    from headwater.serving.config import load_config
+    from headwater.serving.tls import check, from_options, plaintext_warning
+
+    configured = load_config(config_path).tls if config_path is not None else None
+    tls = from_options(configured, cert, key, client_ca)
+    check(tls)  # a key that is not the certificate's stops the start here, naming the files
+    warning = plaintext_warning(host, tls)
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
+    return tls
 
 
 class IngestRole:
@@ -282,6 +312,7 @@ class PlanWatcher:
     "--state-dir", type=click.Path(path_type=Path), default=None,
     help="Where `headwater apply` wrote the plans [default: $HEADWATER_STATE_DIR, else headwater.yaml's].",
 )  # fmt: skip
+@client_options
 def push_cmd(
     source_name: str,
     from_file: Path | None,
@@ -294,12 +325,16 @@ def push_cmd(
     batch_size: int,
     token: str | None,
     state_dir: Path | None,
+    tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
 ) -> None:
     """Push events to `headwater ingest serve` through headwater.client.IngestClient (demos, smoke tests).
 
     `headwater ingest push --source payments --rate 50 --duration 30` pushes random valid payments
     at 50/s; `--from payments.jsonl` pushes your rows. Retries resend an event with the id it was
     given once, so they count once. Prints the first rejects on stderr and the counts as JSON.
+    A service with TLS: an https:// --url (gRPC: any), --tls-ca (and --tls-cert/--tls-key for mTLS).
     """
     from headwater.client import IngestClient
     from headwater.client.ingest import IngestError, IngestRequestError
@@ -307,7 +342,8 @@ def push_cmd(
 
     source = applied_source(source_name, state_dir)
     events = _file_rows(from_file) if from_file is not None else _generated(source, rate, duration, seed)
-    target = url.removeprefix("http://") if protocol == "grpc" else url
+    tls = client_tls(tls_ca, tls_cert, tls_key)
+    target = url.removeprefix("http://").removeprefix("https://") if protocol == "grpc" else url
     id_field = source.event_id if protocol == "grpc" else "auto"
     shown = 0
     headers = {"authorization": f"Bearer {token}"} if token else None
@@ -319,6 +355,7 @@ def push_cmd(
             protocol=protocol,
             event_id_field=id_field,
             headers=headers,
+            tls=tls,
         ) as client:
             started = last_flush = time.monotonic()
             outcomes = []

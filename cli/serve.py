@@ -13,6 +13,7 @@ import click
 
 from headwater.cli.errors import HeadwaterCommand, HeadwaterGroup
 from headwater.cli.options import STATE_HELP, models_out_option, training_set_option
+from headwater.cli.tls import server_options
 from headwater.registry.config import state_dir as resolved_state_dir
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ def train(
     "--no-auth", is_flag=True,
     help="Run without credentials, as the config's `auth: none` (a loopback --host only).",
 )  # fmt: skip
+@server_options
 @click.option("--log-level", default="info", show_default=True)
 def serve(
     host: str,
@@ -133,11 +135,16 @@ def serve(
     no_feedback: bool,
     no_retrieval: bool,
     no_auth: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
     log_level: str,
 ) -> None:
     """Run the ranking service: POST /v1/rank, /v1/recommend, GET /health, /metrics, /openapi.json.
 
     With --grpc-port, also headwater.v1.Ranking/Rank over gRPC (client/proto) in the same process.
+    With --tls-cert and --tls-key (or the config's `tls:`), both ports serve TLS only; with
+    --tls-client-ca every client must present a certificate signed by that CA (mTLS).
     """
     import uvicorn
 
@@ -149,6 +156,7 @@ def serve(
     from headwater.serving.feedback import FeedbackProducer, kafka_sink_factory
     from headwater.serving.runtime import configure_switch_interval, configure_torch_threads, load_models
     from headwater.serving.store import OnlineStoreReader
+    from headwater.serving.tls import scheme
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(config_path)
@@ -158,6 +166,7 @@ def serve(
     if no_auth:
         config = config.model_copy(update={"auth": "none"})
     _check_auth(config, host)
+    config = _with_tls(config, host, tls_cert, tls_key, tls_client_ca)
     plans = state_dir or config.state_dir or resolved_state_dir()
     registry = load_registry(plans, config.popularity)
     if model_path is None and (plans / MODELS).is_dir():
@@ -193,7 +202,7 @@ def serve(
     )
     versions = loaded.models()
     click.echo(
-        f"serving on http://{host}:{port} device={loaded.device} torch_threads={threads}"
+        f"serving on {scheme(config.tls)}://{host}:{port} device={loaded.device} torch_threads={threads}"
         f" batch_rows={config.batcher.rows_for(loaded.device)} switch_interval_ms={switch_ms:g}"
         f" registry={registry.registry_version} user_slots={registry.user.dim} item_slots={registry.item.dim}"
         f" model={versions.neural_version} linear={versions.linear_version}"
@@ -201,7 +210,7 @@ def serve(
         f" grpc={'off' if grpc_port is None else f'{host}:{grpc_port}'}"
         f" admission={'on' if config.admission.enabled else 'off'}"
         f" max_body_bytes={config.max_body_bytes} max_connections={config.edge.max_connections}"
-        f" grpc_max_rpcs={config.edge.grpc_max_rpcs} auth={_auth_line(config)}"
+        f" grpc_max_rpcs={config.edge.grpc_max_rpcs} auth={_auth_line(config)} tls={_tls_line(config)}"
         + "".join(f" {name}={value or 'none'}" for name, value in runtimes(loaded, funnel).items())
     )
     app = create_app(
@@ -225,7 +234,30 @@ def serve(
 
     # The edge limits: connections, backlog, keep-alive and the header deadline (the body's is the app's).
     limits = uvicorn_options(config.edge)
+    from headwater.serving.tls import uvicorn_tls_options
+
+    limits.update(uvicorn_tls_options(config.tls))
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **limits)
+
+
+def _with_tls(
+    config: ServingConfig, host: str, cert: Path | None, key: Path | None, client_ca: Path | None
+) -> ServingConfig:
+    """Return ``config`` with the --tls-* options over its ``tls:``, the files checked; warn if plaintext."""
+    from headwater.serving.tls import check, from_options, plaintext_warning
+
+    tls = from_options(config.tls, cert, key, client_ca)
+    check(tls)  # a key that is not the certificate's stops the start here, naming the files
+    warning = plaintext_warning(host, tls)
+    if warning is not None:
+        logging.getLogger("headwater.serving.tls").warning("%s", warning)
+    return config.model_copy(update={"tls": tls})
+
+
+def _tls_line(config: ServingConfig) -> str:
+    if config.tls is None:
+        return "off"
+    return "mtls" if config.tls.client_ca_file is not None else "on"
 
 
 def _check_auth(config: ServingConfig, host: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from headwater.client.ranking import Backoff
+from headwater.client.tls import ClientTls, grpc_channel, verify
 
 RETRYABLE = frozenset({408, 429, 502, 503, 504})
 _AUTO = "auto"
@@ -88,6 +89,8 @@ class IngestClient:
         seed: of the backoff's jitter.
         protocol: ``rest`` (``url`` is ``http://host:port``) or ``grpc`` (``url`` is ``host:port`` of
             ``ingest serve --grpc-port``: one client stream per attempt, ``message_events`` per message).
+        tls: the service's CA and the client certificate for mTLS (:class:`~headwater.client.tls.ClientTls`);
+            REST then takes an ``https://`` url.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class IngestClient:
         seed: int | None = None,
         protocol: str = "rest",
         message_events: int = 500,
+        tls: ClientTls | None = None,
     ) -> None:
         """Prepare; nothing is sent until :meth:`add`, :meth:`send` or :meth:`flush`."""
         if batch_size < 1 or max_attempts < 1:
@@ -118,7 +122,7 @@ class IngestClient:
         self.backoff = backoff or Backoff(base_s=0.1, cap_s=5.0, max_retry_after_s=30.0)
         self.stats = PushStats()
         self._own_http = http is None
-        self._http = http or httpx.Client(timeout=timeout_s)
+        self._http = http or httpx.Client(timeout=timeout_s, verify=verify(tls))
         self._headers = {"content-type": "application/json", **(headers or {})}
         self._id_field = event_id_field
         self._id_known = event_id_field != _AUTO
@@ -137,7 +141,7 @@ class IngestClient:
                 )
                 raise ValueError(msg)
             metadata = [(k.lower(), v) for k, v in (headers or {}).items()]
-            self._grpc = _GrpcIngest(self.url, timeout_s, message_events, metadata)
+            self._grpc = _GrpcIngest(self.url, timeout_s, message_events, metadata, tls)
 
     def __enter__(self) -> IngestClient:
         return self
@@ -298,7 +302,12 @@ class _GrpcIngest:
     """``headwater.v1.Ingest/Ingest``: one stream per attempt, batches of ``message_events`` JSON arrays."""
 
     def __init__(
-        self, target: str, timeout_s: float, message_events: int, metadata: list[tuple[str, str]]
+        self,
+        target: str,
+        timeout_s: float,
+        message_events: int,
+        metadata: list[tuple[str, str]],
+        tls: ClientTls | None = None,
     ) -> None:
         import grpc
 
@@ -306,7 +315,7 @@ class _GrpcIngest:
 
         self._grpc = grpc
         self._pb = ingest_pb2
-        self._channel = grpc.insecure_channel(target)
+        self._channel = grpc_channel(target, tls)
         self._stub = ingest_pb2_grpc.IngestStub(self._channel)  # type: ignore[no-untyped-call]
         self._timeout_s = timeout_s
         self._message_events = message_events

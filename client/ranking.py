@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import httpx
 
+from headwater.client.tls import ClientTls
 from headwater.client.transport import GrpcTransport, NoAnswer, Reply, RestTransport, Transport, retry_after
 
 Source = Literal["service", "cache", "fallback"]
@@ -202,6 +203,7 @@ class RankingClient:
     ``base_url``: ``http://host:port`` for REST; ``host:port`` (or ``grpc://host:port``) with
     ``protocol="grpc"``. ``token``: the credential sent on every call (an API key or a JWT, as
     ``Authorization: Bearer``); a 401 or 403 is a :class:`RankingRequestError`, never retried.
+    ``tls``: the service's CA and the client certificate for mTLS (:class:`~headwater.client.tls.ClientTls`).
     ``fallback``: the popularity list (or a function returning it) used to top up a degraded
     answer and to answer when the user has no last good result. ``transport``, ``clock``, ``sleep``
     and ``rng`` are for tests (an ``httpx.MockTransport`` or any
@@ -220,6 +222,7 @@ class RankingClient:
         cache_users: int = 10_000,
         protocol: Protocol = "rest",
         token: str | None = None,
+        tls: ClientTls | None = None,
         transport: httpx.BaseTransport | Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -245,9 +248,9 @@ class RankingClient:
         if transport is not None and not isinstance(transport, httpx.BaseTransport):
             self._transport = transport
         elif protocol == "grpc":
-            self._transport = GrpcTransport(self.base_url, token)
+            self._transport = GrpcTransport(self.base_url, token, tls)
         elif protocol == "rest":
-            self._transport = RestTransport(self.base_url, transport, token)
+            self._transport = RestTransport(self.base_url, transport, token, tls)
         else:
             msg = f"protocol must be 'rest' or 'grpc'; got {protocol!r}"
             raise ValueError(msg)

@@ -6,7 +6,9 @@ breaker do not care which protocol carried the call. gRPC status codes map as th
 them (``headwater.serving.grpc_server``): INVALID_ARGUMENT is 422, RESOURCE_EXHAUSTED 429 (its
 ``retry-after-ms`` trailing metadata is the wait), DEADLINE_EXCEEDED and UNAVAILABLE no answer,
 UNAUTHENTICATED 401, PERMISSION_DENIED 403, anything else a 5xx. A ``token`` (an API key or a JWT)
-goes as ``Authorization: Bearer <token>`` (gRPC: ``authorization`` metadata) on every call.
+goes as ``Authorization: Bearer <token>`` (gRPC: ``authorization`` metadata) on every call. ``tls``
+(:class:`~headwater.client.tls.ClientTls`): the CA the service's certificate is checked against and
+the client certificate for mTLS; REST then needs an ``https://`` URL, gRPC a TLS channel is used.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
+
+from headwater.client.tls import ClientTls, grpc_channel, verify
 
 RANK_METHOD = "/headwater.v1.Ranking/Rank"
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -62,10 +66,16 @@ class RestTransport:
     """``POST {base_url}/v1/rank`` with httpx (``http``: an ``httpx.MockTransport`` in tests)."""
 
     def __init__(
-        self, base_url: str, http: httpx.BaseTransport | None = None, token: str | None = None
+        self,
+        base_url: str,
+        http: httpx.BaseTransport | None = None,
+        token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, transport=http, headers=bearer(token))
+        self._http = httpx.Client(
+            base_url=self.base_url, transport=http, headers=bearer(token), verify=verify(tls)
+        )
 
     def call(self, body: dict[str, Any], timeout_s: float, request_id: str | None = None) -> Reply:
         """POST the body as JSON; the reply, or :class:`NoAnswer` on a timeout or connection failure."""
@@ -97,7 +107,7 @@ class RestTransport:
 class GrpcTransport:
     """``headwater.v1.Ranking/Rank`` on ``target`` (``host:port``; a ``grpc://`` prefix is dropped)."""
 
-    def __init__(self, target: str, token: str | None = None) -> None:
+    def __init__(self, target: str, token: str | None = None, tls: ClientTls | None = None) -> None:
         import grpc
 
         from headwater.client.proto.headwater.v1 import ranking_pb2 as pb
@@ -105,7 +115,7 @@ class GrpcTransport:
         self.target = target.removeprefix("grpc://").rstrip("/")
         self._grpc, self._pb = grpc, pb
         self._auth = tuple((k.lower(), v) for k, v in bearer(token).items())
-        self._channel = grpc.insecure_channel(self.target)
+        self._channel = grpc_channel(self.target, tls)
         self._rank = self._channel.unary_unary(
             RANK_METHOD,
             request_serializer=pb.RankRequest.SerializeToString,

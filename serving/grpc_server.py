@@ -35,6 +35,9 @@ are RESOURCE_EXHAUSTED), ``edge.grpc_max_streams`` on one connection, and
 refused before they are copied out of the message. The ``x-request-id`` metadata is REST's
 ``X-Request-Id``: the caller's id of the logical request, whose impressions are logged once.
 
+TLS: the serving config's ``tls:`` section binds the port with ``add_secure_port``
+(:func:`headwater.serving.tls.bind_grpc`; client certificates required when it names a client CA).
+
 The request is decoded here, not by grpc (no ``request_deserializer``), so bytes that are not a
 ``RankRequest`` are INVALID_ARGUMENT with protobuf's reason rather than grpc's INTERNAL.
 """
@@ -69,6 +72,7 @@ from headwater.serving.schemas import (
     known_fields,
     readable_errors,
 )
+from headwater.serving.tls import bind_grpc
 
 logger = logging.getLogger(__name__)
 SERVICE = "headwater.v1.Ranking"
@@ -118,19 +122,13 @@ class GrpcEdge:
         )
         handlers = {"Rank": handler, "Recommend": recommend}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        try:
-            bound = server.add_insecure_port(self.address)
-        except RuntimeError as exc:
-            bound, why = 0, str(exc)
-        else:
-            why = "in use or not a local address"
-        if bound == 0:
-            msg = f"gRPC cannot listen on {self.address} ({why}); pick another --grpc-port"
-            raise OSError(msg)
+        # The serving config's `tls:` section: TLS (mTLS with a client CA) on this port as on REST's.
+        bound = bind_grpc(server, self.address, config.tls)
         self.port = bound
         await server.start()
         self._server = server
-        logger.info("gRPC %s on %s", SERVICE, self.address.rsplit(":", 1)[0] + f":{bound}")
+        where = self.address.rsplit(":", 1)[0] + f":{bound}"
+        logger.info("gRPC %s on %s (%s)", SERVICE, where, "plaintext" if config.tls is None else "TLS")
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop taking calls; calls in flight get ``grace_s`` to finish."""

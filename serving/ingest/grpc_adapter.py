@@ -26,8 +26,10 @@ import grpc
 
 from headwater.client.proto.headwater.v1 import ingest_pb2 as pb
 from headwater.client.proto.headwater.v1 import ingest_pb2_grpc as pb_grpc
+from headwater.serving.config import TlsConfig
 from headwater.serving.ingest.bodies import read_rows
 from headwater.serving.ingest.core import IngestAnswer, IngestRefused, IngestService, Submission
+from headwater.serving.tls import bind_grpc
 
 logger = logging.getLogger(__name__)
 STATUS_CODES = {
@@ -109,8 +111,13 @@ def response(answers: list[tuple[int, IngestAnswer]]) -> pb.IngestResponse:
     return out
 
 
-def grpc_server(service: IngestService, host: str, port: int, workers: int = 8) -> Any:
-    """Return a started ``grpc.Server`` of ``Ingest/Ingest`` on ``host:port`` (``stop(grace)`` stops it)."""
+def grpc_server(
+    service: IngestService, host: str, port: int, workers: int = 8, tls: TlsConfig | None = None
+) -> Any:
+    """Return a started ``grpc.Server`` of ``Ingest/Ingest`` on ``host:port`` (``stop(grace)`` stops it).
+
+    ``tls``: serve TLS (mTLS when it names a client CA), as ``ingest serve --tls-cert`` asks.
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="headwater-ingest-grpc"),
         options=[
@@ -119,6 +126,6 @@ def grpc_server(service: IngestService, host: str, port: int, workers: int = 8) 
         ],
     )
     pb_grpc.add_IngestServicer_to_server(IngestServicer(service), server)  # type: ignore[no-untyped-call]
-    server.add_insecure_port(f"{host}:{port}")
+    bind_grpc(server, f"{host}:{port}", tls)
     server.start()
     return server
