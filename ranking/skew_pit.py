@@ -62,6 +62,19 @@ class Scorer:
     score: Score
     user_slots: tuple[str, ...]
     item_slots: tuple[str, ...]
+    view_versions: Mapping[str, str] = field(default_factory=dict)
+    """``{view: version}`` the model was trained on (its artifact's metadata; empty: not recorded)."""
+
+
+@dataclass(frozen=True)
+class ServedView:
+    """One view as a record (version 2) says it was served: its side, version and row's event time."""
+
+    side: str
+    """``user`` or ``item``."""
+    version: str
+    event_ms: int | None = None
+    """User views: the row's event time; None: the user had no row (the empty window was served)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,17 @@ class Logged:
     item_features: npt.NDArray[np.float32]
     found: npt.NDArray[np.bool_]
     scores: npt.NDArray[np.float64]
+    views: Mapping[str, ServedView] = field(default_factory=dict)
+    """Record version 2: every view served, by name; empty for a version 1 record (no value times)."""
+    item_views: tuple[str, ...] = ()
+    """The item views in the order of ``item_event_ms``'s columns."""
+    item_event_ms: npt.NDArray[np.int64] | None = None
+    """(top k, item views) each item's row time in each item view, 0 where it has none."""
+
+    @property
+    def has_value_times(self) -> bool:
+        """Whether the record says each value's event time (version 2)."""
+        return bool(self.views)
 
 
 @dataclass
@@ -148,8 +172,54 @@ def _vector(values: Any, where: str) -> npt.NDArray[np.float32]:
     return np.asarray([math.nan if v is None else float(v) for v in values], dtype=np.float32)
 
 
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        msg = f"{where}: expected a time in ms (an integer >= 0); got {value!r:.40}"
+        raise SkewError(msg)
+    return value
+
+
+def _served_views(r: Mapping[str, Any], n_items: int) -> tuple[dict[str, ServedView], tuple[str, ...],
+                                                                npt.NDArray[np.int64] | None]:  # fmt: skip
+    """Return the version 2 fields of a record: views, item views, item event times (checked)."""
+    raw = r.get("views")
+    if raw is None:
+        return {}, (), None
+    if not isinstance(raw, dict):
+        msg = "views: expected an object of view name to {side, version, event_ms}"
+        raise SkewError(msg)
+    views: dict[str, ServedView] = {}
+    for name, v in raw.items():
+        if not isinstance(v, dict) or v.get("side") not in ("user", "item"):
+            msg = f"views.{name}: expected {{side: user|item, version, event_ms}}"
+            raise SkewError(msg)
+        at = v.get("event_ms")
+        views[str(name)] = ServedView(str(v["side"]), str(v.get("version")),
+                                      None if at is None else _int(at, f"views.{name}.event_ms"))  # fmt: skip
+    item_views = r.get("item_views", [])
+    if not isinstance(item_views, list) or not all(isinstance(v, str) for v in item_views):
+        msg = "item_views: expected a list of view names"
+        raise SkewError(msg)
+    times = r.get("item_event_ms")
+    if times is None:
+        return views, tuple(item_views), None
+    if not isinstance(times, list) or len(times) != n_items:
+        msg = f"item_event_ms: expected one list per item ({n_items})"
+        raise SkewError(msg)
+    for row in times:
+        if not isinstance(row, list) or len(row) != len(item_views):
+            msg = f"item_event_ms: expected one time per item view ({len(item_views)}) for each item"
+            raise SkewError(msg)
+    matrix = np.asarray([[_int(t, "item_event_ms") for t in row] for row in times], dtype=np.int64)
+    return views, tuple(item_views), matrix.reshape(n_items, len(item_views))
+
+
 def parse_logged(records: Sequence[str]) -> tuple[list[Logged], list[str]]:
-    """Parse landed JSON records; return the usable answers and a note for each one that is not."""
+    """Parse landed JSON records; return the usable answers and a note for each one that is not.
+
+    A record of version 1 (no ``views``) is parsed without value times; a malformed one is a note
+    naming its position and what is wrong, never an exception.
+    """
     out: list[Logged] = []
     notes: list[str] = []
     for n, text in enumerate(records):
@@ -171,11 +241,12 @@ def parse_logged(records: Sequence[str]) -> tuple[list[Logged], list[str]]:
                 raise SkewError(msg)
             user = _vector(r["user"], "user")
             version = str(r["model_version"])
+            views, item_views, item_ms = _served_views(r, len(items))
             out.append(
-                Logged(str(r["request_id"]), int(r["at_ms"]), str(r["user_id"]), version, user, items, matrix,
-                       found, scores)
+                Logged(str(r["request_id"]), _int(r["at_ms"], "at_ms"), str(r["user_id"]), version, user,
+                       items, matrix, found, scores, views, item_views, item_ms)
             )  # fmt: skip
-        except (SkewError, KeyError, TypeError, ValueError) as exc:
+        except (SkewError, KeyError, TypeError, ValueError, OverflowError) as exc:
             notes.append(f"landed record {n}: not a prediction record ({exc})")
     return out, notes
 
@@ -241,7 +312,8 @@ def point_in_time(
     return ts.take(order).for_ranker()
 
 
-def _differs(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+def differs(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+    """Return where two float32 arrays differ beyond storage (:data:`RELATIVE_TOLERANCE`); NaN = NaN."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     both_nan = np.isnan(a64) & np.isnan(b64)
     scale = np.maximum(1.0, np.maximum(np.abs(np.nan_to_num(a64)), np.abs(np.nan_to_num(b64))))
@@ -256,7 +328,7 @@ def feature_skew(
 ) -> list[FeatureSkew]:
     """Return per column: rows compared, rows that differ, mean |diff| where both are numbers."""
     out = []
-    differ = _differs(served, pit)
+    differ = differs(served, pit)
     finite = np.isfinite(served) & np.isfinite(pit)
     gap = np.where(finite, np.abs(served.astype(np.float64) - pit.astype(np.float64)), 0.0)
     for j, name in enumerate(names):
@@ -380,6 +452,8 @@ def load_scorers(models_dir: Path) -> tuple[dict[str, Scorer], list[str]]:
             notes.append(str(exc))
             continue
         meta = art.metadata
+        trained = meta.get("view_versions")
+        versions = {str(k): str(v) for k, v in trained.items()} if isinstance(trained, dict) else {}
         scorers[art.version] = Scorer(art.version, art.kind, score, tuple(map(str, meta["user_features"])),
-                                      tuple(map(str, meta["item_features"])))  # fmt: skip
+                                      tuple(map(str, meta["item_features"])), versions)  # fmt: skip
     return scorers, notes

@@ -322,7 +322,7 @@ class RankingService:
         if recording and p.recorder is not None:
             sent = body.model_dump(mode="json", exclude_unset=True)
             p.recorder.offer(arrived_ms, sent, 200, ranked.latency_ms, answer)
-        self._log_prediction(body, ranked, answer, arrived_ms)
+        self._log_prediction(body, ranked, answer, arrived_ms, routed.engine)
         return answer
 
     async def _ranked(self, engine: RankingEngine, query: RankQuery) -> Ranked:
@@ -354,13 +354,16 @@ class RankingService:
             p.funnel.recent.served(body.user_id, shown, arrived_ms)
         p.business.served(request_id, body.session_id, len(ranked.items), answer, arm)
 
-    def _log_prediction(self, body: RankRequest, ranked: Ranked, answer: RankAnswer, arrived_ms: int) -> None:
+    def _log_prediction(
+        self, body: RankRequest, ranked: Ranked, answer: RankAnswer, arrived_ms: int, engine: RankingEngine
+    ) -> None:
         log, used = self.parts.predictions, ranked.features
         if log is None or used is None or used.user is None or not log.sampled():
             return
-        log.offer(
+        log.offer(  # with each value's view, version and event time: the value skew's input
             prediction_record(answer["request_id"], arrived_ms, body.user_id, answer, body.candidates,
-                              used.user, used.items, used.items_found, used.user_event_ms)
+                              used.user, used.items, used.items_found, used.user_event_ms,
+                              engine.registry, used)
         )  # fmt: skip
 
     async def recommend(

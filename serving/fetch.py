@@ -59,6 +59,11 @@ class RequestFeatures:
     items: npt.NDArray[np.float32]
     items_found: npt.NDArray[np.bool_]
     items_event_ms: npt.NDArray[np.int64]
+    items_view_ms: npt.NDArray[np.int64] | None = None
+    """(n, item views) event time of each item's row in each view, 0 where that view has none
+    (the prediction log records it: each value is compared offline at its own time); None: unknown."""
+    at_ms: int = 0
+    """When the vectors were read: the time the on-demand features were computed at."""
 
     def ages(self, at_ms: int | None = None) -> FeatureAges:
         """Return the feature ages at ``at_ms`` (default now); the user's is its oldest view's."""
@@ -99,6 +104,14 @@ def assemble(
     return out, found, oldest
 
 
+def view_times(rows: Sequence[ViewRows]) -> npt.NDArray[np.int64]:
+    """Return one side's (n, views) event times: each view's row time, 0 where the view has none."""
+    if not rows:
+        return np.zeros((0, 0), dtype=np.int64)
+    out: npt.NDArray[np.int64] = np.stack([np.where(r.found, r.event_time_ms, 0) for r in rows], axis=1)
+    return out.astype(np.int64)
+
+
 @dataclass(frozen=True)
 class CacheLookup:
     """Where each requested id is in the cache: ``slots[j]`` is its row where ``hit[j]``."""
@@ -125,6 +138,7 @@ class ItemVectorCache:
         self._slots = SlotMap()
         self._values = np.empty((0, dim), dtype=np.float32)
         self._event_ms = np.empty(0, dtype=np.int64)
+        self._view_ms = np.empty((0, 0), dtype=np.int64)  # per item view; its width set by the first put
         self._expires = np.empty(0, dtype=np.float64)
         self._used = np.empty(0, dtype=np.float64)
         self.version: str | None = None
@@ -140,6 +154,7 @@ class ItemVectorCache:
             self._slots.clear()
             self._values = np.empty((0, self.dim), dtype=np.float32)
             self._event_ms = np.empty(0, dtype=np.int64)
+            self._view_ms = np.empty((0, 0), dtype=np.int64)
             self._expires = np.empty(0, dtype=np.float64)
             self._used = np.empty(0, dtype=np.float64)
             self.version = version
@@ -163,10 +178,25 @@ class ItemVectorCache:
         """Return the vectors and event times in ``slots`` (from :meth:`lookup` hits)."""
         return self._values[slots], self._event_ms[slots]
 
+    def view_times(self, slots: npt.NDArray[np.intp]) -> npt.NDArray[np.int64] | None:
+        """Return the per-view event times in ``slots``; None when the rows were cached without them."""
+        if self._view_ms.shape[1] == 0:
+            return None
+        return self._view_ms[slots]
+
     def put(
-        self, ids: Sequence[str], rows: npt.NDArray[np.float32], event_ms: npt.NDArray[np.int64], version: str
+        self,
+        ids: Sequence[str],
+        rows: npt.NDArray[np.float32],
+        event_ms: npt.NDArray[np.int64],
+        version: str,
+        view_ms: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        """Cache found rows of ``ids`` (missing rows are not cached, they are read again)."""
+        """Cache found rows of ``ids`` (missing rows are not cached, they are read again).
+
+        ``view_ms``: (n, item views) each row's time in each view (:func:`view_times`), kept for the
+        prediction log.
+        """
         if self.max_entries == 0 or self.ttl_s == 0 or not len(ids):
             return
         self.use_version(version)
@@ -176,6 +206,9 @@ class ItemVectorCache:
                 rows[-self.max_entries :],
                 event_ms[-self.max_entries :],
             )
+            view_ms = None if view_ms is None else view_ms[-self.max_entries :]
+        if view_ms is not None and self._view_ms.shape[1] != view_ms.shape[1]:
+            self._view_ms = np.zeros((len(self._event_ms), view_ms.shape[1]), dtype=np.int64)
         slots = self._slots.find(ids)
         new = np.flatnonzero(slots < 0)
         if len(new):
@@ -183,6 +216,8 @@ class ItemVectorCache:
         now = self._clock()
         self._values[slots] = rows
         self._event_ms[slots] = event_ms
+        if view_ms is not None:
+            self._view_ms[slots] = view_ms
         self._expires[slots] = now + self.ttl_s
         self._used[slots] = now
 
@@ -204,6 +239,8 @@ class ItemVectorCache:
         grow = target - size
         self._values = np.concatenate([self._values, np.empty((grow, self.dim), dtype=np.float32)])
         self._event_ms = np.concatenate([self._event_ms, np.zeros(grow, dtype=np.int64)])
+        width = self._view_ms.shape[1]
+        self._view_ms = np.concatenate([self._view_ms, np.zeros((grow, width), dtype=np.int64)])
         self._expires = np.concatenate([self._expires, np.full(grow, -np.inf)])
         self._used = np.concatenate([self._used, np.full(grow, np.inf)])  # free rows are never victims
         self._slots.add_rows(grow)
@@ -283,8 +320,9 @@ class FeatureFetcher:
         n_user = len(user_side.layouts) if user_rows is None else 0
         if user_rows is None:
             user_rows = rows[:n_user]
-        items, event_ms, found = self._items(candidates, look, miss_idx, miss_ids, rows[n_user:], version)
-        return self._finish(user_rows, items, found, event_ms, started_ms)
+        items, event_ms, found, view_ms = self._items(candidates, look, miss_idx, miss_ids, rows[n_user:],
+                                                      version)  # fmt: skip
+        return self._finish(user_rows, items, found, event_ms, started_ms, view_ms)
 
     async def _read(
         self, requests: list[tuple[ViewLayout, Sequence[str]]], timeout_s: float
@@ -343,7 +381,7 @@ class FeatureFetcher:
                 held.event_time_ms[unknown] = got[j].event_time_ms
             views.append(held)
         items, found, event_ms = assemble(item_side, views)
-        return self._finish(user_rows, items, found, event_ms, started_ms)
+        return self._finish(user_rows, items, found, event_ms, started_ms, view_times(views))
 
     def _finish(
         self,
@@ -352,6 +390,7 @@ class FeatureFetcher:
         found: npt.NDArray[np.bool_],
         event_ms: npt.NDArray[np.int64],
         started_ms: int,
+        view_ms: npt.NDArray[np.int64] | None = None,
     ) -> RequestFeatures:
         """Assemble the user, add the on-demand features, put the columns in the model's order."""
         user_side = self.registry.user
@@ -368,7 +407,7 @@ class FeatureFetcher:
             user = user[self.user_columns]
         if self.item_columns is not None:
             items = items[:, self.item_columns]
-        return RequestFeatures(user, user_times, items, found, event_ms)
+        return RequestFeatures(user, user_times, items, found, event_ms, view_ms, started_ms)
 
     def _items(
         self,
@@ -378,23 +417,36 @@ class FeatureFetcher:
         miss_ids: list[str],
         rows: Sequence[ViewRows],
         version: str,
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    ) -> tuple[
+        npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64] | None
+    ]:
         n = len(candidates)
         if not miss_ids:
             items, event_ms = self.cache.rows(look.slots)
-            return items, event_ms, np.ones(n, dtype=bool)
+            return items, event_ms, np.ones(n, dtype=bool), self.cache.view_times(look.slots)
         item_side = self.registry.item
         items = np.empty((n, item_side.dim), dtype=np.float32)
         event_ms = np.zeros(n, dtype=np.int64)
+        view_ms: npt.NDArray[np.int64] | None = np.zeros((n, len(item_side.layouts)), dtype=np.int64)
         found = look.hit.copy()
         hit_idx = np.flatnonzero(look.hit)
         if len(hit_idx):
             items[hit_idx], event_ms[hit_idx] = self.cache.rows(look.slots[hit_idx])
+            cached = self.cache.view_times(look.slots[hit_idx])
+            if cached is None or view_ms is None:
+                view_ms = None
+            else:
+                view_ms[hit_idx] = cached
         got, got_found, got_ms = assemble(item_side, rows)
+        got_views = view_times(rows)
         items[miss_idx], found[miss_idx], event_ms[miss_idx] = got, got_found, got_ms
+        if view_ms is not None:
+            view_ms[miss_idx] = got_views
         keep = np.flatnonzero(got_found)
-        self.cache.put([miss_ids[i] for i in keep.tolist()], got[keep], got_ms[keep], version)
-        return items, event_ms, found
+        self.cache.put(
+            [miss_ids[i] for i in keep.tolist()], got[keep], got_ms[keep], version, got_views[keep]
+        )
+        return items, event_ms, found, view_ms
 
 
 __all__ = [
@@ -405,4 +457,5 @@ __all__ = [
     "ItemVectorCache",
     "RequestFeatures",
     "assemble",
+    "view_times",
 ]

@@ -4,13 +4,22 @@ The service (``predictions.enabled``) samples requests answered by a model and s
 record per request to a Kafka topic (default ``predictions``), never waiting for Kafka (a bounded
 buffer; a full one drops and counts)::
 
-    {"v": 1, "request_id": "...", "at_ms": 1767225600123, "user_id": "u1", "model_version": "9f0b...",
+    {"v": 2, "request_id": "...", "at_ms": 1767225600123, "user_id": "u1", "model_version": "9f0b...",
      "fallback": null, "user_event_ms": {"user_session_realtime": 1767225600000, ...},
+     "views": {"user_session_realtime": {"side": "user", "version": "3c1d...", "event_ms": 1767225600000},
+               "item_trending_realtime": {"side": "item", "version": "77aa..."}, ...},
+     "item_views": ["item_trending_realtime", ...], "item_event_ms": [[1767225595000, ...], ...],
+     "on_demand": {"at_ms": 1767225600124, "features": ["affinity", ...]},
      "user": [...model inputs...], "items": ["i7", ...], "item_features": [[...], ...],
      "found": [true, ...], "scores": [0.83, ...]}
 
 ``user`` and ``item_features`` are the model's inputs in its column order (NaN as null), for
-the returned top k.
+the returned top k; the on-demand features are among the item inputs, computed at
+``on_demand.at_ms`` from the user's and the item's stored values. Each value comes with its own
+event time: ``views[v].event_ms`` for a user view (absent: the user has no row there, the empty
+window was served), ``item_event_ms[i][j]`` for top item ``i`` in ``item_views[j]`` (0: no row);
+``views[v].version`` is the version of the view the service read. Version 1 records (no ``views``)
+stay readable: the report rescores them at the request's time only.
 
 ``headwater skew`` (below; the work is in :mod:`headwater.pipelines.offline.skew_land` and
 :mod:`headwater.ranking.skew_pit`) lands the topic in a Delta table under the lake,
@@ -40,10 +49,12 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from headwater.ranking.features import BoundRegistry
     from headwater.ranking.skew_pit import VersionSkew
+    from headwater.serving.fetch import RequestFeatures
 
 logger = logging.getLogger(__name__)
-PREDICTION_VERSION = 1
+PREDICTION_VERSION = 2
 DEFAULT_TOPIC = "predictions"
 _STOP = object()
 
@@ -67,6 +78,27 @@ def _floats(values: npt.NDArray[np.float32]) -> list[float | None]:
     return [None if not math.isfinite(v) else float(v) for v in values.tolist()]
 
 
+def served_views(registry: BoundRegistry, features: RequestFeatures, rows: Sequence[int]) -> dict[str, Any]:
+    """Return the record's per-value fields: each view's version and event times, the on-demand inputs.
+
+    ``rows``: the candidates' rows of the returned top k, in answer order.
+    """
+    views: dict[str, dict[str, Any]] = {}
+    for lay in registry.user.layouts:
+        entry: dict[str, Any] = {"side": "user", "version": lay.version}
+        if lay.view in features.user_event_ms:
+            entry["event_ms"] = int(features.user_event_ms[lay.view])
+        views[lay.view] = entry
+    for lay in registry.item.layouts:
+        views[lay.view] = {"side": "item", "version": lay.version}
+    out: dict[str, Any] = {"views": views, "item_views": [lay.view for lay in registry.item.layouts]}
+    if features.items_view_ms is not None:
+        out["item_event_ms"] = features.items_view_ms[list(rows)].tolist()
+    if registry.on_demand is not None:
+        out["on_demand"] = {"at_ms": int(features.at_ms), "features": list(registry.on_demand.names)}
+    return out
+
+
 def prediction_record(
     request_id: str,
     at_ms: int,
@@ -77,11 +109,18 @@ def prediction_record(
     items: npt.NDArray[np.float32],
     found: npt.NDArray[np.bool_],
     user_event_ms: Mapping[str, int],
+    registry: BoundRegistry | None = None,
+    features: RequestFeatures | None = None,
 ) -> dict[str, Any]:
-    """Return the log record of one answer: the top k's model inputs and scores."""
+    """Return the log record of one answer: the top k's model inputs and scores.
+
+    With ``registry`` and ``features`` (the vectors the model scored), the record holds each value's
+    view version and event time and the on-demand inputs (:func:`served_views`).
+    """
     index = {c: i for i, c in enumerate(candidates)}
     ranked = [(x["item_id"], x["score"]) for x in answer["items"]]
     rows = [index[item] for item, _ in ranked]
+    served = {} if registry is None or features is None else served_views(registry, features, rows)
     return {
         "v": PREDICTION_VERSION,
         "request_id": request_id,
@@ -90,6 +129,7 @@ def prediction_record(
         "model_version": answer.get("model_version"),
         "fallback": answer.get("fallback"),
         "user_event_ms": dict(user_event_ms),
+        **served,
         "user": _floats(user),
         "items": [item for item, _ in ranked],
         "item_features": [_floats(items[r]) for r in rows],

@@ -2,8 +2,13 @@
 
 The table is ``<lake>/predictions/<topic>``: one row per logged answer, its Kafka position
 (``kafka_partition``, ``kafka_offset``), the fields a query filters on (``request_id``, ``at_ms``,
-``day``, ``user_id``, ``model_version``, ``fallback``) and the whole record as JSON (``record``:
-the model inputs and scores, :func:`headwater.serving.skew.prediction_record`).
+``day``, ``user_id``, ``model_version``, ``fallback``, ``record_version``: the record's ``v``,
+``view_versions``: the served ``{view: version}`` as JSON) and the whole record as JSON (``record``:
+the model inputs with each value's event time, the scores, :func:`headwater.serving.skew.prediction_record`).
+
+Old tables stay readable: the columns added with record version 2 (``record_version``,
+``view_versions``) are merged into a table landed before them on its next append (Delta's
+``mergeSchema``), null in the rows landed earlier; ``record`` is what the report reads, of any version.
 
 Exactly once without a separate checkpoint: the positions live in the rows themselves, so one
 Delta append commits the rows and the position they cover together; the next run resumes each
@@ -48,6 +53,8 @@ SCHEMA = pa.schema(
         ("model_version", pa.string()),
         ("fallback", pa.string()),
         ("record", pa.string()),
+        ("record_version", pa.int32()),
+        ("view_versions", pa.string()),
     ]
 )
 """The landed table's columns."""
@@ -106,7 +113,8 @@ def row_of(partition: int, offset: int, value: bytes | None) -> dict[str, Any]:
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        empty = dict.fromkeys(("request_id", "at_ms", "day", "user_id", "model_version", "fallback"))
+        empty = dict.fromkeys(("request_id", "at_ms", "day", "user_id", "model_version", "fallback",
+                               "record_version", "view_versions"))  # fmt: skip
         return {"kafka_partition": partition, "kafka_offset": offset, **empty, "record": text}
     at = data.get("at_ms")
     at_ms = at if isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= MAX_AT_MS else None
@@ -126,7 +134,21 @@ def row_of(partition: int, offset: int, value: bytes | None) -> dict[str, Any]:
         "model_version": text_of("model_version"),
         "fallback": text_of("fallback"),
         "record": text,
+        "record_version": _record_version(data.get("v")),
+        "view_versions": _view_versions(data.get("views")),
     }
+
+
+def _record_version(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31 else None
+
+
+def _view_versions(views: object) -> str | None:
+    """``{view: version}`` of a record's ``views`` as JSON; None when the record has none (version 1)."""
+    if not isinstance(views, dict):
+        return None
+    out = {str(k): str(v.get("version")) for k, v in views.items() if isinstance(v, dict)}
+    return json.dumps(out, sort_keys=True).encode("utf-8", "replace").decode("utf-8")
 
 
 def land_predictions(
@@ -211,7 +233,8 @@ def _append(spark: SparkSession, rows: list[dict[str, Any]], path: Path, lake: P
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     with staging_dir(lake / "_staging") as folder:
         frame = arrow_to_spark(spark, table, folder)
-        frame.write.format("delta").mode("append").save(str(path))
+        # mergeSchema: a table landed before record version 2 gains its columns (null in old rows).
+        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(str(path))
 
 
 def read_landed(spark: SparkSession, path: Path, since_ms: int | None = None) -> DataFrame:
