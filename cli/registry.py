@@ -215,7 +215,10 @@ def config(fmt: str) -> None:
     Precedence: command-line option, then HEADWATER_* environment variable, then headwater.yaml
     (found with --repo, $HEADWATER_REPO, or from the current folder up), then the default.
     """
+    from headwater.pipelines.store.connect import redact_url
+
     found = resolve()
+    # No secret is shown: the Redis password is masked, kafka.security names only where each is.
     values: dict[str, str | int | None] = {
         "config_file": str(found.config_file) if found.config_file else None,
         "root": str(found.root),
@@ -226,7 +229,8 @@ def config(fmt: str) -> None:
         "kafka.bootstrap": found.kafka_bootstrap,
         "kafka.dlq_topic": found.dlq_topic,
         "kafka.partitions": found.partitions,
-        "redis.url": found.redis_url,
+        "kafka.security": found.kafka_security.describe(),
+        "redis.url": redact_url(found.redis_url),
         "redis.eviction": found.redis_eviction,
     }
     if fmt == "json":
@@ -246,10 +250,11 @@ def dictionary_lines(fields: list[str]) -> list[str]:
     import redis
 
     from headwater.pipelines.settings import Settings
-    from headwater.pipelines.store.connect import redis_client
+    from headwater.pipelines.store.connect import redact_url, redis_client
     from headwater.pipelines.windows.vector import MAX_DICTIONARY_ID, RedisDictionary
 
     url = Settings.from_env().redis_url
+    shown = redact_url(url)
     try:
         client = redis_client(url, socket_connect_timeout=0.5, socket_timeout=2.0)
         dictionary = RedisDictionary(client)
@@ -257,7 +262,7 @@ def dictionary_lines(fields: list[str]) -> list[str]:
         client.close()
     except (redis.RedisError, OSError) as exc:
         names = ", ".join(fields)
-        return [f"  dictionaries ({names}): not checked, the online store at {url} did not answer ({exc})"]
+        return [f"  dictionaries ({names}): not checked, the online store at {shown} did not answer ({exc})"]
     lines = []
     for field, (size, refused) in sizes.items():
         state = f"FULL, {refused:,} values refused (stored as id 0)" if refused else "not full"

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from headwater.pipelines.settings import Settings
+from headwater.registry.security import KafkaSecurity, read_secret
+
 if TYPE_CHECKING:
     from confluent_kafka import Producer as ConfluentProducer
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -50,14 +53,41 @@ _LIBRDKAFKA_NAMES = {
 
 # --- SECURITY HOOK (issue 32) ------------------------------------------------------------------------
 def security_options() -> dict[str, Any]:
-    """Return the security settings every client gets: today none (plaintext, no authentication).
+    """Return the security settings every client gets, from ``kafka.security`` of headwater.yaml.
 
-    The one place where issue 32 adds ``security_protocol``, the SASL mechanism and credentials and
-    the SSL files (``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``), in kafka-python's option names;
-    :func:`confluent_producer` translates them to librdkafka's. Every factory of this module applies
-    them (a unit test checks it); a call site's explicit option still wins.
+    In kafka-python's option names (:func:`tls_sasl_options`); :func:`confluent_options` translates
+    them to librdkafka's. Every factory of this module applies them (a unit test checks it); a call
+    site's explicit option still wins. The default (``PLAINTEXT``) adds none.
+
+    Raises:
+        headwater.registry.config.ConfigError: the headwater.yaml in use is invalid.
+        headwater.registry.security.SecretError: the SASL password's variable or file is missing.
     """
-    return {}
+    settings = Settings.from_env()
+    return tls_sasl_options(settings.kafka_security, settings.kafka_security_where)
+
+
+def tls_sasl_options(security: KafkaSecurity, where: str) -> dict[str, Any]:
+    """Return kafka-python's options for ``security``; the password is read now, its repr masked.
+
+    ``where`` (the setting's ``file:line``) goes into the message when the password cannot be read.
+    """
+    if security.protocol == "PLAINTEXT":
+        return {}
+    options: dict[str, Any] = {"security_protocol": security.protocol}
+    files = {
+        "ssl_cafile": security.ca_file,
+        "ssl_certfile": security.cert_file,
+        "ssl_keyfile": security.key_file,
+    }
+    options |= {name: path for name, path in files.items() if path is not None}
+    if security.sasl is not None:
+        options |= {
+            "sasl_mechanism": security.sasl.mechanism,
+            "sasl_plain_username": security.sasl.username,
+            "sasl_plain_password": read_secret(security.sasl, where),
+        }
+    return options
 
 
 def client_options(role: Role, bootstrap: str, overrides: dict[str, Any]) -> dict[str, Any]:

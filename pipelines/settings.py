@@ -10,9 +10,10 @@ tiers, the tests and the benchmarks all reach the same services.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headwater.registry.config import DEFAULT_DLQ_TOPIC, resolve
+from headwater.registry.security import KafkaSecurity
 
 EVENTS_TOPIC = "events"
 DLQ_TOPIC = DEFAULT_DLQ_TOPIC
@@ -29,6 +30,10 @@ class Settings:
     partitions: int = 4
     redis_eviction: str = "refuse"
     """``redis.eviction``: whether a writing tier accepts an evicting Redis (:mod:`.store.connect`)."""
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    """``kafka.security``: every Kafka client's TLS and SASL settings (:mod:`.kafka` applies them)."""
+    kafka_security_where: str = "default"
+    """Where ``kafka.security`` was read (``headwater.yaml:7``), for the messages about its secrets."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -45,4 +50,6 @@ class Settings:
             dlq_topic=found.dlq_topic,
             partitions=found.partitions,
             redis_eviction=found.redis_eviction,
+            kafka_security=found.kafka_security,
+            kafka_security_where=found.origins.get("kafka.security", "default"),
         )

@@ -23,12 +23,13 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from headwater.registry import resources
 from headwater.registry.errors import HeadwaterError
+from headwater.registry.security import KafkaSecurity, redact_url
 from headwater.registry.yamlsrc import YamlDoc, YamlSyntaxError, parse_yaml
 
 CONFIG_FILE = "headwater.yaml"
@@ -63,6 +64,8 @@ class KafkaConfig(BaseModel):
     """The dead letters of every source (invalid, late, future-dated events), with their reason."""
     partitions: StrictInt = Field(default=4, ge=1)
     """Partitions of the topics ``headwater topics create`` makes."""
+    security: KafkaSecurity = KafkaSecurity()
+    """How every client authenticates and encrypts (:mod:`headwater.registry.security`)."""
 
     @field_validator("bootstrap")
     @classmethod
@@ -91,7 +94,8 @@ class RedisConfig(BaseModel):
     @classmethod
     def _scheme(cls, value: str) -> str:
         if not value.startswith(("redis://", "rediss://", "unix://")):
-            msg = f"{value!r} is not a Redis URL: write redis://host:port/db (rediss:// or unix:// also)"
+            shown = redact_url(value)
+            msg = f"{shown!r} is not a Redis URL: write redis://host:port/db (rediss:// or unix:// also)"
             raise ValueError(msg)
         return value
 
@@ -135,6 +139,8 @@ class Resolved:
     """Where each value came from: ``headwater.yaml:5``, ``$HEADWATER_STATE_DIR``, ``default``."""
     redis_eviction: str = "refuse"
     """``redis.eviction`` of the config file: whether the tiers accept an evicting Redis."""
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    """``kafka.security`` of the config file, its paths absolute (no secret: only where each one is)."""
 
 
 def find_config(start: Path) -> Path | None:
@@ -243,10 +249,19 @@ def _validation_message(path: Path, doc: YamlDoc, exc: ValidationError) -> str:
             model: type[BaseModel] = RepoConfig
             for part in parent:
                 sub = model.model_fields[str(part)].annotation
-                if isinstance(sub, type) and issubclass(sub, BaseModel):
-                    model = sub
+                for candidate in (sub, *get_args(sub)):  # an optional section: SaslConfig | None
+                    if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                        model = candidate
+                        break
             known = ", ".join(model.model_fields)
             text = f"unknown key {key!r}: remove it or fix its spelling (known: {known})"
+            if "security" in loc and str(loc[-1]) == "password":
+                text += "; a secret never goes in headwater.yaml: name password_env or password_file"
+        elif loc[:2] == ("redis", "url") and isinstance(error.get("input"), str):
+            text = f"{key}: {error['msg']} (found {redact_url(error['input'])!r})"
+        elif "security" in loc:
+            # The value found may be a secret written where it does not belong: never echo it.
+            text = f"{key}: {error['msg']}"
         else:
             text = f"{key}: {error['msg']} (found {error.get('input')!r})"
         lines.append(f"{path}:{doc.line_of(loc)}: {text}")
@@ -314,6 +329,7 @@ def resolve() -> Resolved:
     )
     partitions = _positive_int(partitions_text, PARTITIONS_ENV)
     origins["redis.eviction"] = from_file("redis", "eviction")
+    origins["kafka.security"] = from_file("kafka", "security")
     return Resolved(
         file,
         root,
@@ -327,6 +343,7 @@ def resolve() -> Resolved:
         partitions,
         origins,
         config.redis.eviction,
+        config.kafka.security.resolved(root),
     )
 
 

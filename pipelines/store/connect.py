@@ -2,23 +2,43 @@
 
 ``redis://HOST:PORT/DB`` (and ``rediss://``, ``unix://``) opens a ``redis.Redis``;
 ``redis-cluster://HOST:PORT`` opens a ``redis.RedisCluster`` seeded with that node (it discovers
-the others, and follows failovers and slot moves). Every key of one view, its freshness log and
-each dictionary share a hash tag, so every command and script of the store touches one slot and
-runs unchanged on a cluster (:mod:`headwater.pipelines.store.layout`).
+the others, and follows failovers and slot moves); ``rediss-cluster://`` is the same over TLS. Every
+form takes an ACL user and password (``rediss://USER:PASSWORD@HOST:PORT/0?ssl_ca_certs=ca.pem``);
+:func:`redact_url` is how such a URL is shown (``headwater config``, messages, logs). Every key of
+one view, its freshness log and each dictionary share a hash tag, so every command and script of the
+store touches one slot and runs unchanged on a cluster (:mod:`headwater.pipelines.store.layout`).
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 
 from headwater.registry.errors import HeadwaterError
+from headwater.registry.security import redact_url
+
+__all__ = [
+    "CLUSTER_SCHEME",
+    "TLS_CLUSTER_SCHEME",
+    "EvictingStoreError",
+    "StoreURLError",
+    "check_eviction_policy",
+    "cluster_options",
+    "is_cluster_url",
+    "redact_url",
+    "redis_client",
+]
 
 CLUSTER_SCHEME = "redis-cluster"
+TLS_CLUSTER_SCHEME = "rediss-cluster"
+"""A Redis Cluster over TLS: ``rediss-cluster://USER:PASSWORD@HOST:PORT?ssl_ca_certs=/ca.pem``."""
 SAFE_POLICY = "noeviction"
 """The one ``maxmemory-policy`` under which Redis never drops a value the tiers wrote."""
+
+CLUSTER_QUERY_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+"""The query options of a cluster URL (the TLS files); redis-py's ``from_url`` takes them for one node."""
 
 
 class StoreURLError(HeadwaterError, ValueError):
@@ -30,32 +50,72 @@ class EvictingStoreError(HeadwaterError):
 
 
 def is_cluster_url(url: str) -> bool:
-    """Whether ``url`` names a Redis Cluster (``redis-cluster://HOST:PORT``)."""
-    return url.startswith(CLUSTER_SCHEME + "://")
+    """Whether ``url`` names a Redis Cluster (``redis-cluster://`` or, over TLS, ``rediss-cluster://``)."""
+    return url.startswith((CLUSTER_SCHEME + "://", TLS_CLUSTER_SCHEME + "://"))
 
 
 def redis_client(url: str, **client_kwargs: Any) -> redis.Redis[bytes] | redis.RedisCluster[bytes]:
     """Open a client for ``url``; ``client_kwargs`` (timeouts...) go to the redis-py constructor.
 
+    ``redis://`` and ``rediss://`` (TLS) URLs take an ACL user and password
+    (``rediss://USER:PASSWORD@HOST:PORT/0?ssl_ca_certs=/ca.pem``); so do cluster URLs
+    (:func:`cluster_options`).
+
     Raises:
-        StoreURLError: a cluster URL without a host and port, or with a database number (a cluster
-            has only database 0).
+        StoreURLError: a cluster URL without a host and port, with a database number (a cluster
+            has only database 0) or an unknown option; the message shows the URL without its password.
     """
     if not is_cluster_url(url):
         return redis.Redis.from_url(url, **client_kwargs)
-    parts = urlsplit(url)
+    return redis.RedisCluster(**cluster_options(url), **client_kwargs)
+
+
+def cluster_options(url: str) -> dict[str, Any]:
+    """Return ``redis.RedisCluster``'s keyword arguments for a cluster URL.
+
+    They hold the seed node, the ACL user and password (percent-decoded), and TLS
+    (``rediss-cluster://``, with the query's TLS files).
+
+    Raises:
+        StoreURLError: see :func:`redis_client`.
+    """
+    shown = redact_url(url)
+    tls = url.startswith(TLS_CLUSTER_SCHEME + "://")
+    expected = f"{TLS_CLUSTER_SCHEME if tls else CLUSTER_SCHEME}://[USER:PASSWORD@]HOST:PORT"
     try:
+        parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        msg = f"online store URL {url!r}: the port is not a number; expected redis-cluster://HOST:PORT"
+        msg = f"online store URL {shown!r}: not a valid URL (the port must be a number); expected {expected}"
         raise StoreURLError(msg) from exc
     if not parts.hostname or port is None:
-        msg = f"online store URL {url!r}: expected redis-cluster://HOST:PORT (any node of the cluster)"
+        msg = f"online store URL {shown!r}: expected {expected} (any node of the cluster)"
         raise StoreURLError(msg)
     if parts.path not in ("", "/", "/0"):
-        msg = f"online store URL {url!r}: a Redis Cluster has only database 0; drop {parts.path!r}"
+        msg = f"online store URL {shown!r}: a Redis Cluster has only database 0; end the URL at HOST:PORT"
         raise StoreURLError(msg)
-    return redis.RedisCluster(host=parts.hostname, port=port, **client_kwargs)
+    options: dict[str, Any] = {"host": parts.hostname, "port": port}
+    if parts.username:
+        options["username"] = unquote(parts.username)
+    if parts.password:
+        options["password"] = unquote(parts.password)
+    query = parse_qs(parts.query)
+    unknown = sorted(set(query) - set(CLUSTER_QUERY_OPTIONS))
+    if unknown:
+        msg = (
+            f"online store URL {shown!r}: unknown option {', '.join(unknown)}; a cluster URL takes "
+            f"{', '.join(CLUSTER_QUERY_OPTIONS)}"
+        )
+        raise StoreURLError(msg)
+    if query and not tls:
+        msg = f"online store URL {shown!r}: TLS options need {TLS_CLUSTER_SCHEME}://"
+        raise StoreURLError(msg)
+    if tls:
+        options["ssl"] = True
+        for name, values in query.items():
+            value = unquote(values[-1])
+            options[name] = value.lower() in ("1", "true", "yes") if name == "ssl_check_hostname" else value
+    return options
 
 
 def check_eviction_policy(client: Any, *, allowed: str = "refuse", tier: str = "this tier") -> str:

@@ -236,6 +236,7 @@ def test_installed_wheel_runs_a_repo_in_a_temp_folder(
         "kafka.bootstrap": kafka_bootstrap,
         "kafka.dlq_topic": "events.dlq",
         "kafka.partitions": 4,
+        "kafka.security": "PLAINTEXT",
         "redis.url": redis_url,
         "redis.eviction": "refuse",
     }
