@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from headwater.pipelines.offline.skew_land import SCHEMA, row_of
 
-FIELDS = ("request_id", "at_ms", "user_id", "model_version", "fallback")
+FIELDS = ("request_id", "at_ms", "user_id", "model_version", "fallback", "v", "views")  # v, views: record v2
 texts = st.text() | st.text(st.characters(categories=["Cs"]), max_size=3)  # lone surrogates: "\\ud800"
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts,
@@ -65,3 +65,16 @@ def test_a_time_past_what_a_date_holds_is_no_time() -> None:
     row = row_of(0, 0, json.dumps({"request_id": "r1", "at_ms": 300_000_000_000_000}).encode())
     assert (row["at_ms"], row["day"]) == (None, None)
     assert row["request_id"] == "r1"
+
+
+def test_a_version_2_record_lands_its_version_and_view_versions() -> None:
+    views = {
+        "user_rt": {"side": "user", "version": "u1", "event_ms": 5},
+        "item_rt": {"side": "item", "version": "i1"},
+    }
+    row = row_of(0, 1, json.dumps({"v": 2, "request_id": "r", "views": views}).encode())
+    _landable(row)
+    assert row["record_version"] == 2
+    assert json.loads(row["view_versions"]) == {"item_rt": "i1", "user_rt": "u1"}
+    old = row_of(0, 2, json.dumps({"v": 1, "request_id": "r"}).encode())
+    assert (old["record_version"], old["view_versions"]) == (1, None)
