@@ -34,6 +34,10 @@ class Settings:
     """``kafka.security``: every Kafka client's TLS and SASL settings (:mod:`.kafka` applies them)."""
     kafka_security_where: str = "default"
     """Where ``kafka.security`` was read (``headwater.yaml:7``), for the messages about its secrets."""
+    repair_interval_s: float = 120.0
+    """``nearline.repair.interval_s``: seconds between two nearline repair passes (0: none)."""
+    repair_max_keys: int = 2000
+    """``nearline.repair.max_keys``: keys a repair pass checks per step (:mod:`.nearline.repair`)."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -50,6 +54,8 @@ class Settings:
             dlq_topic=found.dlq_topic,
             partitions=found.partitions,
             redis_eviction=found.redis_eviction,
+            repair_interval_s=found.nearline_repair.interval_s,
+            repair_max_keys=found.nearline_repair.max_keys,
             kafka_security=found.kafka_security,
             kafka_security_where=found.origins.get("kafka.security", "default"),
         )

@@ -100,6 +100,25 @@ class RedisConfig(BaseModel):
         return value
 
 
+class RepairConfig(BaseModel):
+    """``nearline.repair``: the nearline tier's reconciliation pass (``pipelines/nearline/repair.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval_s: float = Field(default=120.0, ge=0)
+    """Seconds between the starts of two passes over every owned key (0: no repair)."""
+    max_keys: StrictInt = Field(default=2000, ge=1)
+    """Keys a pass checks per step (one step between two polls), so a pass never stalls the worker."""
+
+
+class NearlineTierConfig(BaseModel):
+    """The nearline tier's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repair: RepairConfig = RepairConfig()
+
+
 class RepoConfig(BaseModel):
     """The content of ``headwater.yaml``. Paths are relative to the file's folder unless absolute."""
 
@@ -117,6 +136,7 @@ class RepoConfig(BaseModel):
     """The tiers' jars (``headwater setup jars`` fills it); None: the tool's default (see jvm_lib_dir)."""
     kafka: KafkaConfig = KafkaConfig()
     redis: RedisConfig = RedisConfig()
+    nearline: NearlineTierConfig = NearlineTierConfig()
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,8 @@ class Resolved:
     """``redis.eviction`` of the config file: whether the tiers accept an evicting Redis."""
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     """``kafka.security`` of the config file, its paths absolute (no secret: only where each one is)."""
+    nearline_repair: RepairConfig = RepairConfig()
+    """``nearline.repair`` of the config file: the nearline tier's reconciliation pass."""
 
 
 def find_config(start: Path) -> Path | None:
@@ -344,6 +366,7 @@ def resolve() -> Resolved:
         origins,
         config.redis.eviction,
         config.kafka.security.resolved(root),
+        nearline_repair=config.nearline.repair,
     )
 
 

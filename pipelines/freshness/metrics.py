@@ -12,6 +12,9 @@ the capped log still holds). Exposed:
 - ``headwater_read_age_window_seconds{quantile}``: time-weighted p50/p99 age over the window;
 - ``headwater_freshness_sla_seconds``, ``headwater_freshness_breach`` (1 = breach, see the report),
   ``headwater_published_boundary_timestamp_seconds``;
+- ``headwater_repair_keys_total{kind}``: keys the tier's reconciliation passes checked, found missing,
+  found stale and repaired (kind ``checked``, ``missing``, ``stale``, ``repaired``; :mod:`.repairs`),
+  only for views with a counted pass;
 - ``headwater_freshness_scrape_ok``: 0 when the store could not be read (figures then omitted).
 """
 
@@ -27,9 +30,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from headwater.pipelines.freshness.repairs import RepairStatus, read_repair_status
 from headwater.pipelines.freshness.report import BREACH, FreshnessTarget, plan_views, view_freshness
 from headwater.pipelines.freshness.samples import Entry, read_entries
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
@@ -135,6 +139,7 @@ class FreshnessCollector(Collector):
                 new, last = read_entries(self.client, spec.view, self.namespace, st.last_id)
                 st.absorb(new, now - window_ms)
                 st.last_id = last if last is not None else st.last_id
+            repairs = read_repair_status(self.client, [s.view for s in self.specs], self.namespace)
         except StoreError as exc:
             log.warning("freshness metrics: %s", exc)
             ok.add_metric([], 0.0)
@@ -179,6 +184,7 @@ class FreshnessCollector(Collector):
             self._add_view(spec, now, window_ms, hist, fams)
         yield hist
         yield from fams.values()
+        yield _repair_family(self.specs, repairs)
 
     def _add_view(
         self,
@@ -206,3 +212,18 @@ class FreshnessCollector(Collector):
         if f.progress_ms is not None:
             fams["boundary"].add_metric(lv, f.progress_ms / 1000.0)
         fams["breach"].add_metric(lv, 1.0 if f.verdict == BREACH else 0.0)
+
+
+def _repair_family(specs: Sequence[FreshnessTarget], repairs: dict[str, RepairStatus]) -> Metric:
+    """``headwater_repair_keys_total`` of every view with repair counters (see the module docstring)."""
+    fam = CounterMetricFamily(
+        "headwater_repair_keys",
+        "Keys the reconciliation passes checked, found missing or stale, and repaired",
+        labels=["view", "tier", "kind"],
+    )
+    for spec in specs:
+        status = repairs.get(spec.view)
+        if status is not None:
+            for kind, value in status.counts.as_dict().items():
+                fam.add_metric([spec.view, spec.tier, kind], float(value))
+    return fam

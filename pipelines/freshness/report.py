@@ -18,12 +18,14 @@ yet is ``catching up`` (a failing verdict too: it does not meet its SLA).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from headwater.pipelines.freshness.repairs import RepairStatus, read_repair_status
 from headwater.pipelines.freshness.samples import Entry, read_entries, read_since
 from headwater.pipelines.freshness.stats import Progress, lag_samples, weighted_quantiles
 from headwater.pipelines.store.layout import DEFAULT_NAMESPACE
@@ -93,6 +95,8 @@ class ViewFreshness:
     """With ``after_catch_up``: seconds from the view's first write to catching up (so far, if not yet)."""
     judged_from_ms: int | None = None
     """Start of the judged window: now - window, or the catch-up when later."""
+    repair: RepairStatus | None = None
+    """What the tier's reconciliation passes checked and repaired (None: no pass counted any key)."""
 
     @property
     def lag_over_sla(self) -> bool:
@@ -298,4 +302,6 @@ def build_report(
         else:
             entries = read_since(client, s.view, now_ms - window_ms, namespace)
         views.append(view_freshness(s, entries, now_ms, window_ms, after_catch_up))
+    repairs = read_repair_status(client, [v.view for v in views], namespace)
+    views = [v if v.view not in repairs else dataclasses.replace(v, repair=repairs[v.view]) for v in views]
     return Report(now_ms, window_s, views, after_catch_up)

@@ -81,12 +81,34 @@ def summary(report: Report) -> str:
     return line
 
 
+def repair_lines(report: Report) -> list[str]:
+    """Return one line per view with repair counters: what the tier's reconciliation passes did."""
+    lines = []
+    for v in report.views:
+        r = v.repair
+        if r is None:
+            continue
+        c = r.counts
+        last = "no pass finished yet"
+        if r.last_pass_ms is not None:
+            ago = fmt_s((report.now_ms - r.last_pass_ms) / 1000)
+            last = f"last pass {ago} ago repaired {r.last_repaired}"
+        lines.append(
+            f"repair {r.tier} {v.view}: {c.repaired} repaired ({c.missing} missing, {c.stale} stale) of"
+            f" {c.checked} checked in {r.passes} passes; {last}"
+        )
+    return lines
+
+
 def render_text(report: Report) -> str:
-    """Render the report as an aligned table with a closing summary line."""
+    """Render the report as an aligned table with a closing summary line (and the repair counters)."""
     rows = [HEADER, *(row_cells(v) for v in report.views)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(summary(report))
+    repairs = repair_lines(report)
+    if repairs:
+        lines += ["", *repairs]
     return "\n".join(lines) + "\n"

@@ -53,13 +53,16 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from headwater.pipelines import kafka as kafka_clients
 from headwater.pipelines.events.codec import EventCodec
+from headwater.pipelines.freshness.repairs import RepairCounts, add_repair_counts
 from headwater.pipelines.nearline.backfill import backfill
 from headwater.pipelines.nearline.fence import NearlineFencedError, TaskProducer, transactional_id
 from headwater.pipelines.nearline.partitioning import first_misplaced
 from headwater.pipelines.nearline.plan import NearlinePlan, SourcePlan, changelog_topic
+from headwater.pipelines.nearline.repair import Repairer, RepairStore, StepResult
 from headwater.pipelines.nearline.repartition import (
     IdleSources,
     RepartitionedTask,
@@ -77,6 +80,7 @@ from headwater.pipelines.settings import Settings
 from headwater.pipelines.store import OnlineStore, epoch_ms
 from headwater.pipelines.store.connect import check_eviction_policy
 from headwater.pipelines.store.store import FencedError
+from headwater.pipelines.store.transport import StoreError
 from headwater.pipelines.windows import RedisDictionary, to_vectors
 from headwater.registry.errors import HeadwaterError
 
@@ -217,6 +221,10 @@ class NearlineWorker:
         """Source topics already logged for a record outside its key's partition (partitioning.py)."""
         self.freshness_ms: list[tuple[int, int]] = []
         """(write time - boundary B in ms, rows written) per online write batch (first 200k)."""
+        self.repair = Repairer(s.repair_interval_s, s.repair_max_keys)
+        """The reconciliation pass (``repair.py``): one step between two polls while one is under way."""
+        self.repair_counts: dict[str, RepairCounts] = {}
+        """Per view, what this worker's repair passes checked, found and repaired (stats file)."""
         self.assigned_at = 0.0
         """When the rebalance callback last opened partitions (restores do not count as idle time)."""
         self.setup_error: NearlineSetupError | None = None
@@ -375,10 +383,12 @@ class NearlineWorker:
                 if not polled:
                     if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                         break
+                    self._maybe_repair()
                     self._maybe_checkpoint()
                     continue
                 idle_since = time.monotonic()
                 self.commit_batch({tp: recs for tp, recs in polled.items() if tp in self.tasks})
+                self._maybe_repair()
         finally:
             self.close()
 
@@ -526,6 +536,59 @@ class NearlineWorker:
                 if res.written and len(self.freshness_ms) < 200_000:
                     self.freshness_ms.append((epoch_ms() - boundary, res.written))
 
+    def _maybe_repair(self) -> None:
+        """Run one step of the reconciliation pass when one is under way or due (``repair.py``).
+
+        A store that cannot be read or written stops the step, not the worker: the pass goes on at the
+        next step (the commit protocol's own writes fail the worker if Redis stays away).
+
+        Raises:
+            NearlineFencedError: a newer owner holds a task's fence (as for a fenced publish).
+        """
+        online = RepairStore(self.online, self.plan.layouts, self.dictionary.ids, self._fence)
+        try:
+            step = self.repair.step(self.tasks, online)
+        except FencedError as exc:
+            raise NearlineFencedError(f"online repair write fenced: {exc}") from exc
+        except (StoreError, RedisError) as exc:
+            self.counters["repair_errors"] = self.counters.get("repair_errors", 0) + 1
+            log.warning(
+                "repair step failed (%s: %s); the pass goes on at the next step", type(exc).__name__, exc
+            )
+            return
+        if step is not None:
+            self._count_repair(step)
+
+    def _fence(self, tp: Any, view: str) -> tuple[str, int]:
+        return self._owner(tp), self.epochs[tp][view]
+
+    def _count_repair(self, step: StepResult) -> None:
+        """Add a step's counts to the counters and the store's repair hashes; log a pass that repaired."""
+        total = RepairCounts()
+        for view, c in step.counts.items():
+            self.repair_counts[view] = self.repair_counts.get(view, RepairCounts()) + c
+            total = total + c
+        for name, value in total.as_dict().items():
+            self.counters[f"repair_{name}"] = self.counters.get(f"repair_{name}", 0) + value
+        if step.finished is not None:
+            self.counters["repair_passes"] = self.counters.get("repair_passes", 0) + 1
+        try:
+            add_repair_counts(
+                self.online.client,
+                step.counts,
+                self.config.namespace,
+                finished=step.finished,
+                now_ms=epoch_ms(),
+            )
+        except RedisError as exc:
+            log.warning("repair counters not recorded in the store: %s", exc)
+        if step.finished and any(c.repaired or c.missing or c.stale for c in step.finished.values()):
+            parts = [
+                f"{view}: {c.repaired} repaired ({c.missing} missing, {c.stale} stale) of {c.checked} checked"
+                for view, c in sorted(step.finished.items())
+            ]
+            log.info("repair pass in %.1f s: %s", step.pass_s, "; ".join(parts))
+
     def _check_partitioning(self, polled: dict[TopicPartition, list[Any]]) -> None:
         """Count (and log once per topic) source batches with a keyed record outside its key's partition."""
         for tp, recs in polled.items():
@@ -572,6 +635,7 @@ class NearlineWorker:
                 f"{tp.topic}:{tp.partition}": t.store.size_bytes() for tp, t in self.tasks.items()
             },
             "freshness_ms": self.freshness_ms[-20_000:],
+            "repair": {view: c.as_dict() for view, c in self.repair_counts.items()},
         }
         if live:
             data["live_bytes"] = {
