@@ -46,6 +46,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
 from bench_serve import (
     HEADWATER,
     ROOT,
@@ -246,7 +247,26 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--categories", type=int, default=20)
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--candidates", type=int, default=500, help="Candidates per /v1/rank request.")
-    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument(
+        "--concurrency", default=None,
+        help="Closed-loop connection counts (default 1,2,4,8; none with --rates unless given).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--rates", default=None, metavar="R1,R2,...",
+        help="Open loop (bench/loadgen.py): offer these request rates a second in turn, latency from each"
+        " request's intended send time, each endpoint until the first saturated rate.",
+    )  # fmt: skip
+    ap.add_argument("--arrivals", choices=("constant", "poisson"), default="constant")
+    ap.add_argument(
+        "--max-connections", type=int, default=64, help="Open loop: keep-alive connections, at most."
+    )
+    ap.add_argument(
+        "--saturation-p99-ms", type=float, default=1000.0, help="Open loop: a p99 over this is saturated."
+    )
+    ap.add_argument(
+        "--lag-bound-ms", type=float, default=10.0,
+        help="Open loop: a dispatch lag p99 over this marks the generator as behind (the sweep stops).",
+    )  # fmt: skip
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--no-rank", action="store_true", help="Skip the /v1/rank phase.")
@@ -301,7 +321,48 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--out", type=Path, default=None, help="Default: bench/results/bench_recommend_<items>.json"
     )
-    return ap.parse_args()
+    args = ap.parse_args()
+    try:
+        args.rate_list = loadgen.parse_rates(args.rates) if args.rates is not None else []
+    except ValueError as e:
+        ap.error(str(e))
+    if args.concurrency is None:
+        args.concurrency = "" if args.rates is not None else "1,2,4,8"
+    return args
+
+
+def open_loop_curve(
+    args: argparse.Namespace, port: int, pid: int, bodies: list[bytes], label: str
+) -> dict[str, Any]:
+    """Run the open-loop sweep of one endpoint (``args.rate_list``) with the service's CPU per request."""
+
+    def server_cpu() -> Any:
+        before, load_before = cpu_seconds(pid), os.getloadavg()[0]
+
+        def finish(result: loadgen.LoadResult) -> dict[str, Any]:
+            after = cpu_seconds(pid)
+            n = result.answers_total  # every answer of the run, warm-up and drain included: the CPU's too
+            return {
+                "server_cpu_ms_per_request": round((after - before) * 1000.0 / n, 3)
+                if n and before is not None and after is not None
+                else None,
+                "load_avg_1m": round((load_before + os.getloadavg()[0]) / 2.0, 2),
+            }
+
+        return finish
+
+    async def at(rate: float) -> loadgen.LoadResult:
+        return await loadgen.open_loop(
+            port, bodies, rate, args.seconds, warmup=args.warmup, arrivals=args.arrivals, seed=args.seed,
+            max_connections=args.max_connections, lag_bound_ms=args.lag_bound_ms,
+        )  # fmt: skip
+
+    curve = asyncio.run(
+        loadgen.sweep(args.rate_list, at, p99_bound_ms=args.saturation_p99_ms, probe=server_cpu)
+    )
+    print(f"{label} open loop ({args.arrivals} arrivals, {args.seconds:g} s a rate):", flush=True)
+    print(loadgen.table(curve, [("server CPU ms/req", "server_cpu_ms_per_request")]), flush=True)
+    return curve
 
 
 VARIANTS: dict[str, tuple[list[str], dict[str, Any], dict[str, str]]] = {
@@ -581,6 +642,8 @@ def run_variant(
     levels: list[dict[str, Any]] = []
     rank_levels: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
+    rec_curve: dict[str, Any] | None = None
+    rank_curve: dict[str, Any] | None = None
     idle: dict[str, Any] | None = None
     probe: dict[str, Any] | None = None
     rec_bodies, rank_bodies = bodies
@@ -611,7 +674,7 @@ def run_variant(
         print(f"[{name}] runs on {plan_for(health['device'], runtime).describe()}", flush=True)
         if accelerator_report(health["device"])["on_gpu"] is not None:
             print(f"[{name}] no GPU here; with one it would run {plan_for('cuda').describe()}", flush=True)
-        concurrencies = [int(x) for x in args.concurrency.split(",")]
+        concurrencies = [int(x) for x in args.concurrency.split(",") if x.strip()]
         for c in concurrencies:
             r = asyncio.run(recommend_level(port, proc.pid, rec_bodies, c, args.seconds, args.warmup))
             levels.append(r)
@@ -622,6 +685,10 @@ def run_variant(
                   f" cpu/req {r['server_cpu_ms_per_request']} ms (client {r['client_cpu_ms_per_request']})"
                   f" errors {r['errors']} load {r['load_avg_1m']}"
                   f" | {stages} | fallbacks {r['fallbacks']}", flush=True)  # fmt: skip
+        if args.rate_list:
+            rec_curve = open_loop_curve(args, port, proc.pid, rec_bodies, f"[{name}] /v1/recommend")
+            if not args.no_rank:
+                rank_curve = open_loop_curve(args, port, proc.pid, rank_bodies, f"[{name}] /v1/rank")
         if not args.no_rank:
             for c in concurrencies:
                 r = asyncio.run(level(port, proc.pid, rank_bodies, c, args.seconds, args.warmup))
@@ -636,7 +703,7 @@ def run_variant(
             idle = idle_cpu(proc.pid, args.idle)
             print(f"[{name}] idle {args.idle:g} s: {idle['cpu_s']} CPU-s ({idle['cores']} cores)", flush=True)
         if args.profile > 0 and name in args.profile_variants.split(","):
-            profile = run_profile(args, port, proc.pid, rec_bodies, work, max(concurrencies), name)
+            profile = run_profile(args, port, proc.pid, rec_bodies, work, max(concurrencies, default=4), name)
         item_writes = writer.stop() if writer is not None else None
         health = wait_healthy(port, proc)
         if health.get("item_mirror"):
@@ -666,6 +733,8 @@ def run_variant(
         "feedback": health["feedback"],
         "recommend": levels,
         "rank": rank_levels,
+        "recommend_open_loop": rec_curve,
+        "rank_open_loop": rank_curve,
         "quality_answers": answers,
         "staleness_probe": probe,
         "idle": idle,

@@ -441,5 +441,7 @@ def table(curve: dict[str, Any], extra: Sequence[tuple[str, str]] = ()) -> str:
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + " --- |" * len(cols)]
     for p in curve["points"]:
         cells = [str(p.get(k) if p.get(k) not in ({}, None) else "-") for _, k in cols]
+        if p.get("generator_behind"):  # said in the row itself: this point measured the generator too
+            cells[-1] = f"{p['saturated'] or 'no'}; generator behind: {p['generator_behind']}"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
