@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from headwater.registry.config import jvm_lib_dir, state_dir
 from headwater.registry.errors import HeadwaterError
@@ -134,7 +136,55 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         # (SparkOutOfMemoryError UNABLE_TO_ACQUIRE_MEMORY on 40k labels). 2 MB pages fit it.
         .config("spark.buffer.pageSize", os.environ.get("HEADWATER_SPARK_PAGE_SIZE", "2m"))
     )
+    _launch_quiet_gateway(builder._options)  # the builder's own options, as getOrCreate hands them on
     return builder.getOrCreate()
+
+
+JVM_NOTICES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
+"""Lines the driver JVM prints itself at start that report nothing to fix: Spark's launcher adds the
+incubating Vector API module (its vectorised BLAS), and the JVM announces every incubator module."""
+
+
+def _launch_quiet_gateway(options: dict[str, str]) -> None:
+    """Start the Spark driver JVM (the py4j gateway) with its stderr passed through a filter.
+
+    PySpark starts the JVM at the first session of a process, inheriting the console; this starts it
+    the same way (``launch_gateway`` with the session's options, read at JVM start: driver memory,
+    Java options) but with stderr piped through a thread that drops :data:`JVM_NOTICES` and copies
+    every other line to our stderr as it comes, so an engine's real complaint still shows. Nothing
+    happens when the gateway is already up (a later session of the process) or given from outside.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf(loadDefaults=False)
+    conf.setAll(list(options.items()))
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.stderr is not None:
+        threading.Thread(target=_copy_stderr, args=(proc.stderr,), name="spark-stderr", daemon=True).start()
+
+
+def _copy_stderr(stream: IO[bytes]) -> None:
+    """Copy the JVM's stderr lines to ours, but the :data:`JVM_NOTICES` (until the JVM exits).
+
+    It reads to the end whatever happens to our stderr: a pipe nobody drains would block the JVM.
+    """
+    for line in iter(stream.readline, b""):
+        if line.rstrip(b"\r\n") in JVM_NOTICES:
+            continue
+        try:
+            sys.stderr.write(line.decode("utf-8", "replace"))
+            sys.stderr.flush()
+        except (OSError, ValueError):  # our stderr closed or replaced at exit: keep draining
+            pass
 
 
 def flink_environment(parallelism: int = 2) -> StreamExecutionEnvironment:

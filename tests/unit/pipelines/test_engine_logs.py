@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -38,3 +39,17 @@ def test_flink_logs_to_the_state_folder_unless_told_otherwise(
     monkeypatch.setenv("FLINK_LOG_DIR", "/elsewhere")
     jvm.set_flink_java_args()
     assert os.environ["FLINK_LOG_DIR"] == "/elsewhere"
+
+
+def test_the_jvm_notice_is_dropped_and_other_stderr_lines_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    stream = io.BytesIO(
+        b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+        b"Error: Could not reserve enough space for object heap\n"
+        b"WARNING: Using incubator modules: jdk.incubator.vector\r\n"
+        b"\xff not utf-8\n"
+        b"last line, no newline"
+    )
+    jvm._copy_stderr(stream)
+    assert capsys.readouterr().err == (
+        "Error: Could not reserve enough space for object heap\n\ufffd not utf-8\nlast line, no newline"
+    )
