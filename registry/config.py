@@ -161,7 +161,7 @@ class Resolved:
     """``redis.eviction`` of the config file: whether the tiers accept an evicting Redis."""
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     """``kafka.security`` of the config file, its paths absolute (no secret: only where each one is)."""
-    nearline_repair: RepairConfig = RepairConfig()
+    nearline_repair: RepairConfig = field(default_factory=RepairConfig)
     """``nearline.repair`` of the config file: the nearline tier's reconciliation pass."""
 
 
