@@ -37,7 +37,7 @@ def test_the_record_holds_each_values_own_time_through_the_item_cache() -> None:
         "items": [{"item_id": "i2", "score": 0.9}, {"item_id": "i1", "score": 0.4}],
         "model_version": "m1",
     }
-    record = prediction_record("r1", 4_000, "u1", answer, ["i1", "i2"], first.user, first.items,  # type: ignore[arg-type]
+    record = prediction_record("r1", 4_000, "u1", answer, ["i1", "i2"], first.user, first.items,
                                first.items_found, first.user_event_ms, REGISTRY, first)  # fmt: skip
     assert record["v"] == 2
     assert record["views"][user_view.view] == {
