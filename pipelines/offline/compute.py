@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headwater.pipelines.offline.aggregate import (
@@ -77,14 +78,61 @@ def compute_view(events: DataFrame, view: PlanView, at: Progression | DataFrame)
 
     _check(view)
     key, pane = view.join_key, pane_ms(view)
-    reach = attach_window_ms(view)
     panes = events.withColumn("pane_start", F.floor(F.col(EVENT_MS) / F.lit(pane)) * F.lit(pane))
+    partials = panes.groupBy(key, "pane_start").agg(*scalar_partials(view))
+
+    def counts(prefix: str, field: str | None, where: PlanWhere | None) -> DataFrame:
+        return pane_value_counts(panes, key, field, where)
+
+    return combine_partials(partials, counts, view, pane, at)
+
+
+ValueCounts = Callable[[str, str | None, PlanWhere | None], "DataFrame"]
+"""Given a counted column's prefix (a value feature's name, a ratio side's ``<name>__num``), its field
+and filter: the frame of (``<join_key>``, ``pane_start``, ``value``, ``c``) counts per pane."""
+
+
+def scalar_partials(view: PlanView) -> list[Column]:
+    """Return the per-pane partial columns of the view: ``__events`` then each scalar feature's parts."""
+    from pyspark.sql import functions as F
+
+    cols = [F.count(F.lit(1)).alias("__events")]
+    for f in view.features:
+        if f.agg in SCALAR_AGGS:
+            cols.extend(feature_partials(f))
+    return cols
+
+
+def counted_columns(view: PlanView) -> list[tuple[str, str | None, PlanWhere | None]]:
+    """Return (prefix, field, filter) of what is counted per value: value features, value ratio operands."""
+    out: list[tuple[str, str | None, PlanWhere | None]] = []
+    for f in view.features:
+        if f.agg in VALUE_AGGS:
+            out.append((f.name, f.field, f.where))
+        elif f.agg == "ratio":
+            out.extend(
+                (prefix, op.field, op.where) for prefix, op in ratio_sides(f) if op.agg in VALUE_OPERAND_AGGS
+            )
+    return out
+
+
+def combine_partials(
+    partials: DataFrame, counts: ValueCounts, view: PlanView, pane: int, at: Progression | DataFrame,
+    live: Column | None = None, reach: int | None = None,
+) -> DataFrame:  # fmt: skip
+    """Values of ``view`` per (entity, T) from per-pane partials (:func:`scalar_partials`) ``pane`` ms wide.
+
+        ``counts`` gives each counted column's per-pane value counts (:data:`ValueCounts`); ``live``, when
+        given, keeps only the attached (pane, T) pairs where it holds (the tiles' row rule); ``reach``: how
+    far after a pane's start a T may be attached (default :func:`attach_window_ms`).
+    """
+    from pyspark.sql import functions as F
+
+    key = view.join_key
     scalars = [f for f in view.features if f.agg in SCALAR_AGGS]
-    partial_cols = [F.count(F.lit(1)).alias("__events")]
-    for f in scalars:
-        partial_cols.extend(feature_partials(f))
-    partials = panes.groupBy(key, "pane_start").agg(*partial_cols)
-    attached = attach(partials, key, pane, reach, at)
+    attached = attach(partials, key, pane, reach or attach_window_ms(view), at)
+    if live is not None:
+        attached = attached.where(live)
     values = attached.groupBy(key, BOUNDARY).agg(
         F.sum("__events").alias("__events"), *[c for f in scalars for c in feature_values(f, pane)]
     )
@@ -92,13 +140,13 @@ def compute_view(events: DataFrame, view: PlanView, at: Progression | DataFrame)
         values = at.select(key, BOUNDARY).join(values, [key, BOUNDARY], "left")
     for f in view.features:
         if f.agg in VALUE_AGGS:
-            counts = _per_value(panes, key, f, f.field, f.where, pane, at)
-            values = values.join(_value_feature(counts, key, f), [key, BOUNDARY], "left")
+            windowed = _windowed(counts(f.name, f.field, f.where), key, f, pane, at)
+            values = values.join(_value_feature(windowed, key, f), [key, BOUNDARY], "left")
         elif f.agg == "ratio":
             for prefix, op in ratio_sides(f):
                 if op.agg in VALUE_OPERAND_AGGS:
-                    counts = _per_value(panes, key, f, op.field, op.where, pane, at)
-                    distinct = counts.groupBy(key, BOUNDARY).agg(F.count(F.lit(1)).alias(prefix))
+                    windowed = _windowed(counts(prefix, op.field, op.where), key, f, pane, at)
+                    distinct = windowed.groupBy(key, BOUNDARY).agg(F.count(F.lit(1)).alias(prefix))
                     values = values.join(distinct, [key, BOUNDARY], "left")
             values = values.withColumn(f.name, ratio_value(f))
     return values.select(
@@ -124,20 +172,25 @@ def empty_filled(feature: PlanFeature) -> Column:
     return col.alias(feature.name)
 
 
-def _per_value(
-    panes: DataFrame, key: str, f: PlanFeature, field: str | None, where: PlanWhere | None, pane: int,
-    at: Progression | DataFrame,
-) -> DataFrame:  # fmt: skip
-    """Count each non-null value of ``field`` (rows passing ``where``) per (entity, T) in ``f``'s window."""
+def pane_value_counts(panes: DataFrame, key: str, field: str | None, where: PlanWhere | None) -> DataFrame:
+    """Count each non-null value of ``field`` (rows passing ``where``) per (entity, pane)."""
     from pyspark.sql import functions as F
 
     cond = F.expr(where.sql["spark"]) if where is not None else F.lit(True)
     column = F.col(f"`{field}`")
-    counts = (
+    return (
         panes.where(cond & column.isNotNull())
         .groupBy(key, "pane_start", column.cast("string").alias("value"))
         .agg(F.count(F.lit(1)).alias("c"))
     )
+
+
+def _windowed(
+    counts: DataFrame, key: str, f: PlanFeature, pane: int, at: Progression | DataFrame
+) -> DataFrame:
+    """Per (entity, T, value), the count of the value in ``f``'s window (from per-pane counts)."""
+    from pyspark.sql import functions as F
+
     attached = attach(counts, key, pane, ms(f.window_s) + ms(f.slide_s), at).where(in_window(f, pane))
     return attached.groupBy(key, BOUNDARY, "value").agg(F.sum("c").alias("c"))
 

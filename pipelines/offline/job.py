@@ -26,6 +26,7 @@ from headwater.pipelines.offline.lake import (
     day_start_ms,
     feature_path,
     is_delta_table,
+    tiles_path,
 )
 from headwater.pipelines.offline.source_columns import time_between
 from headwater.registry.errors import HeadwaterError
@@ -93,6 +94,10 @@ class DayRun:
     seconds: float
     cpu_s: float | None = None
     """CPU seconds of this process and its children over the chunk (:func:`tree_cpu_s`; None: no /proc)."""
+    tiled: bool = False
+    """Whether the values were merged from the view's daily tiles (else computed from bronze)."""
+    retiled: tuple[date, ...] = ()
+    """The days whose tiles this chunk (re)built from bronze: new days, late days, all with ``--full``."""
 
 
 def read_bronze(spark: SparkSession, lake: Path, source: PlanSource) -> DataFrame:
@@ -169,13 +174,21 @@ def events_for(bronze: DataFrame, view: PlanView, source: PlanSource, first: dat
     return view_events(scoped.where(time_between(source, lo_ms, hi_ms)), view, source)
 
 
+def day_boundaries(first: date, last: date) -> Progression:
+    """Return the boundaries T of days ``first..last`` (each day's end)."""
+    return Progression(day_start_ms(first + timedelta(days=1)), DAY_MS, (last - first).days + 1)
+
+
 def daily_values(bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date) -> DataFrame:
     """Return the view's rows for ``first..last``: entity, :data:`FEATURE_TIME` (T), ``date``, features."""
+    at = day_boundaries(first, last)
+    return feature_rows(compute_view(events_for(bronze, view, source, first, last), view, at), view)
+
+
+def feature_rows(values: DataFrame, view: PlanView) -> DataFrame:
+    """Return computed values (per entity and T) as feature-table rows: entity, T, ``date``, features."""
     from pyspark.sql import functions as F
 
-    count = (last - first).days + 1
-    at = Progression(day_start_ms(first + timedelta(days=1)), DAY_MS, count)
-    values = compute_view(events_for(bronze, view, source, first, last), view, at)
     t = F.col(BOUNDARY)
     return values.select(
         view.join_key,
@@ -212,21 +225,45 @@ def run_view(
     chunk_days: int = 7,
     zorder: bool = True,
     progress: Callable[[DayRun], None] | None = None,
+    full: bool = False,
 ) -> list[DayRun]:
-    """Compute and write ``view`` for ``days`` (consecutive), ``chunk_days`` at a time, from ``bronze``."""
+    """Compute and write ``view`` for ``days`` (consecutive), ``chunk_days`` at a time.
+
+    A tiled view (:func:`~headwater.pipelines.offline.tiles.view_tiled`) first tiles the days its
+    window needs whose bronze is new or changed (:func:`~headwater.pipelines.offline.tile_table.retile`),
+    then merges its values from the tiles; ``full``: values computed from ``bronze`` and every needed
+    day re-tiled. Other views are always computed from ``bronze``.
+    """
+    from headwater.pipelines.offline.tile_table import needed_days, retile, tiled_values
+    from headwater.pipelines.offline.tiles import view_tiled
+
     table = feature_path(lake, view.name)
+    tiles = tiles_path(lake, view.name, view.version)
+    tiled = view_tiled(view)
+    done: set[date] = set()  # days re-tiled by this run (a --full backfill tiles each day once)
     runs: list[DayRun] = []
     for s in range(0, len(days), chunk_days):
         chunk = days[s : s + chunk_days]
         started, cpu0 = time.monotonic(), tree_cpu_s()
-        frame = daily_values(bronze, view, source, chunk[0], chunk[-1])
+        retiled: list[date] = []
+        if tiled:
+            needed = [d for d in needed_days(view, chunk[0], chunk[-1]) if d not in done]
+            retiled = retile(spark, bronze, view, source, tiles, needed, full)
+            done.update(retiled if full else ())
+        if tiled and not full:
+            at = day_boundaries(chunk[0], chunk[-1])
+            frame = feature_rows(tiled_values(spark, view, tiles, at, chunk[0]), view)
+        else:
+            frame = daily_values(bronze, view, source, chunk[0], chunk[-1])
         write_days(frame, table, chunk[0], chunk[-1])
         if zorder:
             optimize(spark, table, view.join_key, chunk[0], chunk[-1])
         rows = _rows_written(spark, table)
         cpu1 = tree_cpu_s()
         cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
-        run = DayRun(view.name, chunk[0], chunk[-1], rows, time.monotonic() - started, cpu)
+        run = DayRun(
+            view.name, chunk[0], chunk[-1], rows, time.monotonic() - started, cpu, tiled, tuple(retiled)
+        )
         runs.append(run)
         if progress is not None:
             progress(run)

@@ -2,7 +2,8 @@
 
 The lake root comes from :func:`lake_root`. Under it: ``bronze/<source>`` (one table per source of the
 plan: its landed and imported events, columns from its schema, see :mod:`.source_columns`) and
-``features/<view>`` (one table per feature view). Day arithmetic is in UTC epoch milliseconds; a
+``features/<view>`` (one table per feature view), ``tiles/<view>/<version>`` (a tiled view's daily
+partial aggregates, :mod:`.tile_table`). Day arithmetic is in UTC epoch milliseconds; a
 bronze ``date`` partition is the UTC date of its source's event time.
 """
 
@@ -36,6 +37,11 @@ def bronze_path(lake: Path, source: str) -> Path:
 def feature_path(lake: Path, view: str) -> Path:
     """Return the feature table of ``view``."""
     return lake / "features" / view
+
+
+def tiles_path(lake: Path, view: str, version: str) -> Path:
+    """Return the daily tiles table of ``view`` at ``version`` (a new version starts new tiles)."""
+    return lake / "tiles" / view / (version or "unversioned")
 
 
 def day_start_ms(day: date) -> int:
