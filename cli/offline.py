@@ -179,12 +179,18 @@ def _days(day: str | None, backfill: tuple[str, str] | None) -> list[date]:
 @click.option("--view", "view_names", multiple=True, help="Only this view (repeatable).")
 @click.option("--chunk-days", type=click.IntRange(min=1), default=7, show_default=True)
 @click.option("--no-zorder", is_flag=True, help="Skip OPTIMIZE ZORDER BY (entity id).")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Recompute from bronze; a tiled view's tiles are all rebuilt (default: changed days).",
+)
 @LAKE
 @STATE
 @MASTER
 def offline(
     day: str | None, backfill: tuple[str, str] | None, tier: str, view_names: tuple[str, ...],
-    chunk_days: int, no_zorder: bool, lake: Path | None, state_dir: Path | None, master: str | None,
+    chunk_days: int, no_zorder: bool, full: bool, lake: Path | None, state_dir: Path | None,
+    master: str | None,
 ) -> None:  # fmt: skip
     """Compute the views of a tier plan per day into Delta tables (partitioned by date, Z-ordered)."""
     from headwater.pipelines.offline.job import BronzeTables, DayRun, record_cpu, run_view
@@ -200,7 +206,8 @@ def offline(
     root = lake_root(lake)
 
     def report(run: DayRun) -> None:
-        click.echo(f"  {run.view}: {run.first}..{run.last} {run.rows} rows in {run.seconds:.1f} s")
+        tiles = f", {len(run.retiled)} day(s) re-tiled from bronze" if run.tiled or run.retiled else ""
+        click.echo(f"  {run.view}: {run.first}..{run.last} {run.rows} rows in {run.seconds:.1f} s{tiles}")
         record_cpu(_state(state_dir) / "offline" / "reported", run)  # `headwater costs`: reported
 
     spark = offline_session("headwater-offline", master)
@@ -210,7 +217,7 @@ def offline(
         click.echo(f"[{i}/{len(views)}] {view.name} (source {view.source}): {len(days)} day(s) "
                    f"{days[0]}..{days[-1]}")  # fmt: skip
         table, source = bronze.for_view(view)
-        run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report)
+        run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report, full)
 
 
 def _with_data(views: list[PlanView], bronze: BronzeTables, named: bool) -> list[PlanView]:
