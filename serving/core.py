@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -145,6 +145,16 @@ class Engines:
         return self.engine(self.fetcher(models), scorers, batcher), batcher
 
 
+def model_drift(loaded: Sequence[LoadedModels]) -> dict[str, tuple[str, ...]]:
+    """Per model version of ``loaded`` (the main models and each arm's), the views it reads drifted."""
+    out: dict[str, tuple[str, ...]] = {}
+    for models in loaded:
+        for artifact in (models.neural_artifact, models.linear_artifact):
+            if artifact is not None:
+                out[artifact.version] = tuple(models.binding.changed_views)
+    return out
+
+
 @dataclass(frozen=True)
 class ServiceParts:
     """What :class:`RankingService` is made of (:meth:`build` makes them from the service's inputs)."""
@@ -193,6 +203,7 @@ class ServiceParts:
             telemetry.watch_feedback(feedback)
         changed = loaded.binding.changed_views
         telemetry.watch_versions(reader.other_version_rows, list(registry.view_versions), changed)
+        telemetry.watch_drift(model_drift([loaded, *(arm_loaded or {}).values()]))
         # The index refresher's copy of the item views' rows, when the funnel keeps one (item_mirror.py).
         mirror = getattr(funnel.runtime, "mirror", None) if funnel is not None else None
         if mirror is not None:
@@ -323,6 +334,7 @@ class RankingService:
             sent = body.model_dump(mode="json", exclude_unset=True)
             p.recorder.offer(arrived_ms, sent, 200, ranked.latency_ms, answer)
         self._log_prediction(body, ranked, answer, arrived_ms, routed.engine)
+        self.telemetry.answered(answer.get("model_version"))
         return answer
 
     async def _ranked(self, engine: RankingEngine, query: RankQuery) -> Ranked:
@@ -399,11 +411,13 @@ class RankingService:
             p.funnel.recent.served(body.user_id, shown, arrived_ms)
             if p.feedback is not None:
                 p.feedback.offer(impressions(request_id, body.user_id, shown, body.session_id, body.device))
+        model_version = got.ranked.model_version if got.ranked is not None else None
+        self.telemetry.answered(model_version)
         return {
             "items": [{"item_id": i, "score": s, "category": c} for i, s, c in got.items],
             "stages": [cast(StageAnswer, stage.as_dict()) for stage in got.stages],
             "fallback": any(stage.fallback is not None for stage in got.stages),
-            "model_version": got.ranked.model_version if got.ranked is not None else None,
+            "model_version": model_version,
             "reranker_version": got.reranker_version,
             "retrieval_version": got.retrieval_version,
             "latency_ms": got.latency_ms,

@@ -119,6 +119,15 @@ class Telemetry:
             ["view"],
             registry=r,
         )
+        self.model_answers = Counter(
+            "headwater_model_answers_total",
+            "Answers scored by a model, by model version and version_drift ('true': the model was trained"
+            " on another version of a view it reads than the applied one). The seed's feature version"
+            " drift is the 'true' share, under 0.1%.",
+            ["model_version", "version_drift"],
+            registry=r,
+        )
+        self._drifted: dict[str, bool] = {}
         self._inference_s: deque[float] = deque(maxlen=window)
 
     def watch_feedback(self, producer: FeedbackProducer) -> None:
@@ -157,6 +166,23 @@ class Telemetry:
         for view in views:
             self.other_version_rows.labels(view).set_function(functools.partial(_count_of, rows, view))
             self.model_view_changed.labels(view).set(1.0 if view in changed else 0.0)
+
+    def watch_drift(self, changed: Mapping[str, Sequence[str]]) -> None:
+        """Know, per model version the service loaded, the views it reads at another version.
+
+        ``changed``: model version -> the views whose applied version differs from the one that model
+        was trained on (its binding's ``changed_views``; empty: no drift).
+        """
+        self._drifted = {version: bool(views) for version, views in changed.items()}
+
+    def answered(self, model_version: str | None) -> None:
+        """Count one answer a model scored (``None``: a fallback without a model, not counted)."""
+        if model_version is None:
+            return
+        drifted = self._drifted.get(model_version)
+        if drifted is None:  # a version the service did not load cannot be judged; not expected
+            return
+        self.model_answers.labels(model_version, "true" if drifted else "false").inc()
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Record one model forward."""

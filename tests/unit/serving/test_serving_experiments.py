@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from headwater.pipelines.events.codec import DecodedEvent, EventCodec
+from headwater.ranking.artifact import Binding
 from headwater.ranking.model import LinearRanker
 from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
@@ -281,3 +282,30 @@ def test_without_an_experiment_answers_carry_no_arm() -> None:
         metric(text, "headwater_impressions_total", model_version="v1v1v1v1", arm="none", fallback="none")
         == 3
     )
+
+
+def test_model_answers_count_version_drift_per_model_version() -> None:
+    # The treatment arm's model was trained on another version of the item view than the applied one:
+    # every answer it scores drifts; the control's and the linear arm's do not.
+    config = ServingConfig(item_cache_ttl_s=0.0, experiment=EXPERIMENT, default_deadline_ms=5000.0)
+    drifted = loaded(FakeNeural(column=1), "v2v2v2v2")
+    drifted = LoadedModels(drifted.neural, drifted.neural_artifact, drifted.linear, drifted.linear_artifact,
+                           "cpu", Binding(None, None, changed_views=(ITEM_VIEW.view,)))  # fmt: skip
+    app = create_app(
+        config, REGISTRY, store(), loaded(FakeNeural(), "v1v1v1v1"), arm_loaded={"treatment": drifted}
+    )
+    assigner = Assigner(EXPERIMENT)
+    arm_users = {
+        arm: [u for u in USERS if assigner.arm(u) == arm] for arm in ("control", "treatment", "linear")
+    }
+    with TestClient(app) as c:
+        for arm, users in arm_users.items():
+            for user in users:
+                answer = c.post("/v1/rank", json={"user_id": user, "candidates": ITEMS, "k": 2}).json()
+                assert answer["arm"] == f"ranker-v2/{arm}"
+        text = c.get("/metrics").text
+    name = "headwater_model_answers_total"
+    assert metric(text, name, model_version="v2v2v2v2", version_drift="true") == len(arm_users["treatment"])
+    assert metric(text, name, model_version="v1v1v1v1", version_drift="false") == len(arm_users["control"])
+    assert metric(text, name, model_version="lin-v1v1v1v1", version_drift="false") == len(arm_users["linear"])
+    assert f'{name}{{model_version="v2v2v2v2",version_drift="false"}}' not in text
