@@ -541,7 +541,8 @@ def test_the_command_line_client_sends_headwater_api_key(monkeypatch: pytest.Mon
         def __exit__(self, *_: object) -> None:
             return None
 
-    def urlopen(request: Any, timeout: float) -> Answer:
+    def urlopen(request: Any, timeout: float, context: Any = None) -> Answer:
+        assert context is None  # no TLS options given: the default trust store (an http:// URL here)
         seen.update(dict(request.header_items()))
         return Answer()
 
