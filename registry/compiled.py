@@ -14,7 +14,7 @@ from headwater.registry.diagnostics import Diagnostics
 from headwater.registry.durations import Duration
 from headwater.registry.expr import Expr
 from headwater.registry.expr_value import Value, size_of
-from headwater.registry.models import BudgetFile, EntitySpec, SourceSpec
+from headwater.registry.models import BudgetFile, EntitySpec, ExpectationSpec, SourceSpec
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class CompiledFeature:
     denominator: Operand | None = None
     description: str = ""
     line: int = 0
+    expect: ExpectationSpec | None = None
+    """What ``headwater monitor`` checks the served values against; no part of the view's version."""
 
 
 @dataclass(frozen=True)

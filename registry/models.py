@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from headwater.registry.durations import EXPECTED_FORMS, Duration, DurationError, parse_duration
 
@@ -141,6 +141,38 @@ class OperandDefinition(Spec):
     where: NonEmpty | None = None
 
 
+class ExpectationSpec(Spec):
+    """What a feature's values are expected to be (``expect:``), checked by ``headwater monitor``.
+
+    Every key is optional; an unset key checks nothing. Expectations describe the data, not the
+    computation: they version nothing (editing them keeps the view's state and online values).
+    """
+
+    min: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    """The smallest valid value: a served value below it is a breach (missing values are not counted)."""
+    max: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    """The largest valid value: a served value above it is a breach."""
+    max_missing_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The largest share of served values that may be missing (null, NaN or infinite), 0 to 1."""
+    max_drift_psi: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """The largest population stability index of the served values against the training set and
+    against the previous day (0.1: a small shift, 0.25: a large one)."""
+    max_drift_ks: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The largest two-sample Kolmogorov-Smirnov statistic (the widest gap of the two CDFs), 0 to 1."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExpectationSpec:
+        # A contradictory range can never pass: refuse it at check time, not as a breach every day.
+        if self.min is not None and self.max is not None and self.min > self.max:
+            msg = f"min {self.min:g} is above max {self.max:g}: swap them"
+            raise ValueError(msg)
+        if all(getattr(self, key) is None for key in type(self).model_fields):
+            msg = "an empty expect block checks nothing: give min, max, max_missing_rate, max_drift_psi"
+            msg += " or max_drift_ks"
+            raise ValueError(msg)
+        return self
+
+
 class FeatureDefinition(Spec):
     """One feature of a view: an aggregation of event fields over a window."""
 
@@ -154,6 +186,8 @@ class FeatureDefinition(Spec):
     numerator: OperandDefinition | None = None
     denominator: OperandDefinition | None = None
     dtype: DtypeName | None = None
+    expect: ExpectationSpec | None = None
+    """Expectations on the feature's served values (range, missing rate, drift); unset: none."""
     description: str = ""
 
 

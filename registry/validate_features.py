@@ -84,6 +84,7 @@ def check_feature(ctx: FeatureContext) -> CompiledFeature | None:
             found=spec.dtype,
             hint=f"remove `dtype` (it is inferred as {dtype}) or declare {dtype}",
         )
+    _check_expect(ctx, spec.dtype or dtype)
     if ctx.failed:
         return None
     return CompiledFeature(
@@ -100,7 +101,25 @@ def check_feature(ctx: FeatureContext) -> CompiledFeature | None:
         denominator=denominator,
         description=spec.description,
         line=ctx.view.line_of("features", ctx.index),
+        expect=spec.expect,
     )
+
+
+def _check_expect(ctx: FeatureContext, dtype: str) -> None:
+    """Refuse a range on dictionary ids (top_k slots, a string ``last``): it fits only numbers."""
+    expect = ctx.spec.expect
+    if expect is None or (expect.min is None and expect.max is None):
+        return
+    if ctx.spec.agg == "top_k" or dtype == "string":
+        key = "min" if expect.min is not None else "max"
+        ctx.error(
+            ("expect", key),
+            "bad-value",
+            f"`expect.{key}` does not apply to a {ctx.spec.agg} of {dtype} values (dictionary ids)",
+            expected="min/max only on numeric features",
+            found=f"{ctx.spec.agg} ({dtype})",
+            hint="remove min/max; max_missing_rate and max_drift_psi/max_drift_ks apply to any feature",
+        )
 
 
 def _check_field(ctx: FeatureContext, key: tuple[str, ...], agg: str, name: str | None) -> EventField | None:
