@@ -66,6 +66,8 @@ class CompiledView:
     line: int
     tags: tuple[tuple[str, str], ...] = ()
     estimated_cost: float = 0.0
+    late: str = "drop"
+    """The late-event policy (``drop`` | ``heal``); no part of the view's version (see PlanView.late)."""
 
     @property
     def charged_cost(self) -> float:

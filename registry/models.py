@@ -25,6 +25,7 @@ TierName = Literal["realtime", "nearline", "offline"]
 AggName = Literal["count", "sum", "avg", "min", "max", "last", "distinct_count", "top_k", "ratio"]
 OperandAggName = Literal["count", "sum", "avg", "min", "max", "distinct_count"]
 DtypeName = Literal["int64", "float64", "string", "bool", "map<string,float64>"]
+LatePolicy = Literal["drop", "heal"]
 _NAME = re.compile(NAME_PATTERN)
 
 
@@ -204,6 +205,9 @@ class ViewHeader(Spec):
     description: NonEmpty
     features: Annotated[list[Any], Field(min_length=1)]
     tags: dict[str, str] = Field(default_factory=dict)
+    late: LatePolicy = "drop"
+    """Events the streaming tiers dead-letter as late: ``drop`` (no value counts them) or ``heal`` (the
+    offline job writes corrected values counting them too, beside the served ones)."""
 
 
 class ViewDefinition(ViewHeader):

@@ -199,6 +199,8 @@ def _view_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         for key in _COMPARED
         if before[key] != after[key]
     ]
+    if before.get("late", "drop") != after.get("late", "drop"):  # snapshots before ``late`` lack it
+        changes.append(f"late: {before.get('late', 'drop')} -> {after.get('late', 'drop')}")
     if before["freshness_sla_s"] != after["freshness_sla_s"]:
         changes.append(f"freshness_sla: {before['freshness_sla']} -> {after['freshness_sla']}")
     old_f = {f["name"]: f for f in before["features"]}

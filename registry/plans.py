@@ -102,6 +102,10 @@ class PlanView(PlanModel):
     tags: dict[str, str]
     features: list[PlanFeature]
     defined_at: str
+    late: str = "drop"
+    """Late events (landed ``late = true``): ``drop`` or ``heal`` (the offline job also writes healed
+    values counting them, in their own table). No part of :attr:`version`: the streaming tiers and
+    the served tables compute the same values under both, so changing it restarts no state."""
 
 
 class PlanSchema(PlanModel):
@@ -261,6 +265,7 @@ def plan_view(v: CompiledView, source: PlanSource) -> PlanView:
         tags=dict(v.tags),
         features=features,
         defined_at=f"{v.file}:{v.line}",
+        late=v.late,
     )
 
 
@@ -410,7 +415,9 @@ def view_versions(views: Iterable[PlanView]) -> dict[str, str]:
 
 def registry_hash(result: CheckResult) -> str:
     """sha256 of the checked definitions (not of file names or line numbers)."""
-    views = [v.model_dump(exclude={"defined_at"}) for v in plan_views(result)]
+    # ``late: drop`` (the default) is left out, so a repo that never set ``late`` keeps its hash
+    views = [v.model_dump(exclude={"defined_at", *(("late",) if v.late == "drop" else ())})
+             for v in plan_views(result)]  # fmt: skip
     payload = {
         "entities": {n: e.join_key for n, e in sorted(result.entities.items())},
         "sources": [s.model_dump() for s in plan_sources(result)],

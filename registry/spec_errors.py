@@ -113,6 +113,16 @@ def _one(
             hint=str(ctx_error),
             **base,
         )
+    if loc == ("late",):  # the two policies' meaning is the fix, not only their names
+        return Diagnostic(
+            code="bad-value",
+            message="'late' has a bad value",
+            expected="drop or heal",
+            found=found,
+            hint="write 'late: drop' (the default: late events reach no value) or 'late: heal' (the"
+            " offline job writes corrected values that count them)",
+            **base,
+        )
     return Diagnostic(
         code="bad-value",
         message=f"'{where}' has a bad value",

@@ -137,6 +137,7 @@ def _check_view(
         file=view.file,
         line=view.line,
         tags=tuple(sorted(spec.tags.items())),
+        late=spec.late,
     )
     if not _tier_runs(view, compiled, tier, diags):
         return None
