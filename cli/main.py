@@ -22,6 +22,7 @@ from headwater.cli.funnel import funnel
 from headwater.cli.ingest import ingest
 from headwater.cli.init import init
 from headwater.cli.labels import labels
+from headwater.cli.monitor import monitor_command
 from headwater.cli.nearline import run_nearline
 from headwater.cli.offline import consistency, landing, materialize, offline, training_set
 from headwater.cli.online import online
@@ -88,6 +89,7 @@ main.add_command(serve)
 main.add_command(experiment)  # experiment report (issue 20)
 main.add_command(replay_command)  # replay recorded ranking requests (issue 20)
 main.add_command(skew_command)  # rescore logged predictions offline (issue 20)
+main.add_command(monitor_command)  # served feature values: drift and expectations (issue 34)
 main.add_command(retrieval)  # the two-tower retrieval model (issue 15)
 main.add_command(funnel)  # the re-ranker of /v1/recommend (issue 15)
 main.add_command(training_set)
