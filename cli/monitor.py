@@ -73,6 +73,8 @@ def monitor_command(
         baseline_columns,
         monitor,
         served_from_table,
+        trained_versions,
+        version_notes,
         watched_columns,
     )
     from headwater.registry.config import features_dir
@@ -90,7 +92,11 @@ def monitor_command(
         served, notes = _landed(
             topic, models_dir, lake, master, {f.name for v in registry.on_demand for f in v.features}
         )
-    base = None if baseline is None else baseline_columns(_parquet(baseline, "--baseline"), str(baseline))
+    base = None
+    if baseline is not None:
+        table = _parquet(baseline, "--baseline")
+        base = baseline_columns(table, str(baseline))
+        notes += version_notes(served.versions, trained_versions(table))
     report = monitor(served, base, watched, day)
     report.notes[:0] = notes
     if fmt == "json":

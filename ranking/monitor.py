@@ -16,6 +16,7 @@ never breached.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from headwater.ranking.feature_stats import Drift, FeatureStats, drift, present, summarize
 from headwater.ranking.skew_pit import Logged
+from headwater.ranking.trainset_format import VIEW_VERSIONS_KEY
 from headwater.registry.compiled import CompiledView
 from headwater.registry.errors import HeadwaterError
 from headwater.registry.models import ExpectationSpec
@@ -84,6 +86,8 @@ class Served:
 
     values: dict[str, list[npt.NDArray[np.float64]]] = field(default_factory=dict)
     times: dict[str, list[npt.NDArray[np.int64]]] = field(default_factory=dict)
+    versions: dict[str, set[str]] = field(default_factory=dict)
+    """``{view: versions served}`` as the records (version 2) say; empty when they do not."""
 
     def add(self, column: str, values: npt.ArrayLike, at_ms: npt.ArrayLike) -> None:
         """Append values of ``column`` served at ``at_ms`` (one time per value, or one for all)."""
@@ -127,6 +131,8 @@ def served_from_logged(
             unknown[answer.model_version] = unknown.get(answer.model_version, 0) + 1
             continue
         user_slots, item_slots = known
+        for view, info in answer.views.items():
+            served.versions.setdefault(view, set()).add(info.version)
         for j, slot in enumerate(user_slots[: answer.user.size]):
             served.add(f"user.{slot}", answer.user[j : j + 1], answer.at_ms)
         rows = answer.item_features[answer.found]
@@ -181,6 +187,30 @@ def served_from_table(table: pa.Table, where: str) -> Served:
         if name.split(".", 1)[0] in ("user", "item", "pair"):
             served.add(name, _numbers(table, name, where), times)
     return served
+
+
+def version_notes(served: Mapping[str, set[str]], trained: Mapping[str, str]) -> list[str]:
+    """Name the views served in another version than the training set's: their drift is expected.
+
+    A view redefined since the set was built (window, filter, field...) serves values of another
+    meaning, so a drift against the set says so rather than that the data moved.
+    """
+    return [
+        f"view {view}: served as {', '.join(sorted(versions - {trained[view]}))}, the training set has"
+        f" {trained[view]}: its drift against the training set compares two definitions"
+        for view, versions in sorted(served.items())
+        if view in trained and versions - {trained[view]}
+    ]
+
+
+def trained_versions(table: pa.Table) -> dict[str, str]:
+    """Return ``{view: version}`` a training set's metadata records (empty when it records none)."""
+    raw = (table.schema.metadata or {}).get(VIEW_VERSIONS_KEY)
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}  # unreadable metadata only costs the note; the columns are what is compared
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def baseline_columns(table: pa.Table, where: str) -> dict[str, npt.NDArray[np.float64]]:

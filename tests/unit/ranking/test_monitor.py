@@ -21,9 +21,12 @@ from headwater.ranking.monitor import (
     monitor,
     served_from_logged,
     served_from_table,
+    trained_versions,
+    version_notes,
     watched_columns,
 )
-from headwater.ranking.skew_pit import Logged
+from headwater.ranking.skew_pit import Logged, ServedView
+from headwater.ranking.trainset_format import VIEW_VERSIONS_KEY
 from headwater.registry.models import ExpectationSpec
 from headwater.registry.validate import check_repo
 
@@ -66,6 +69,7 @@ def test_logged_answers_become_columns_by_the_models_slots() -> None:
     assert current["pair.affinity"].tolist() == [0.5, 0.25, 0.75]
     assert notes == ["1 answer(s) of model m9: no artifact says its input slots; pass --models DIR"]
     assert served.last_day() == date(2026, 12, 4)
+    assert served.versions == {}  # version 1 records: no view versions
     assert served.on(date(2026, 12, 3))["user.clicks_5m"].size == 0
 
 
@@ -132,3 +136,26 @@ def test_any_served_table_gives_finite_figures(
         assert b.value > b.limit
         assert math.isfinite(b.value)
     assert json.loads(json.dumps(report.as_dict(), allow_nan=False))["summary"] == report.summary_line()
+
+
+def test_views_served_in_another_version_than_the_training_sets_are_named() -> None:
+    table = pa.table({"user.clicks_5m": [1.0]}).replace_schema_metadata(
+        {VIEW_VERSIONS_KEY: json.dumps({"user_session_realtime": "v1", "item_trending": "v7"}).encode()}
+    )
+    trained = trained_versions(table)
+    assert trained == {"user_session_realtime": "v1", "item_trending": "v7"}
+    served = {"user_session_realtime": {"v1", "v2"}, "item_trending": {"v7"}, "new_view": {"v3"}}
+    assert version_notes(served, trained) == [
+        "view user_session_realtime: served as v2, the training set has v1: its drift against the training"
+        " set compares two definitions"
+    ]
+    assert trained_versions(pa.table({"a": [1]})) == {}
+    broken = pa.table({"a": [1]}).replace_schema_metadata({VIEW_VERSIONS_KEY: b"{not json"})
+    assert trained_versions(broken) == {}
+
+
+def test_logged_view_versions_are_collected() -> None:
+    answer = _answer("m1", DEC_4, [1.0], [[2.0]], [True])
+    v2 = Logged(**{**answer.__dict__, "views": {"user_session_realtime": ServedView("user", "v2", DEC_4)}})
+    served, _ = served_from_logged([answer, v2], {"m1": (("clicks_5m",), ("views_1h",))})
+    assert served.versions == {"user_session_realtime": {"v2"}}
