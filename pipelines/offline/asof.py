@@ -27,12 +27,13 @@ LABEL_TIME = "event_time"
 
 
 def values_at_label_time(
-    bronze: DataFrame, labels: DataFrame, view: PlanView, source: PlanSource
+    bronze: DataFrame, labels: DataFrame, view: PlanView, source: PlanSource, with_late: bool = False
 ) -> DataFrame:
     """Return ``view``'s values per distinct (entity, label time): ``__key``, ``__t``, ``<view>.<feature>``.
 
     ``bronze`` is the table of the view's own ``source``. Only the events that can fall in a window of
     some label are read: from the earliest label time minus the view's reach to the latest label time.
+    ``with_late``: the ``late`` rows count too (a ``late: heal`` view's as-corrected values).
     """
     from pyspark.sql import functions as F
 
@@ -44,10 +45,10 @@ def values_at_label_time(
     )
     span = targets.agg(F.min(BOUNDARY).alias("lo"), F.max(BOUNDARY).alias("hi")).first()
     if span is None or span["lo"] is None:
-        events = view_events(bronze, view, source).limit(0)
+        events = view_events(bronze, view, source, with_late).limit(0)
     else:
         window = time_between(source, int(span["lo"]) - attach_window_ms(view), int(span["hi"]))
-        events = view_events(bronze.where(window), view, source)
+        events = view_events(bronze.where(window), view, source, with_late)
     values = compute_view(events, view, targets)
     return values.select(
         F.col(key).alias("__key"),
@@ -62,6 +63,7 @@ def join_at_label_time(
     view: PlanView,
     source: PlanSource,
     targets_from: DataFrame | None = None,
+    with_late: bool = False,
 ) -> DataFrame:
     """Add ``<view>.<feature>`` columns to ``labels``: the view's values as of each label's time.
 
@@ -69,9 +71,11 @@ def join_at_label_time(
     (count 0, avg NaN, empty top_k), never an older one. ``targets_from`` (default ``labels``) is
     where the (entity, time) targets are read: pass the plain, cached labels when ``labels`` already
     carries other views' joins, or Spark recomputes those joins for every view that follows.
+    ``with_late``: see :func:`values_at_label_time`.
     """
     from pyspark.sql import functions as F
 
-    values = values_at_label_time(bronze, labels if targets_from is None else targets_from, view, source)
+    targets = labels if targets_from is None else targets_from
+    values = values_at_label_time(bronze, targets, view, source, with_late)
     on = (F.col(view.join_key) == F.col("__key")) & (F.col(LABEL_TIME) == F.col("__t"))
     return labels.join(values, on, "left").drop("__key", "__t")

@@ -32,17 +32,22 @@ if TYPE_CHECKING:
 TOP_K_TYPE = "array<struct<value:string,share:double>>"
 
 
-def view_events(bronze: DataFrame, view: PlanView, source: PlanSource) -> DataFrame:
+def view_events(bronze: DataFrame, view: PlanView, source: PlanSource, with_late: bool = False) -> DataFrame:
     """Return the events a view aggregates, from its source's bronze rows.
 
-    On time (not ``late``), one per event id when the source declares one (``event_id``; none: every
-    row counts), with an entity id; plus :data:`EVENT_MS` (the event time in ms) and :data:`TIE` (the
-    event id, else the Kafka position: what orders two events of one ms for ``last``).
+    On time (not ``late``; ``with_late``: the late ones too, the healed values of a ``late: heal``
+    view), one per event id when the source declares one (``event_id``; none: every row counts),
+    with an entity id; plus :data:`EVENT_MS` (the event time in ms) and :data:`TIE` (the event id,
+    else the Kafka position: what orders two events of one ms for ``last``).
     """
     from pyspark.sql import functions as F
 
     key = view.join_key
-    on_time = bronze.where(~F.coalesce(F.col("late"), F.lit(False))) if "late" in bronze.columns else bronze
+    on_time = (
+        bronze.where(~F.coalesce(F.col("late"), F.lit(False)))
+        if "late" in bronze.columns and not with_late
+        else bronze
+    )
     rows = on_time.where(F.col(f"`{key}`").isNotNull())
     if source.event_id is not None:
         rows = rows.dropDuplicates([source.event_id])

@@ -25,6 +25,8 @@ from headwater.pipelines.offline.lake import (
     bronze_path,
     day_start_ms,
     feature_path,
+    healed_path,
+    healed_tiles_path,
     is_delta_table,
     tiles_path,
 )
@@ -163,15 +165,20 @@ class BronzeTables:
         return self.table(source.name), source
 
 
-def events_for(bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date) -> DataFrame:
-    """Return the events that can reach the view's values for days ``first..last`` (partition-pruned)."""
+def events_for(
+    bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date, with_late: bool = False
+) -> DataFrame:
+    """Return the events that can reach the view's values for days ``first..last`` (partition-pruned).
+
+    ``with_late``: the ``late`` rows too (:func:`~headwater.pipelines.offline.compute.view_events`).
+    """
     from pyspark.sql import functions as F
 
     reach = attach_window_ms(view)
     lo_ms, hi_ms = day_start_ms(first + timedelta(days=1)) - reach, day_start_ms(last + timedelta(days=1))
     lo_day = first - timedelta(days=-(-reach // DAY_MS))
     scoped = bronze.where((F.col("date") >= F.lit(lo_day)) & (F.col("date") <= F.lit(last)))
-    return view_events(scoped.where(time_between(source, lo_ms, hi_ms)), view, source)
+    return view_events(scoped.where(time_between(source, lo_ms, hi_ms)), view, source, with_late)
 
 
 def day_boundaries(first: date, last: date) -> Progression:
@@ -179,10 +186,13 @@ def day_boundaries(first: date, last: date) -> Progression:
     return Progression(day_start_ms(first + timedelta(days=1)), DAY_MS, (last - first).days + 1)
 
 
-def daily_values(bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date) -> DataFrame:
+def daily_values(
+    bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date, with_late: bool = False
+) -> DataFrame:
     """Return the view's rows for ``first..last``: entity, :data:`FEATURE_TIME` (T), ``date``, features."""
     at = day_boundaries(first, last)
-    return feature_rows(compute_view(events_for(bronze, view, source, first, last), view, at), view)
+    events = events_for(bronze, view, source, first, last, with_late)
+    return feature_rows(compute_view(events, view, at), view)
 
 
 def feature_rows(values: DataFrame, view: PlanView) -> DataFrame:
@@ -226,19 +236,21 @@ def run_view(
     zorder: bool = True,
     progress: Callable[[DayRun], None] | None = None,
     full: bool = False,
+    healed: bool = False,
 ) -> list[DayRun]:
     """Compute and write ``view`` for ``days`` (consecutive), ``chunk_days`` at a time.
 
     A tiled view (:func:`~headwater.pipelines.offline.tiles.view_tiled`) first tiles the days its
     window needs whose bronze is new or changed (:func:`~headwater.pipelines.offline.tile_table.retile`),
     then merges its values from the tiles; ``full``: values computed from ``bronze`` and every needed
-    day re-tiled. Other views are always computed from ``bronze``.
+    day re-tiled. Other views are always computed from ``bronze``. ``healed``: the healed values of a
+    ``late: heal`` view (late rows counted), into its healed table and tiles (:mod:`.heal`).
     """
     from headwater.pipelines.offline.tile_table import needed_days, retile, tiled_values
     from headwater.pipelines.offline.tiles import view_tiled
 
-    table = feature_path(lake, view.name)
-    tiles = tiles_path(lake, view.name, view.version)
+    table = healed_path(lake, view.name) if healed else feature_path(lake, view.name)
+    tiles = (healed_tiles_path if healed else tiles_path)(lake, view.name, view.version)
     tiled = view_tiled(view)
     done: set[date] = set()  # days re-tiled by this run (a --full backfill tiles each day once)
     runs: list[DayRun] = []
@@ -248,13 +260,13 @@ def run_view(
         retiled: list[date] = []
         if tiled:
             needed = [d for d in needed_days(view, chunk[0], chunk[-1]) if d not in done]
-            retiled = retile(spark, bronze, view, source, tiles, needed, full)
+            retiled = retile(spark, bronze, view, source, tiles, needed, full, with_late=healed)
             done.update(retiled if full else ())
         if tiled and not full:
             at = day_boundaries(chunk[0], chunk[-1])
             frame = feature_rows(tiled_values(spark, view, tiles, at, chunk[0]), view)
         else:
-            frame = daily_values(bronze, view, source, chunk[0], chunk[-1])
+            frame = daily_values(bronze, view, source, chunk[0], chunk[-1], with_late=healed)
         write_days(frame, table, chunk[0], chunk[-1])
         if zorder:
             optimize(spark, table, view.join_key, chunk[0], chunk[-1])

@@ -3,8 +3,10 @@
 The lake root comes from :func:`lake_root`. Under it: ``bronze/<source>`` (one table per source of the
 plan: its landed and imported events, columns from its schema, see :mod:`.source_columns`) and
 ``features/<view>`` (one table per feature view), ``tiles/<view>/<version>`` (a tiled view's daily
-partial aggregates, :mod:`.tile_table`). Day arithmetic is in UTC epoch milliseconds; a
-bronze ``date`` partition is the UTC date of its source's event time.
+partial aggregates, :mod:`.tile_table`); for a ``late: heal`` view also ``features_healed/<view>`` and
+``tiles_healed/<view>/<version>``, the same with the late events counted (:mod:`.heal`). Day
+arithmetic is in UTC epoch milliseconds; a bronze ``date`` partition is the UTC date of its source's
+event time.
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ def feature_path(lake: Path, view: str) -> Path:
 def tiles_path(lake: Path, view: str, version: str) -> Path:
     """Return the daily tiles table of ``view`` at ``version`` (a new version starts new tiles)."""
     return lake / "tiles" / view / (version or "unversioned")
+
+
+def healed_path(lake: Path, view: str) -> Path:
+    """Return the healed values of a ``late: heal`` view: its feature table with the late events counted."""
+    return lake / "features_healed" / view
+
+
+def healed_tiles_path(lake: Path, view: str, version: str) -> Path:
+    """Return the daily tiles of a ``late: heal`` view's healed values (late rows counted)."""
+    return lake / "tiles_healed" / view / (version or "unversioned")
 
 
 def day_start_ms(day: date) -> int:

@@ -77,11 +77,16 @@ def latest_date(frame: DataFrame) -> date | None:
     return found
 
 
-def export_latest(spark: SparkSession, view: PlanView, lake: Path) -> tuple[DataFrame, date | None]:
-    """Return the rows of the newest partition, with ``event_time_ms`` (epoch ms of T)."""
+def export_latest(
+    spark: SparkSession, view: PlanView, lake: Path, path: Path | None = None
+) -> tuple[DataFrame, date | None]:
+    """Return the rows of the newest partition, with ``event_time_ms`` (epoch ms of T).
+
+    ``path``: another table of the view's rows (its healed values); default its feature table.
+    """
     from pyspark.sql import functions as F
 
-    path = feature_path(lake, view.name)
+    path = path or feature_path(lake, view.name)
     if not is_delta_table(path):
         msg = f"view {view.name}: no feature table at {path}; compute it with `headwater run offline`"
         raise MaterializeError(msg)

@@ -98,9 +98,12 @@ def build_tiles(events: DataFrame, view: PlanView) -> DataFrame:
 
 def retile(
     spark: SparkSession, bronze: DataFrame, view: PlanView, source: PlanSource, table: Path,
-    days: Sequence[date], full: bool = False,
+    days: Sequence[date], full: bool = False, with_late: bool = False,
 ) -> list[date]:  # fmt: skip
-    """Tile the days among ``days`` whose bronze changed since tiled (``full``: all of them); return them."""
+    """Tile the days among ``days`` whose bronze changed since tiled (``full``: all of them); return them.
+
+    ``with_late``: the tiles count the ``late`` rows too (the healed tiles of a ``late: heal`` view).
+    """
     from pyspark.sql import functions as F
 
     current = day_fingerprints(bronze)
@@ -109,7 +112,7 @@ def retile(
     if not stale:
         return []
     scoped = bronze.where(F.col("date").isin([F.lit(d) for d in stale]))
-    events = view_events(scoped, view, source)
+    events = view_events(scoped, view, source, with_late)
     in_days = F.floor(F.col(EVENT_MS) / F.lit(DAY_MS)).isin([day_start_ms(d) // DAY_MS for d in stale])
     frame = build_tiles(events.where(in_days), view)
     listed = ", ".join(f"'{d}'" for d in stale)
