@@ -35,6 +35,8 @@ TIER_CHOICE = click.Choice(TIER_NAMES)
 REDIS = click.option(
     "--redis-url", default=None, help="Online store (default: HEADWATER_REDIS_URL or local Redis)."
 )
+VALUES = ("as-served", "as-corrected")
+"""``training-set --values`` (:data:`headwater.ranking.training_set.AS_SERVED`, ``AS_CORRECTED``)."""
 MISMATCH_TARGET = 0.001
 """`headwater consistency` exits 1 when a view's mismatch rate is above this (0.1%)."""
 NAMESPACE = click.option(
@@ -193,6 +195,7 @@ def offline(
     master: str | None,
 ) -> None:  # fmt: skip
     """Compute the views of a tier plan per day into Delta tables (partitioned by date, Z-ordered)."""
+    from headwater.pipelines.offline.heal import heal_view, heals
     from headwater.pipelines.offline.job import BronzeTables, DayRun, record_cpu, run_view
     from headwater.pipelines.offline.lake import lake_root
     from headwater.pipelines.offline.session import offline_session
@@ -218,6 +221,11 @@ def offline(
                    f"{days[0]}..{days[-1]}")  # fmt: skip
         table, source = bronze.for_view(view)
         run_view(spark, table, view, source, root, days, chunk_days, not no_zorder, report, full)
+        if heals(view):  # late: heal: the corrected values too, and the old days late events reached
+            healed = heal_view(spark, table, view, source, root, days, chunk_days, not no_zorder, full)
+            again = ", ".join(map(str, healed.rehealed)) or "none"
+            click.echo(f"  {view.name} (late: heal): {healed.rows} healed rows; earlier days healed again "
+                       f"because late events reached them: {again}")  # fmt: skip
 
 
 def _with_data(views: list[PlanView], bronze: BronzeTables, named: bool) -> list[PlanView]:
@@ -265,13 +273,16 @@ def _keep(
 @click.option(
     "--view", "view_names", multiple=True, help="Views to join (default: every user/item view of every tier)."
 )
+@click.option("--values", "values", type=click.Choice(VALUES), default="as-served", show_default=True,
+              help="as-served: the values the tiers served (late events dropped); as-corrected: the"
+              " healed values of late: heal views (late events counted), others as served.")  # fmt: skip
 @LAKE
 @STATE
 @MASTER
 @REDIS
 def training_set(
-    labels: str, out: Path, view_names: tuple[str, ...], lake: Path | None, state_dir: Path | None,
-    master: str | None, redis_url: str | None,
+    labels: str, out: Path, view_names: tuple[str, ...], values: str, lake: Path | None,
+    state_dir: Path | None, master: str | None, redis_url: str | None,
 ) -> None:  # fmt: skip
     """Build a point-in-time training set (never a future value) for `headwater model train`."""
     from headwater.pipelines.offline.job import BronzeTables
@@ -295,7 +306,7 @@ def training_set(
         frame = read_labels(spark, Path(labels))
     ids = RedisDictionary(store.client, store.namespace).ids
     result = build_training_set(
-        spark, frame, views, root, out, plan.registry_hash, ids, bronze, plan.on_demand
+        spark, frame, views, root, out, plan.registry_hash, ids, bronze, plan.on_demand, values
     )
     click.echo(json.dumps({"out": str(result.path), "rows": result.rows, "positives": result.positives,
                            "columns": len(result.columns)}))  # fmt: skip
@@ -327,9 +338,11 @@ def online_store(redis_url: str | None, namespace: str | None = None, *, writes:
 @MASTER
 @REDIS
 @NAMESPACE
+@click.option("--heal", is_flag=True, help="Write the healed values (late events counted) of the late:"
+              " heal views instead; a key holding a newer value keeps it (counted).")  # fmt: skip
 def materialize(
     tier: str, view_names: tuple[str, ...], lake: Path | None, state_dir: Path | None, master: str | None,
-    redis_url: str | None, namespace: str | None,
+    redis_url: str | None, namespace: str | None, heal: bool,
 ) -> None:  # fmt: skip
     """Write the latest offline values of each view into the online store."""
     from headwater.pipelines.offline.lake import lake_root
@@ -340,6 +353,9 @@ def materialize(
     plan = tier_plan(state_dir, tier)
     views = _views(plan, view_names)
     root = lake_root(lake)
+    if heal:
+        _heal_online(plan.tier, views, root, master, redis_url, namespace, named=bool(view_names))
+        return
     if not view_names:
         views = _materializable(views, root)
 
@@ -348,6 +364,27 @@ def materialize(
 
     spark = offline_session("headwater-materialize", master)
     run(spark, online_store(redis_url, namespace, writes=True), views, root, report)
+
+
+def _heal_online(
+    tier: str, views: list[PlanView], root: Path, master: str | None, redis_url: str | None,
+    namespace: str | None, named: bool,
+) -> None:  # fmt: skip
+    """``materialize --heal``: the newest healed day of each late: heal view, one count line per view."""
+    from headwater.pipelines.offline.heal import heal_online, heals
+    from headwater.pipelines.offline.session import offline_session
+
+    healing = [v for v in views if heals(v) or named]  # a view named with --view fails with the reason
+    if not healing:
+        msg = (f"no view of the {tier} plan has late: heal, so none has healed values; set late: heal in "
+               "a view's YAML and run `headwater apply`, then `headwater run offline`")  # fmt: skip
+        raise click.ClickException(msg)
+    spark = offline_session("headwater-materialize-heal", master)
+    store = online_store(redis_url, namespace, writes=True)
+    for view in healing:
+        h = heal_online(spark, store, view, root)
+        click.echo(f"{h.view}: {h.rows} healed rows of {h.date}: {h.healed} healed, {h.kept} kept (a newer "
+                   f"value is stored), {h.unchanged} unchanged")  # fmt: skip
 
 
 def _materializable(views: list[PlanView], root: Path) -> list[PlanView]:

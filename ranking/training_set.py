@@ -45,8 +45,9 @@ import pyarrow.parquet as pq
 from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
 from headwater.pipelines.offline.asof import join_at_label_time
 from headwater.pipelines.offline.compute import empty_filled
+from headwater.pipelines.offline.heal import heals
 from headwater.pipelines.offline.job import BronzeTables, computed_days
-from headwater.pipelines.offline.lake import DAY_MS, FEATURE_TIME, feature_path, is_delta_table
+from headwater.pipelines.offline.lake import DAY_MS, FEATURE_TIME, feature_path, healed_path, is_delta_table
 from headwater.pipelines.offline.vectors import IdLookup, pack
 from headwater.pipelines.windows import compile_view, slot_names
 from headwater.ranking.trainset_format import VERSION_KEY, VIEW_VERSIONS_KEY
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 LABEL_COLUMNS = ("group", "user_id", "item_id", "event_time", "label")
 ENTITY_PREFIX = {"user_id": "user", "item_id": "item"}
 LABEL_TIME_TIERS = frozenset({"realtime", "nearline"})
+AS_SERVED, AS_CORRECTED = "as-served", "as-corrected"
+"""``build_training_set(values=...)``: what the tiers served, or the healed values of ``late: heal`` views."""
 """Tiers whose views a training row takes as of the label time itself, recomputed from bronze."""
 SLATE_TIME = "__slate_time"
 """Column of the slate's start (epoch ms): the time of the user views and of the on-demand features."""
@@ -99,17 +102,22 @@ def read_labels(spark: SparkSession, path: Path) -> DataFrame:
     )  # fmt: skip
 
 
-def join_view(spark: SparkSession, labels: DataFrame, view: PlanView, lake: Path, prefix: str) -> DataFrame:
+def join_view(
+    spark: SparkSession, labels: DataFrame, view: PlanView, lake: Path, prefix: str, healed: bool = False
+) -> DataFrame:
     """Add ``view``'s values valid at each label's time (columns ``<prefix>.<feature>``).
+
+    ``healed``: from the view's healed table (late events counted, :mod:`headwater.pipelines.offline.heal`).
 
     Raises:
         TrainingSetError: the feature table is missing or lacks a partition the labels need.
     """
     from pyspark.sql import functions as F
 
-    path = feature_path(lake, view.name)
+    path = healed_path(lake, view.name) if healed else feature_path(lake, view.name)
     if not is_delta_table(path):
-        msg = f"view {view.name}: no feature table at {path}; compute it with `headwater run offline`"
+        what = "healed values" if healed else "feature table"
+        msg = f"view {view.name}: no {what} at {path}; compute it with `headwater run offline`"
         raise TrainingSetError(msg)
     table = spark.read.format("delta").load(str(path))
     _check_coverage(computed_days(spark, path), labels, view)
@@ -153,6 +161,7 @@ def build_training_set(
     ids: IdLookup,
     bronze: BronzeTables | None = None,
     on_demand: Sequence[PlanOnDemandView] = (),
+    values: str = AS_SERVED,
 ) -> TrainingSetResult:
     """Join ``labels`` to the user and item ``views`` point in time; write Parquet to ``out``.
 
@@ -162,12 +171,20 @@ def build_training_set(
     own source's table in ``bronze`` as of the time itself (:mod:`.asof`), since their daily values
     would not be what serving reads.
 
+    ``values``: :data:`AS_SERVED` (late events dropped, as served) or :data:`AS_CORRECTED` (a ``late:
+    heal`` view's values count its late events: its healed table, or its recomputation with them;
+    the other views as served).
+
     Raises:
-        TrainingSetError: a streaming view is asked for without ``bronze``, or a table lacks a day.
+        TrainingSetError: a streaming view is asked for without ``bronze``, or a table lacks a day,
+            or ``values`` is neither.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    if values not in (AS_SERVED, AS_CORRECTED):
+        msg = f"training-set values {values!r}: expected {AS_SERVED!r} or {AS_CORRECTED!r}"
+        raise TrainingSetError(msg)
     labels = labels.cache()  # read once: every label-time view takes its (entity, time) targets from it
     # The user side at the slate's start: event_time holds the slate's start while the user views join.
     slate = Window.partitionBy("group", "user_id")
@@ -186,7 +203,7 @@ def build_training_set(
             frame = frame.drop(_ROW_TIME)
         frame = frame.withColumn("__boundary", F.floor(F.col("event_time") / F.lit(DAY_MS)) * F.lit(DAY_MS))
         for view in (v for v in joins if v.join_key == side):
-            frame = _join(spark, frame, targets, view, lake, bronze)
+            frame = _join(spark, frame, targets, view, lake, bronze, values == AS_CORRECTED and heals(view))
         frame = frame.drop("__boundary")
     used = joins
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -216,15 +233,19 @@ def _join(
     view: PlanView,
     lake: Path,
     bronze: BronzeTables | None,
+    healed: bool = False,
 ) -> DataFrame:
-    """Add ``view``'s columns as of ``frame``'s ``event_time`` (``targets``: the same times, plain)."""
+    """Add ``view``'s columns as of ``frame``'s ``event_time`` (``targets``: the same times, plain).
+
+    ``healed``: the values with the late events counted.
+    """
     if view.tier not in LABEL_TIME_TIERS:
-        return join_view(spark, frame, view, lake, f"{view.name}")
+        return join_view(spark, frame, view, lake, f"{view.name}", healed)
     if bronze is None:
         msg = f"view {view.name} ({view.tier}): its label-time values need the bronze events"
         raise TrainingSetError(msg)
     table, source = bronze.for_view(view)
-    return join_at_label_time(frame, table, view, source, targets_from=targets)
+    return join_at_label_time(frame, table, view, source, targets_from=targets, with_late=healed)
 
 
 def _on_demand_columns(
