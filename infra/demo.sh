@@ -18,7 +18,8 @@
 #   6. a registry change while the tiers run: a new nearline view is planned, applied, backfilled from
 #      Kafka by the restarted nearline tier and served; the other views keep their state; then
 #      online/offline consistency of every nearline view, the new one included; the experiment's
-#      CTR per arm and the prediction skew of the service's logged scores
+#      CTR per arm, the prediction skew of the service's logged scores and the served features'
+#      drift against the training set (headwater monitor)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HW=.venv/bin/headwater
@@ -181,5 +182,9 @@ $HW consistency --tier nearline --sample 200  # both sources; realtime skipped t
 # 0.003 against the point-in-time features) and the demo goes on; exit 2 (no figures) stops it.
 $HW experiment report --config infra/demo/serving.yaml --format line || [ $? -eq 1 ]
 $HW skew --topic demo.predictions --format line || [ $? -eq 1 ]
+# Feature monitoring: the served values (the log skew just landed) against the training set the
+# model learnt from and each feature's expect: block; its breach lines go to a file, the summary here.
+$HW monitor --baseline "$RUN_DIR/train.parquet" --topic demo.predictions > "$RUN_DIR/monitor.txt" || [ $? -eq 1 ]
+tail -n 1 "$RUN_DIR/monitor.txt"
 
 step "done in $(($(date +%s) - started_at)) s: the tiers and the service are stopped; Kafka and Redis stop with make demo"
