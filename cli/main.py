@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from headwater.cli.alerts import alerts
 from headwater.cli.client import feedback, rank
 from headwater.cli.costs import calibrate, costs
 from headwater.cli.errors import HeadwaterGroup
@@ -90,6 +91,7 @@ main.add_command(experiment)  # experiment report (issue 20)
 main.add_command(replay_command)  # replay recorded ranking requests (issue 20)
 main.add_command(skew_command)  # rescore logged predictions offline (issue 20)
 main.add_command(monitor_command)  # served feature values: drift and expectations (issue 34)
+main.add_command(alerts)  # Prometheus alerting rules from the registry (issue 34)
 main.add_command(retrieval)  # the two-tower retrieval model (issue 15)
 main.add_command(funnel)  # the re-ranker of /v1/recommend (issue 15)
 main.add_command(training_set)

@@ -52,12 +52,17 @@ def _day(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dat
 @click.option("--features", "features", type=click.Path(path_type=Path), default=None,
               help="The feature repo whose expect: blocks are checked"
                    " [default: headwater.yaml's].")  # fmt: skip
+@click.option(
+    "--metrics-file", type=click.Path(path_type=Path), default=None,
+    help="Also write the report as Prometheus gauges to this file (written to a temporary file, then"
+         " renamed: point it at node_exporter's textfile folder, a name ending .prom).",
+)  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @LAKE
 @MASTER
 def monitor_command(
     baseline: Path | None, served_path: Path | None, day: date | None, topic: str, models_dir: Path | None,
-    features: Path | None, fmt: str, lake: Path | None, master: str | None,
+    features: Path | None, metrics_file: Path | None, fmt: str, lake: Path | None, master: str | None,
 ) -> None:  # fmt: skip
     """Check the served feature values: statistics, drift and each feature's `expect:` block.
 
@@ -65,8 +70,9 @@ def monitor_command(
     summarised per feature column (count, missing rate, mean, std, quantiles, top ids), compared
     with the training set (--baseline) and with the day before (PSI and KS), and checked against
     the expectations of the view YAML (min, max, max_missing_rate, max_drift_psi, max_drift_ks).
-    Prints one line per breach and a summary line. Exit 1: an expectation is breached; exit 2: no
-    figures (a missing file or table, nothing served that day).
+    Prints one line per breach and a summary line; --metrics-file also writes the figures as
+    Prometheus gauges (PSI, KS, missing rate, limits, breaches, the day). Exit 1: an expectation
+    is breached; exit 2: no figures (a missing file or table, nothing served that day).
     """
     from headwater.ranking.monitor import (
         MonitorError,
@@ -99,6 +105,10 @@ def monitor_command(
         notes += version_notes(served.versions, trained_versions(table))
     report = monitor(served, base, watched, day)
     report.notes[:0] = notes
+    if metrics_file is not None:
+        from headwater.ranking.monitor_metrics import write_metrics_file
+
+        write_metrics_file(report, metrics_file)  # before the verdict: a breach is what it must show
     if fmt == "json":
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:

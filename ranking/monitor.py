@@ -305,6 +305,8 @@ class MonitorReport:
     notes: list[str] = field(default_factory=list)
     expectations: int = 0
     """Columns checked against an ``expect`` block."""
+    expected: dict[str, ExpectationSpec] = field(default_factory=dict)
+    """``{column: its feature's expect block}`` of those columns (the metrics file's limits)."""
 
     @property
     def previous_day(self) -> date:
@@ -387,6 +389,7 @@ def monitor(
         report.columns.append(row)
         if info is not None and info.expect is not None:
             report.expectations += 1
+            report.expected[column] = info.expect
             report.breaches += check_expectations(info, row, values)
     if not any(c.previous is not None for c in report.columns):
         report.notes.append(f"nothing served on {report.previous_day.isoformat()}: no drift against it")

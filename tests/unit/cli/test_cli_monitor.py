@@ -167,3 +167,27 @@ def test_a_broken_feature_repo_stops_first(files: dict[str, Path]) -> None:
     code, out = _run(files)
     assert code == 2
     assert "has errors: run `headwater check` and fix them first" in out
+
+
+def test_metrics_file_holds_the_breaches_of_the_run(files: dict[str, Path], tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = tmp_path / "textfile" / "headwater_monitor.prom"
+    out.parent.mkdir()
+    code, _ = _run(files, "--metrics-file", str(out))
+    assert code == 1  # the breach still decides the exit status; the file is written first
+    breach = {
+        (s.labels["feature"], s.labels["check"]): s.value
+        for f in text_string_to_metric_families(out.read_text())
+        for s in f.samples
+        if s.name == "headwater_monitor_breach"
+    }
+    assert breach == {
+        ("clicks_30s", "min"): 0.0,
+        ("clicks_30s", "max_missing_rate"): 1.0,
+        ("views_30s", "min"): 0.0,
+        ("views_30s", "max_drift_psi"): 1.0,
+    }
+    code, text = _run(files, "--metrics-file", str(tmp_path / "missing" / "m.prom"))
+    assert code == 2
+    assert "no folder" in text
