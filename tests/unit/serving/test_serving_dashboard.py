@@ -1,4 +1,4 @@
-"""The Grafana dashboard reads only metrics the service and the freshness collector export."""
+"""The Grafana dashboard reads only metrics the service, the freshness collector and the monitor export."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from headwater.ranking.monitor_metrics import METRIC_NAMES
 from headwater.ranking.synthetic import small_registry
 from headwater.serving.app import create_app
 from headwater.serving.config import ServingConfig
@@ -39,6 +40,7 @@ def exported(tmp_path: Path) -> set[str]:
     names |= set(
         re.findall(r'"(headwater_[a-z_]+)"', FRESHNESS.read_text())
     )  # read from Redis at scrape time
+    names |= set(METRIC_NAMES)  # headwater monitor --metrics-file, through the textfile collector
     return names
 
 
@@ -56,7 +58,32 @@ def test_every_metric_the_dashboard_reads_is_exported(tmp_path: Path) -> None:
         "headwater_impressions_total",
         "headwater_clicks_total",
         "headwater_read_age_window_seconds",
+        "headwater_model_answers_total",
+        "headwater_repair_keys_total",
+        "headwater_monitor_psi",
+        "headwater_monitor_ks",
+        "headwater_monitor_missing_rate",
+        "headwater_monitor_breach",
     } <= used
+
+
+def test_monitoring_panels_read_version_drift_repairs_and_feature_drift() -> None:
+    panels = {p["title"]: p for p in json.loads(DASHBOARD.read_text())["panels"]}
+    exprs = {title: [t["expr"] for t in p.get("targets", [])] for title, p in panels.items()}
+    assert exprs["Version drift share"] == [
+        'sum(rate(headwater_model_answers_total{version_drift="true"}[$__rate_interval]))'
+        " / sum(rate(headwater_model_answers_total[$__rate_interval]))"
+    ]
+    # The seed's 0.1% target is the stat's red line, as in the HeadwaterVersionDrift alert.
+    steps = panels["Version drift share"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1] == {"color": "red", "value": 0.001}
+    assert exprs["Repair keys / s by view and kind"] == [
+        "sum by (view, kind) (rate(headwater_repair_keys_total[$__rate_interval]))"
+    ]
+    psi = next(t for t in panels if t.startswith("Feature drift: PSI"))
+    assert exprs[psi][0] == "max by (view, feature, against) (headwater_monitor_psi)"
+    assert exprs["Feature missing rate"] == ["max by (view, feature) (headwater_monitor_missing_rate)"]
+    assert exprs["Feature expectations breached"] == ["sum(headwater_monitor_breach)"]
 
 
 def test_panels_do_not_overlap() -> None:
