@@ -65,7 +65,7 @@ def layout(view: str, version: str = "v1") -> ViewLayout:
 def test_cluster_urls_open_a_cluster_client_and_bad_ones_say_what_to_write() -> None:
     with pytest.raises(StoreURLError, match="only database 0"):
         redis_client("redis-cluster://127.0.0.1:7000/3")
-    with pytest.raises(StoreURLError, match=r"expected redis-cluster://HOST:PORT"):
+    with pytest.raises(StoreURLError, match=r"expected redis-cluster://\[USER:PASSWORD@\]HOST:PORT"):
         redis_client("redis-cluster://")
 
 
