@@ -263,8 +263,11 @@ def finish(
     accuracy = check_accuracy(runs, example, constants, shares, profile)
     path = calibration_path("offline")
     before = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    # the model's switch is a decision, not a fit: kept as the file has it (reads_window)
+    # the model's switch is a decision, not a fit: kept as the file has it (reads_window); the tile
+    # merge's CPU per row is bench_offline_tiles.py's measurement, kept with its provenance
     constants["reads_window"] = before.get("constants", {}).get("reads_window", 0)
+    if "tile_row_us" in before.get("constants", {}):
+        constants["tile_row_us"] = before["constants"]["tile_row_us"]
     cal_data = {
         "tier": "offline",
         "model": "registry/cost.py",
@@ -274,6 +277,7 @@ def finish(
         "command": command,
         "where_shares": shares,
         "stream_profile": profile,
+        **({"provenance": before["provenance"]} if "provenance" in before else {}),
         "isolation": "CPU seconds (user + system, psutil) of the Python driver and its children (the local "
         "Spark JVM, PySpark workers) over run_view of one view (daily values, Delta write, Z-order), "
         "the session warmed up first; two rates give each view's fixed seconds a run and us/event",

@@ -312,10 +312,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=3, help="Timed rounds (each: one run of each path).")
     ap.add_argument("--bronze", type=Path, default=None,
                     help="Keep (or reuse) the lake in this folder, not a temporary one.")  # fmt: skip
+    ap.add_argument("--gen-only", action="store_true",
+                    help="With --bronze: write the bronze table, stop (a later run reuses it).")  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULT, help=f"Result file (default {RESULT}).")
     args = ap.parse_args()
     if args.days < 33:
         ap.error("--days must be at least 33: day D and the 32 days of bronze its 30-day window reaches")
+    if args.gen_only and args.bronze is None:
+        ap.error("--gen-only needs --bronze DIR (where the table is kept)")
     if args.events_per_day < 1 or args.reps < 1:
         ap.error("--events-per-day and --reps must be at least 1")
     args.entities = args.entities or max(1, args.events_per_day // EVENTS_PER_ENTITY_DAY)
@@ -349,6 +353,8 @@ def main() -> None:
     try:
         if not is_delta_table(bronze_path(lake, source.name)):
             write_bronze(spark, source, lake, args)
+        if args.gen_only:
+            return
         bronze = read_bronze(spark, lake, source)
         print(f"bronze: {args.days} days x {args.events_per_day:,} events over {args.entities:,} users; "
               f"day D = {day_d}", flush=True)  # fmt: skip

@@ -35,6 +35,8 @@ from headwater.registry.cost import (
     estimate_view,
     format_bytes,
     job_share,
+    shape_tiled,
+    tile_rows_per_day,
     view_shape,
 )
 from headwater.registry.tiers import TIER_NAMES, TIERS
@@ -42,8 +44,15 @@ from headwater.registry.tiers import TIER_NAMES, TIERS
 NOT_REPORTED = "the calibration run's figure for this view alone (running tiers: see `reported`)"
 
 
-def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> dict[str, Any] | None:
-    """Return the calibration run's CPU of ``view`` alone, in CPU-h/day at ``rate_per_s`` (None: not run)."""
+def measured_cost(
+    view: CompiledView, rate_per_s: float, cal: Calibration, entities: float | None = None
+) -> dict[str, Any] | None:
+    """Return the calibration run's CPU of ``view`` alone, in CPU-h/day at ``rate_per_s`` (None: not run).
+
+    Offline, the calibration ran each view from bronze: its per-event slope is scaled to the events
+    a daily run reads now (a tiled view: one day, plus its tile rows at ``tile_row_us`` for
+    ``entities``, as the estimate charges them; any other view its window).
+    """
     got = cal.measured.get(view.name)
     if not got:
         return None
@@ -66,9 +75,12 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
             basis = f"job cores {cores} measured at {rates} events/s (no per-event slope seen: their mean)"
         hours = at_rate * 24
     elif got.get("cpu_s_per_day") and got.get("events_per_day"):  # offline: daily runs of a stream
-        # events_per_day: what each run read; a daily run reads its window where reads_window says so
+        # events_per_day: what each run read; a daily run reads its window where reads_window says so,
+        # one day where the view is tiled (its tiles stand for the rest of the window)
         per_day, seconds = got["events_per_day"], got["cpu_s_per_day"]
-        window = days_read(view_shape(view.features)) if cal.scalar("reads_window") else 1
+        shape = view_shape(view.features)
+        tiled = bool(cal.scalar("reads_window")) and shape_tiled(shape)
+        window = days_read(shape) if cal.scalar("reads_window") and not tiled else 1
         events = rate_per_s * SECONDS_PER_DAY * window
         slope = 0.0
         if len(per_day) >= 2 and per_day[1] != per_day[0]:
@@ -79,6 +91,10 @@ def measured_cost(view: CompiledView, rate_per_s: float, cal: Calibration) -> di
             f"CPU s a day {seconds} measured at {per_day} events/day, at {events:,.0f} events/day: "
             f"{hours * 3600:,.0f} s"
         )
+        if tiled:
+            tiles = tile_rows_per_day(shape, rate_per_s, entities)
+            hours += tiles * cal.scalar("tile_row_us") / 1e6 / 3600
+            basis += f" + {tiles:,.0f} tile rows x {cal.scalar('tile_row_us'):g} us (tiled: one day read)"
     else:
         return None
     return {
@@ -275,7 +291,7 @@ def cost_report(view: CompiledView, result: CheckResult, stats_root: Path | None
             "command": cal.command,
         },
         "footprint": fp.as_dict() if fp else None,
-        "measured": measured_cost(view, rate, cal),
+        "measured": measured_cost(view, rate, cal, entities),
         "reported": _at_rate(tier_reported(view, stats_root), rate),
     }
 

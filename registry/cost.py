@@ -10,12 +10,19 @@ CPU (per view, on its tier; the constants come from ``registry/calibration/<tier
                   with s(a) = the share of events a's filter keeps (measured on the calibration
                   stream, ``where_shares``; else ``selectivity``), 1 unfiltered; panes = window / slide
     writes/day = min(entities, rate x slide) x 86,400 / slide     (each feature's slide; the shortest)
-    marginal  = (rate x 86,400 x us/event + writes/day x publish_us) / 1e6 / 3,600 + fixed_cores x 24
+    marginal  = (events read/day x us/event + writes/day x publish_us + tile rows/day x tile_row_us)
+                / 1e6 / 3,600 + fixed_cores x 24
               + (run_counter_s if a counter map + run_window_s x distinct windows) / 3,600   (offline: a
                 daily run's shape-bound seconds, :func:`run_fixed_s`)
     job share = (job_fixed_cores + rate x job_event_us / 1e6) / views in the job x 24
               + group_fixed_cores / views in the group x 24
     CPU-h/day = marginal + job share
+
+Events read a day (offline, whose calibration says ``reads_window``): a tiled view (every window
+whole days, :func:`windows_tiled`) reads one new day of bronze and merges its daily tiles, ``tile
+rows/day`` = min(entities, events a day) x (window reach + 1) days (:func:`tile_rows_per_day`); any
+other view re-reads its window (:func:`days_read` days of events). The streaming tiers read each
+event once.
 
 Per-view attribution: a tier runs one job per source (realtime: one Flink job reads the source once
 and feeds every view; one operator per group, the views keyed by one entity). The job's fixed cost
@@ -268,6 +275,10 @@ class CostEstimate:
     job_cores: float = 0.0
     share: JobShare = JobShare()
     read_days: float = 1
+    tile_rows_per_day: float = 0.0
+    """Tile rows a tiled offline view's daily run merges (0: not tiled, :func:`tile_rows_per_day`)."""
+    tile_row_us: float = 0.0
+    """CPU us charged per tile row merged (the calibration's ``tile_row_us``)."""
 
     def explain(self) -> str:
         """One line: the numbers that make the estimate."""
@@ -275,6 +286,8 @@ class CostEstimate:
         if self.read_days != 1:
             text = f"{self.events_per_day:,.0f} events read/day ({self.read_days:g} days of window) x "
             text += f"{self.us_per_event:.2f} us/event"
+        if self.tile_rows_per_day:
+            text += f" + {self.tile_rows_per_day:,.0f} tile rows/day x {self.tile_row_us:.2f} us (tiled)"
         if self.writes_per_day:
             text += f" + {self.writes_per_day:,.0f} writes/day"
         if self.fixed_cores:
@@ -296,6 +309,8 @@ class CostEstimate:
             **self.share.as_dict(),
             "events_per_day": round(self.events_per_day),
             "read_days": self.read_days,
+            "tile_rows_per_day": round(self.tile_rows_per_day),
+            "tile_row_us": self.tile_row_us,
             "us_per_event": round(self.us_per_event, 3),
             "writes_per_day": round(self.writes_per_day),
             "fixed_cores": self.fixed_cores,
@@ -354,6 +369,39 @@ def day_tiled(window_s: float, slide_s: float) -> bool:
     return window > 0 and slide > 0 and window % day == 0 and (day % slide == 0 or slide % day == 0)
 
 
+def windows_tiled(windows: Iterable[tuple[float, float]]) -> bool:
+    """Whether a view whose features have these ``(window_s, slide_s)`` is computed from daily tiles.
+
+    Every window must be :func:`day_tiled`. The one rule of both the offline job
+    (``pipelines/offline/tiles.py`` ``view_tiled``) and the cost model (:func:`shape_tiled`).
+    """
+    return all(day_tiled(window, slide) for window, slide in windows)
+
+
+def shape_tiled(shape: Shape) -> bool:
+    """Whether the offline job computes a view of ``shape`` from its daily tiles (:func:`windows_tiled`)."""
+    return windows_tiled((window, slide) for window, _, slide in shape.agg_filters)
+
+
+def tile_days_read(shape: Shape) -> int:
+    """Days of tiles a tiled view's daily run merges: its window reach (:func:`days_read`) and one more.
+
+    ``pipelines/offline/tile_table.py`` ``needed_days`` reads one day more than the events' reach
+    (a day's last pane may be attached up to the reach after it).
+    """
+    return days_read(shape) + 1
+
+
+def tile_rows_per_day(shape: Shape, rate_per_s: float, entities: float | None) -> float:
+    """Tile rows a tiled view's daily run reads: each day of :func:`tile_days_read`, a row per entity.
+
+    A row is an (entity, day) with an event: at most the declared entities a day, and at most one
+    per event of the day (``entities`` ``None``: every event a new entity, the upper bound).
+    """
+    per_day = rate_per_s * SECONDS_PER_DAY
+    return min(per_day, float(entities) if entities is not None else per_day) * tile_days_read(shape)
+
+
 def live_entities(shape: Shape, rate_per_s: float, entities: float | None) -> float:
     """Entities with state: the declared distinct keys, at most one per event of the longest window."""
     bound = rate_per_s * max(shape.longest_window_s, 1.0)
@@ -387,19 +435,28 @@ def estimate_view(
     """Estimated CPU-hours per day of a view with ``features`` on ``tier`` at ``rate_per_s``.
 
     ``share``: the views sharing its job and group (:func:`job_share`); ``None``: alone in its job.
-    ``read_days``: days of events each day's run is charged (``None``: the offline job's window,
-    :func:`days_read`, where its calibration says ``reads_window``; else each event once).
+    ``read_days``: days of events each day's run is charged (``None``: decided by the calibration:
+    where it says ``reads_window`` (the offline job), a tiled view (:func:`shape_tiled`) one day of
+    events plus its tile rows (:func:`tile_rows_per_day`) at ``tile_row_us`` each, any other view
+    its window of events (:func:`days_read`); elsewhere each event once). A given ``read_days``
+    charges that many days of events and no tiles (a run from bronze: ``--full``, the calibration's).
     """
     cal = calibration or load_calibration(tier.name)
     share = share or JobShare()
     shape = view_shape(features, rekeyed)
+    tiles = 0.0
     if read_days is None:
-        read_days = days_read(shape) if cal.scalar("reads_window") else 1
+        read_days = 1
+        if cal.scalar("reads_window") and shape_tiled(shape):
+            tiles = tile_rows_per_day(shape, rate_per_s, entities)
+        elif cal.scalar("reads_window"):
+            read_days = days_read(shape)
     events = rate_per_s * SECONDS_PER_DAY * read_days
     us = us_per_event(shape, cal)
     writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0
     fixed = cal.scalar("fixed_cores") + run_fixed_s(shape, cal) / SECONDS_PER_DAY
-    marginal = (events * us + writes * cal.scalar("publish_us")) / 1e6 / 3600 + fixed * 24
+    marginal = (events * us + writes * cal.scalar("publish_us") + tiles * cal.scalar("tile_row_us")) / 1e6
+    marginal = marginal / 3600 + fixed * 24
     job = cal.scalar("job_fixed_cores") + rate_per_s * cal.scalar("job_event_us") / 1e6
     shared = (job / share.job_views + cal.scalar("group_fixed_cores") / share.group_views) * 24
     return CostEstimate(
@@ -414,6 +471,8 @@ def estimate_view(
         job_cores=job + cal.scalar("group_fixed_cores"),
         share=share,
         read_days=read_days,
+        tile_rows_per_day=tiles,
+        tile_row_us=cal.scalar("tile_row_us") if tiles else 0.0,
     )
 
 

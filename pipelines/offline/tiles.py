@@ -27,7 +27,7 @@ window's value from its days' tiles equals the value from its events. Sums merge
 than one pass over the events, so they agree to float rounding, not bit for bit.
 
 A view is tiled (:func:`view_tiled`) when every window is whole days and every boundary at a UTC
-midnight is a UTC midnight (:func:`headwater.registry.cost.day_tiled`): then each feature's
+midnight is a UTC midnight (:func:`headwater.registry.cost.windows_tiled`): then each feature's
 window of a daily run is a set of whole days. Other views keep the full computation.
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 
 from headwater.pipelines.windows.aggs import NAN, Value
 from headwater.pipelines.windows.spec import FeatureSpec, OperandSpec, ViewSpec
-from headwater.registry.cost import day_tiled
+from headwater.registry.cost import windows_tiled
 from headwater.registry.plans import PlanView
 
 DAY_MS = 86_400_000
@@ -52,8 +52,12 @@ TILE_KINDS = ("count", "sum", "avg", "min", "max", "last", "distinct_count", "to
 
 
 def view_tiled(view: PlanView) -> bool:
-    """Whether the daily job computes ``view`` from daily tiles (every window whole days, day-aligned)."""
-    return all(day_tiled(f.window_s, f.slide_s) for f in view.features)
+    """Whether the daily job computes ``view`` from daily tiles (every window whole days, day-aligned).
+
+    The cost model's rule too (:func:`headwater.registry.cost.windows_tiled`): what it charges as
+    tiled is what the job tiles.
+    """
+    return windows_tiled((f.window_s, f.slide_s) for f in view.features)
 
 
 def operand_tile(agg: str, field: str | None, events: Sequence[Event]) -> Tile:

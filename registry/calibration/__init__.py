@@ -39,6 +39,11 @@ Constants (all per view, see :mod:`headwater.registry.cost` for the formula):
     reads_window      offline only: 1 = each day's run is charged every event of the window it reads
                       (``events_for`` reads the longest window + slide of bronze, ``cost.days_read``),
                       0 = each event once (what a one-day calibration stream measures)
+    tile_row_us       offline only, with ``reads_window``: CPU us per tile row (entity, day) a tiled
+                      view's daily run merges (``cost.tile_rows_per_day``: it reads one day of events
+                      and its window's tiles, not the window's events); measured by
+                      ``bench/bench_offline_tiles.py``, its command, date and load in the file's
+                      ``provenance.tile_row_us``
 
 Realtime state follows the operator's byte layout (``KeyStateSerializer`` format 2), so it has terms
 per live entity besides the slices (0 elsewhere):
@@ -114,6 +119,7 @@ SCALARS = (
     "table_entry_bytes",
     "run_counter_s",
     "run_window_s",
+    "tile_row_us",
 )
 
 # The first guesses, used only where a calibration file gives nothing (they say so: ``defaulted``).
@@ -153,6 +159,7 @@ DEFAULTS: dict[str, Any] = {
     "table_entry_bytes": 0.0,
     "run_counter_s": 0.0,
     "run_window_s": 0.0,
+    "tile_row_us": 0.0,
     "state_running_bytes": dict.fromkeys(AGG_KINDS, 0.0),
     "state_running_event_bytes": dict.fromkeys(AGG_KINDS, 0.0),
 }

@@ -15,12 +15,16 @@ from headwater.registry.cost import (
     HEADER_BYTES,
     SECONDS_PER_DAY,
     JobShare,
+    day_tiled,
     days_read,
     estimate_footprint,
     estimate_view,
     job_share,
+    shape_tiled,
+    tile_days_read,
     us_per_event,
     view_shape,
+    windows_tiled,
 )
 from headwater.registry.durations import parse_duration
 from headwater.registry.expr import parse
@@ -119,12 +123,86 @@ def test_the_offline_job_is_charged_every_event_of_the_window_it_reads_each_day(
     assert "events read/day (8 days of window)" in est.explain()
     one = estimate_view(week, 2000, TIERS["offline"], calibration=CAL, read_days=1)
     assert one.events_per_day == 2000 * SECONDS_PER_DAY
-    # the calibration decides by default: reads_window 1 charges the window, 0 (default) each event once
+    # the calibration decides by default: reads_window 1 charges the window, 0 (default) each event once.
+    # A view that is not tiled (a 5 h slide: the boundary of a midnight is no midnight) re-reads its
+    # window; the week above is tiled (see the next test): it reads one day and merges its tiles
     assert estimate_view(week, 2000, TIERS["offline"], calibration=CAL).read_days == 1
     windowed = parse_calibration("offline", {"constants": {"reads_window": 1}, "measured_at": "2026-12-02"})
-    assert estimate_view(week, 2000, TIERS["offline"], calibration=windowed).read_days == 8
+    untiled = (feature(window="7d", slide="5h"),)
+    assert days_read(view_shape(untiled)) == 8  # 7 d + 5 h: 8 partitions
+    assert estimate_view(untiled, 2000, TIERS["offline"], calibration=windowed).read_days == 8
+    assert estimate_view(untiled, 2000, TIERS["offline"], calibration=windowed).tile_rows_per_day == 0
+    assert estimate_view(week, 2000, TIERS["offline"], calibration=windowed).read_days == 1
     # a streaming tier reads each event once, whatever the window
     assert estimate_view(week, 2000, TIERS["nearline"], calibration=CAL).read_days == 1
+
+
+TILED_CAL = parse_calibration(
+    "offline",
+    {
+        "constants": {"reads_window": 1, "event_us": 20.0, "agg_us": {"count": 1.0}, "tile_row_us": 3.0},
+        "measured_at": "2026-12-04",
+    },
+)
+
+
+def test_a_tiled_offline_view_is_charged_one_day_of_events_and_its_tile_rows() -> None:
+    # every window whole days, slide 1 d: the job tiles the new day (its events) and merges the tiles
+    # of its reach + 1 days (needed_days: 30 d + 1 d + 1 = 32), one row per entity and day
+    month = (feature(window="30d", slide="1d"),)
+    shape = view_shape(month)
+    assert shape_tiled(shape)
+    assert tile_days_read(shape) == 32
+    est = estimate_view(month, 2000, TIERS["offline"], entities=50_000, calibration=TILED_CAL)
+    assert est.read_days == 1
+    assert est.events_per_day == 2000 * SECONDS_PER_DAY
+    assert est.tile_rows_per_day == 50_000 * 32
+    assert est.tile_row_us == 3.0
+    per_event = 20.0 + 1.0  # event_us + count's agg_us; no filter, no pane term
+    want = (2000 * SECONDS_PER_DAY * per_event + 50_000 * 32 * 3.0) / 3.6e9
+    assert est.cpu_hours_per_day == pytest.approx(want)
+    assert "1,600,000 tile rows/day x 3.00 us (tiled)" in est.explain()
+    assert est.as_dict()["tile_rows_per_day"] == 1_600_000
+    # from bronze (``--full``, or a caller that says what it read): the window's events, no tiles
+    full = estimate_view(month, 2000, TIERS["offline"], entities=50_000, calibration=TILED_CAL, read_days=31)
+    assert full.tile_rows_per_day == 0
+    assert full.cpu_hours_per_day == pytest.approx(2000 * SECONDS_PER_DAY * 31 * per_event / 3.6e9)
+    # a row is an (entity, day) with an event: at most a day's events; undeclared entities: that bound
+    few = estimate_view(month, 0.1, TIERS["offline"], entities=50_000, calibration=TILED_CAL)
+    assert few.tile_rows_per_day == pytest.approx(0.1 * SECONDS_PER_DAY * 32)
+    unknown = estimate_view(month, 2000, TIERS["offline"], calibration=TILED_CAL)
+    assert unknown.tile_rows_per_day == 2000 * SECONDS_PER_DAY * 32
+
+
+@given(
+    window_days=st.integers(1, 400),
+    extra_s=st.integers(0, 86_399),
+    slide_s=st.integers(1, 40 * 86_400),
+    entities=st.one_of(st.none(), st.integers(1, 10**8)),
+    rate=st.floats(0.001, 1e5),
+)
+def test_the_cost_model_charges_tiles_exactly_where_the_job_tiles(
+    window_days: int, extra_s: int, slide_s: int, entities: int | None, rate: float
+) -> None:
+    window_s = window_days * SECONDS_PER_DAY + extra_s
+    f = feature(window=f"{window_s}s", slide=f"{slide_s}s")
+    shape = view_shape((f,))
+    # the job's rule (pipelines/offline/tiles.py view_tiled calls windows_tiled): whole-day windows
+    # whose boundary at a midnight is a midnight
+    tiled = extra_s == 0 and (SECONDS_PER_DAY % slide_s == 0 or slide_s % SECONDS_PER_DAY == 0)
+    assert shape_tiled(shape) == tiled == windows_tiled([(window_s, slide_s)]) == day_tiled(window_s, slide_s)
+    est = estimate_view((f,), rate, TIERS["offline"], entities=entities, calibration=TILED_CAL)
+    per_day = rate * SECONDS_PER_DAY
+    if tiled:
+        assert est.read_days == 1
+        rows = min(per_day, entities if entities is not None else per_day) * (days_read(shape) + 1)
+        assert est.tile_rows_per_day == pytest.approx(rows)
+    else:
+        assert est.read_days == days_read(shape)
+        assert est.tile_rows_per_day == 0
+    assert est.events_per_day == pytest.approx(per_day * est.read_days)
+    assert math.isfinite(est.cpu_hours_per_day)
+    assert est.cpu_hours_per_day > 0
 
 
 def test_an_offline_table_is_its_rows_and_a_file_a_day_of_column_overhead() -> None:

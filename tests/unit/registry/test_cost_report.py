@@ -88,6 +88,34 @@ def test_measured_cost_scales_the_calibration_run_to_the_declared_rate(example: 
     assert got["cpu_hours_per_day"] == pytest.approx((0.0 + 1e-5 * 2000 * 86400) / 3600)
 
 
+def test_a_tiled_offline_view_measured_reads_one_day_and_its_tile_rows(example: Path) -> None:
+    # user_activity_offline: windows of 7 and 30 days, slide 1 d: tiled. The calibration ran it from
+    # bronze; its per-event slope is scaled to one day of events, and the tile rows of its 32 days
+    # (30 d + 1 d + 1) for the declared entities are charged at tile_row_us, as the estimate does
+    result = check_repo(example)
+    view = next(v for v in result.views if v.name == "user_activity_offline")
+    figures = {view.name: {"cpu_s_per_day": [10.0, 30.0], "events_per_day": [1e6, 3e6]}}
+    windowed = parse_calibration(
+        "offline", {"constants": {"reads_window": 1, "tile_row_us": 4.0}, "measured": figures}
+    )
+    got = measured_cost(view, 2000, windowed, entities=100_000)
+    assert got is not None
+    one_day = 1e-5 * 2000 * 86400
+    # the report rounds to 1e-4 CPU-h; the tile rows add 12.8 s (0.0036 CPU-h)
+    assert got["cpu_hours_per_day"] == pytest.approx((one_day + 100_000 * 32 * 4.0 / 1e6) / 3600, abs=1e-4)
+    assert "3,200,000 tile rows x 4 us (tiled: one day read)" in got["basis"]
+    # a view that is not tiled (a 1 h window) is scaled to its whole reach of events: 24 h + 10 min, 2 days
+    untiled = next(v for v in result.views if v.name == "user_engagement_nearline")
+    windowed_nl = parse_calibration(
+        "offline",
+        {"constants": {"reads_window": 1}, "measured": {untiled.name: figures[view.name]}},
+    )
+    got = measured_cost(untiled, 2000, windowed_nl)
+    assert got is not None
+    assert got["cpu_hours_per_day"] == pytest.approx(one_day * 2 / 3600)
+    assert "tile rows" not in got["basis"]
+
+
 def test_reported_cost_adds_each_tasks_fold_seconds_per_second(tmp_path: Path) -> None:
     # two workers of one group, one task each; a third file being rewritten (not JSON) is skipped
     group = tmp_path / "nearline-group"
