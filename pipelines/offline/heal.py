@@ -26,35 +26,17 @@ event in the view's longest window: the ones the daily job keeps live.
 
 from __future__ import annotations
 
-import functools
-import json
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import pyarrow as pa
-
-from headwater.pipelines.offline.arrow_io import spark_batches, staging_dir
-from headwater.pipelines.offline.compute import attach_window_ms
-from headwater.pipelines.offline.job import DayRun, computed_days, run_view
-from headwater.pipelines.offline.lake import DAY_MS, healed_path, is_delta_table
-from headwater.pipelines.offline.materialize import (
-    CHUNK_ROWS,
-    REDIS_DOWN,
-    REDIS_PATIENCE_S,
-    MaterializeError,
-    export_latest,
-)
-from headwater.pipelines.offline.tile_table import day_fingerprints
-from headwater.pipelines.offline.vectors import pack
-from headwater.pipelines.retry import retry_call
+from headwater.pipelines.offline.job import DayRun, computed_days, reach_days, run_view
+from headwater.pipelines.offline.lake import healed_path, is_delta_table
+from headwater.pipelines.offline.materialize import MaterializeError, write_latest
+from headwater.pipelines.offline.tile_table import day_fingerprints, read_fingerprints, write_fingerprints
 from headwater.pipelines.store import OnlineStore
-from headwater.pipelines.store.layout import ViewLayout
-from headwater.pipelines.windows import RedisDictionary, ViewSpec, compile_view, view_layout
 from headwater.registry.plans import PlanSource, PlanView
 
 if TYPE_CHECKING:
@@ -68,11 +50,6 @@ BRONZE_MANIFEST = "_headwater_bronze.json"
 def heals(view: PlanView) -> bool:
     """Whether ``view`` declares ``late: heal`` (it keeps healed values)."""
     return view.late == HEAL
-
-
-def reach_days(view: PlanView) -> int:
-    """How many days before day D the events of D's values may lie (what ``events_for`` reads)."""
-    return -(-attach_window_ms(view) // DAY_MS)
 
 
 def changed_days(current: Mapping[date, str], recorded: Mapping[str, str] | None) -> set[date]:
@@ -102,20 +79,12 @@ def consecutive(days: Iterable[date]) -> list[list[date]]:
 
 def read_record(table: Path) -> dict[str, str] | None:
     """Return the recorded bronze fingerprints (None: no record, or unreadable: nothing counts as changed)."""
-    try:
-        doc = json.loads((table / BRONZE_MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    days = doc.get("days") if isinstance(doc, dict) else None
-    return {str(k): str(v) for k, v in days.items()} if isinstance(days, dict) else None
+    return read_fingerprints(table / BRONZE_MANIFEST)
 
 
 def write_record(table: Path, current: Mapping[date, str]) -> None:
     """Record the fingerprints (atomically: a torn file would make every day look changed)."""
-    tmp = table / (BRONZE_MANIFEST + ".tmp")
-    body = {"days": {str(d): fp for d, fp in sorted(current.items())}}
-    tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(table / BRONZE_MANIFEST)
+    write_fingerprints(table / BRONZE_MANIFEST, {str(d): fp for d, fp in current.items()})
 
 
 @dataclass(frozen=True)
@@ -196,33 +165,6 @@ def heal_online(spark: SparkSession, store: OnlineStore, view: PlanView, lake: P
     if not is_delta_table(path):
         msg = f"view {view.name}: no healed values at {path}; compute them with `headwater run offline`"
         raise MaterializeError(msg)
-    frame, day = export_latest(spark, view, lake, path)
-    spec = compile_view(view)
-    layout = view_layout(spec)
-    dictionary = RedisDictionary(store.client, store.namespace)
-    totals = np.zeros(3, dtype=np.int64)
-    rows, seconds = 0, 0.0
-    with staging_dir(lake / "_staging") as folder:
-        for part in spark_batches(frame, folder):
-            started = time.monotonic()
-            for s in range(0, part.num_rows, CHUNK_ROWS):
-                chunk = part.slice(s, CHUNK_ROWS)
-                write: Callable[[], tuple[int, int, int]] = functools.partial(
-                    _write, store, chunk, dictionary, layout, spec
-                )
-                what = f"view {view.name}: healing rows {s}..{s + chunk.num_rows} in the online store"
-                totals += retry_call(write, REDIS_DOWN, what, give_up_after_s=REDIS_PATIENCE_S)
-            seconds += time.monotonic() - started
-            rows += part.num_rows
-    return Healed(view.name, day, rows, int(totals[0]), int(totals[1]), int(totals[2]), seconds)
-
-
-def _write(
-    store: OnlineStore, chunk: pa.Table, dictionary: RedisDictionary, layout: ViewLayout, spec: ViewSpec
-) -> tuple[int, int, int]:
-    """Write one chunk (idempotent, so a retried chunk counts once); return written, stale, unchanged."""
-    vectors = pack(spec, chunk, dictionary.ids)
-    times = np.asarray(chunk.column("event_time_ms").to_numpy(), dtype=np.int64)
-    entities = chunk.column("__entity").cast(pa.string()).to_numpy(zero_copy_only=False).tolist()
-    result = store.write_batch(layout, entities, vectors, times)
-    return result.written, result.stale, result.unchanged
+    e = write_latest(spark, store, view, lake, path)  # materialize's path: retries, dictionary, chunks
+    c = e.counts
+    return Healed(view.name, e.date, e.rows, c.written, c.stale, c.unchanged, e.seconds)

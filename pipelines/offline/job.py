@@ -165,6 +165,11 @@ class BronzeTables:
         return self.table(source.name), source
 
 
+def reach_days(view: PlanView) -> int:
+    """How many days before day D the events of D's values may lie (what :func:`events_for` reads)."""
+    return -(-attach_window_ms(view) // DAY_MS)
+
+
 def events_for(
     bronze: DataFrame, view: PlanView, source: PlanSource, first: date, last: date, with_late: bool = False
 ) -> DataFrame:
@@ -176,7 +181,7 @@ def events_for(
 
     reach = attach_window_ms(view)
     lo_ms, hi_ms = day_start_ms(first + timedelta(days=1)) - reach, day_start_ms(last + timedelta(days=1))
-    lo_day = first - timedelta(days=-(-reach // DAY_MS))
+    lo_day = first - timedelta(days=reach_days(view))
     scoped = bronze.where((F.col("date") >= F.lit(lo_day)) & (F.col("date") <= F.lit(last)))
     return view_events(scoped.where(time_between(source, lo_ms, hi_ms)), view, source, with_late)
 

@@ -100,51 +100,88 @@ def export_latest(
     return rows, day
 
 
+@dataclass(frozen=True)
+class WriteCounts:
+    """Counts of what the store did with some rows (:class:`~headwater.pipelines.store.WriteResult`)."""
+
+    written: int = 0
+    stale: int = 0
+    """Rows whose key holds a newer event time: kept as stored."""
+    unchanged: int = 0
+    """Rows whose key holds the same event time and value already."""
+
+    def __add__(self, other: WriteCounts) -> WriteCounts:
+        return WriteCounts(
+            self.written + other.written, self.stale + other.stale, self.unchanged + other.unchanged
+        )
+
+
 def write_table(
     store: OnlineStore,
     view: PlanView,
     table: pa.Table,
     dictionary: RedisDictionary,
     on_retry: Callable[[BaseException, float], None] | None = None,
-) -> int:
-    """Pack and write Arrow rows (``__entity``, ``event_time_ms``, features); return rows written.
+) -> WriteCounts:
+    """Pack and write Arrow rows (``__entity``, ``event_time_ms``, features); return what the store did.
 
     A chunk is retried while Redis is unreachable (module docstring); ``on_retry`` hears each retry.
+    A retried chunk counts once: the counts are those of its successful attempt.
     """
     spec = compile_view(view)
     layout = view_layout(spec)
-    written = 0
+    counts = WriteCounts()
     for s in range(0, table.num_rows, CHUNK_ROWS):
         chunk = table.slice(s, CHUNK_ROWS)
         write = functools.partial(_write_chunk, store, layout, spec, chunk, dictionary)
         what = f"view {view.name}: writing rows {s}..{s + chunk.num_rows} to the online store"
-        written += retry_call(write, REDIS_DOWN, what, give_up_after_s=REDIS_PATIENCE_S, on_retry=on_retry)
-    return written
+        counts += retry_call(write, REDIS_DOWN, what, give_up_after_s=REDIS_PATIENCE_S, on_retry=on_retry)
+    return counts
 
 
 def _write_chunk(
     store: OnlineStore, layout: ViewLayout, spec: ViewSpec, chunk: pa.Table, dictionary: RedisDictionary
-) -> int:
+) -> WriteCounts:
     vectors = pack(spec, chunk, dictionary.ids)
     times = np.asarray(chunk.column("event_time_ms").to_numpy(), dtype=np.int64)
     entities = chunk.column("__entity").cast(pa.string()).to_numpy(zero_copy_only=False).tolist()
-    return store.write_batch(layout, entities, vectors, times).written
+    result = store.write_batch(layout, entities, vectors, times)
+    return WriteCounts(result.written, result.stale, result.unchanged)
 
 
-def materialize_view(spark: SparkSession, store: OnlineStore, view: PlanView, lake: Path) -> Materialized:
-    """Write the newest offline values of ``view`` to the online store."""
+@dataclass(frozen=True)
+class Exported:
+    """The newest partition of a view's table written to the online store (:func:`write_latest`)."""
+
+    date: date | None
+    rows: int
+    counts: WriteCounts
+    seconds: float
+    """Packing and writing (the export excluded)."""
+    retries: int
+
+
+def write_latest(
+    spark: SparkSession, store: OnlineStore, view: PlanView, lake: Path, path: Path | None = None
+) -> Exported:
+    """Export the newest partition of ``view``'s table (``path``: another table of its rows) and write it."""
     dictionary = RedisDictionary(store.client, store.namespace)
-    frame, day = export_latest(spark, view, lake)
-    rows = written = 0
-    seconds = 0.0
+    frame, day = export_latest(spark, view, lake, path)
+    rows, counts, seconds = 0, WriteCounts(), 0.0
     retries: list[BaseException] = []
     with staging_dir(lake / "_staging") as folder:
         for part in spark_batches(frame, folder):
             started = time.monotonic()
-            written += write_table(store, view, part, dictionary, lambda exc, _: retries.append(exc))
+            counts += write_table(store, view, part, dictionary, lambda exc, _: retries.append(exc))
             seconds += time.monotonic() - started
             rows += part.num_rows
-    return Materialized(view.name, day, rows, written, seconds, len(retries))
+    return Exported(day, rows, counts, seconds, len(retries))
+
+
+def materialize_view(spark: SparkSession, store: OnlineStore, view: PlanView, lake: Path) -> Materialized:
+    """Write the newest offline values of ``view`` to the online store."""
+    e = write_latest(spark, store, view, lake)
+    return Materialized(view.name, e.date, e.rows, e.counts.written, e.seconds, e.retries)
 
 
 def materialize(

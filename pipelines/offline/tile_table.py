@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,20 +54,31 @@ def day_fingerprints(bronze: DataFrame) -> dict[date, str]:
     return {d: hashlib.sha1("\n".join(sorted(names)).encode()).hexdigest() for d, names in files.items()}
 
 
+def read_fingerprints(file: Path) -> dict[str, str] | None:
+    """Return the per-day fingerprints recorded in ``file`` (None: no file, or not a record of them)."""
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    days = doc.get("days") if isinstance(doc, dict) else None
+    return {str(k): str(v) for k, v in days.items()} if isinstance(days, dict) else None
+
+
+def write_fingerprints(file: Path, days: Mapping[str, str]) -> None:
+    """Record per-day fingerprints in ``file`` atomically (a torn file would read as no record)."""
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_text(json.dumps({"days": dict(sorted(days.items()))}, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(file)
+
+
 def read_manifest(table: Path) -> dict[str, str]:
     """Return the recorded fingerprint of each tiled day (none yet, unreadable: empty: all re-tiled)."""
-    try:
-        doc = json.loads((table / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in doc.get("days", {}).items()} if isinstance(doc, dict) else {}
+    return read_fingerprints(table / MANIFEST) or {}
 
 
 def write_manifest(table: Path, days: dict[str, str]) -> None:
     """Record the fingerprints (atomically: a crash before it only re-tiles those days again)."""
-    tmp = table / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"days": dict(sorted(days.items()))}, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(table / MANIFEST)
+    write_fingerprints(table / MANIFEST, days)
 
 
 def needed_days(view: PlanView, first: date, last: date) -> list[date]:
