@@ -214,10 +214,9 @@ class IngestRole:
 
 def _authorizer(config_path: Path | None, no_auth: bool, host: str) -> IngestRole | None:
     """Return the auth hook of --config's ``auth:`` section; None when open (refused off loopback)."""
-    import ipaddress
-
     from headwater.serving.auth import Authenticator
     from headwater.serving.config import load_config
+    from headwater.serving.tls import is_loopback
 
     auth = "none" if no_auth else load_config(config_path).auth
     if auth is None:
@@ -228,11 +227,7 @@ def _authorizer(config_path: Path | None, no_auth: bool, host: str) -> IngestRol
         raise click.UsageError(msg)
     if auth != "none":
         return IngestRole(Authenticator(auth))
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         msg = f"--no-auth (auth: none) is allowed only on a loopback address; --host {host} is not one"
         raise click.UsageError(msg)
     click.echo(f"warning: no credentials: every caller on {host} may push events of every source", err=True)

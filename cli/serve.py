@@ -262,9 +262,8 @@ def _tls_line(config: ServingConfig) -> str:
 
 def _check_auth(config: ServingConfig, host: str) -> None:
     """Refuse to start without an explicit auth choice, or open on a non-loopback address; warn when open."""
-    import ipaddress
-
     from headwater.serving.config import ServingConfigError
+    from headwater.serving.tls import is_loopback
 
     if config.auth is None:
         msg = (
@@ -274,11 +273,7 @@ def _check_auth(config: ServingConfig, host: str) -> None:
         raise ServingConfigError(msg)
     if config.auth != "none":
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         msg = (
             f"auth: none is allowed only on a loopback address; --host {host} is not one: configure API keys"
             " or JWT under `auth:`, or serve on 127.0.0.1"
