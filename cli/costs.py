@@ -31,11 +31,10 @@ from headwater.registry.cost import (
     SECONDS_PER_DAY,
     CostEstimate,
     JobShare,
-    days_read,
     estimate_view,
     format_bytes,
     job_share,
-    shape_tiled,
+    run_reads,
     tile_rows_per_day,
     view_shape,
 )
@@ -79,8 +78,7 @@ def measured_cost(
         # one day where the view is tiled (its tiles stand for the rest of the window)
         per_day, seconds = got["events_per_day"], got["cpu_s_per_day"]
         shape = view_shape(view.features)
-        tiled = bool(cal.scalar("reads_window")) and shape_tiled(shape)
-        window = days_read(shape) if cal.scalar("reads_window") and not tiled else 1
+        window, tiled = run_reads(shape, cal)
         events = rate_per_s * SECONDS_PER_DAY * window
         slope = 0.0
         if len(per_day) >= 2 and per_day[1] != per_day[0]:

@@ -383,6 +383,19 @@ def shape_tiled(shape: Shape) -> bool:
     return windows_tiled((window, slide) for window, _, slide in shape.agg_filters)
 
 
+def run_reads(shape: Shape, cal: Calibration) -> tuple[int, bool]:
+    """Days of events a daily run of a view of ``shape`` reads, and whether it merges tiles.
+
+    Where the calibration says ``reads_window`` (the offline job): a tiled view (:func:`shape_tiled`)
+    one new day and its tiles, any other view its window (:func:`days_read`); elsewhere each event once.
+    """
+    if not cal.scalar("reads_window"):
+        return 1, False
+    if shape_tiled(shape):
+        return 1, True
+    return days_read(shape), False
+
+
 def tile_days_read(shape: Shape) -> int:
     """Days of tiles a tiled view's daily run merges: its window reach (:func:`days_read`) and one more.
 
@@ -446,11 +459,8 @@ def estimate_view(
     shape = view_shape(features, rekeyed)
     tiles = 0.0
     if read_days is None:
-        read_days = 1
-        if cal.scalar("reads_window") and shape_tiled(shape):
-            tiles = tile_rows_per_day(shape, rate_per_s, entities)
-        elif cal.scalar("reads_window"):
-            read_days = days_read(shape)
+        read_days, tiled = run_reads(shape, cal)
+        tiles = tile_rows_per_day(shape, rate_per_s, entities) if tiled else 0.0
     events = rate_per_s * SECONDS_PER_DAY * read_days
     us = us_per_event(shape, cal)
     writes = writes_per_day(shape, rate_per_s, entities) if cal.scalar("publish_us") else 0.0
